@@ -1,0 +1,152 @@
+"""What a request looks like to the router: one pass over the body, no model calls.
+
+Features feed the policy's predicates and the classifiers. Every valid OpenAI message
+shape is accepted: string, null or list-of-parts content, assistant tool_calls, tool
+messages, legacy `function` messages.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+# Phrases that ask for several things at once: "and also", "both", "each of", "for every"...
+_PARALLEL_CUES = re.compile(
+    r"\b(and also|as well as|both|each of|for each|for every|respectively|all of (?:them|these)|"
+    r"at the same time|simultaneously|in parallel|then|after that|followed by)\b",
+    re.IGNORECASE,
+)
+_ERROR_CUES = re.compile(r"\b(error|exception|traceback|failed|failure|invalid|not found|denied)\b", re.I)
+
+
+def content_text(content: Any) -> str:
+    """The text of a message's content, whatever its shape."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, Mapping):
+                text = part.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+        return "\n".join(parts)
+    return ""
+
+
+@dataclass(slots=True)
+class Features:
+    model: str = ""
+    tools: int = 0
+    tool_schema_chars: int = 0
+    turns: int = 0  # user messages in the conversation
+    messages: int = 0
+    tool_result: bool = False  # the last message is a tool result
+    tool_error: bool = False  # ... and it reads like an error
+    tool_calls_so_far: int = 0
+    prompt_chars: int = 0
+    prompt_tokens: int = 0  # estimate: chars / 4, as tiktoken averages on English
+    text: str = ""  # last user turn
+    system_chars: int = 0
+    parallel_cues: int = 0
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def numeric(self) -> list[float]:
+        """The numeric part of the classifier's input, in a fixed order (see NUMERIC_NAMES)."""
+        return [
+            float(self.tools),
+            float(self.tool_schema_chars),
+            float(self.turns),
+            float(self.messages),
+            float(self.tool_result),
+            float(self.tool_error),
+            float(self.tool_calls_so_far),
+            float(self.prompt_tokens),
+            float(len(self.text)),
+            float(self.parallel_cues),
+        ]
+
+
+NUMERIC_NAMES = [
+    "tools",
+    "tool_schema_chars",
+    "turns",
+    "messages",
+    "tool_result",
+    "tool_error",
+    "tool_calls_so_far",
+    "prompt_tokens",
+    "text_chars",
+    "parallel_cues",
+]
+
+
+def _schema_chars(tools: list[Any]) -> int:
+    try:
+        return len(orjson.dumps(tools))
+    except TypeError:
+        return len(str(tools))
+
+
+def extract(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> Features:
+    """Features of a chat or completions request body (already validated as a mapping)."""
+    f = Features(headers=headers or {})
+    model = body.get("model")
+    f.model = model if isinstance(model, str) else ""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        tools = body.get("functions")  # legacy function calling
+    if isinstance(tools, list):
+        f.tools = len(tools)
+        f.tool_schema_chars = _schema_chars(tools)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        f.messages = len(messages)
+        chars = 0
+        last_user = ""
+        for m in messages:
+            if not isinstance(m, Mapping):
+                continue
+            role = m.get("role")
+            text = content_text(m.get("content"))
+            chars += len(text)
+            if role == "user":
+                f.turns += 1
+                last_user = text
+            elif role == "system" or role == "developer":
+                f.system_chars += len(text)
+            elif role == "assistant":
+                calls = m.get("tool_calls")
+                if isinstance(calls, list):
+                    f.tool_calls_so_far += len(calls)
+                    for c in calls:
+                        fn = c.get("function") if isinstance(c, Mapping) else None
+                        if isinstance(fn, Mapping) and isinstance(fn.get("arguments"), str):
+                            chars += len(fn["arguments"])
+                elif m.get("function_call"):
+                    f.tool_calls_so_far += 1
+        last = messages[-1] if messages else None
+        if isinstance(last, Mapping) and last.get("role") in ("tool", "function"):
+            f.tool_result = True
+            f.tool_error = bool(_ERROR_CUES.search(content_text(last.get("content"))[:2000]))
+        f.text = last_user
+        f.prompt_chars = chars + f.tool_schema_chars
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            f.text = prompt
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            f.text = "\n".join(prompt)
+        f.turns = 1 if f.text else 0
+        f.prompt_chars = len(f.text)
+    f.prompt_tokens = (f.prompt_chars + 3) // 4
+    f.parallel_cues = len(_PARALLEL_CUES.findall(f.text[:4000]))
+    return f

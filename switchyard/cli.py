@@ -1,0 +1,32 @@
+"""The `switchyard` command line: one typer app, each area's commands in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+from switchyard.classify.cli import classifier_app
+from switchyard.cluster.cli import plan
+from switchyard.engine.cli import engine_app, models_app
+from switchyard.gateway_cli import keys_app, policy_app, serve
+from switchyard.replay.cli import replay
+from switchyard.up import up
+
+app = typer.Typer(
+    name="switchyard",
+    help="A multi-model routing gateway for LLM agents, with its own tensor-parallel engine.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command(help="Run the gateway in front of the pools a policy names.")(serve)
+app.command(help="Start the embedded default: engine replicas + gateway, on this machine.")(up)
+app.command(help="Plan a cluster: placement, checks, projected throughput, launch files.")(plan)
+app.command(help="Replay tool-use traces through policies and score them.")(replay)
+app.add_typer(policy_app, name="policy", help="Check, explain and describe policy files.")
+app.add_typer(engine_app, name="engine", help="The tensor-parallel inference server.")
+app.add_typer(models_app, name="models", help="Fetch and list model files.")
+app.add_typer(classifier_app, name="classifier", help="Train, calibrate and evaluate classifiers.")
+app.add_typer(keys_app, name="keys", help="API keys for the gateway (stored hashed).")
+
+if __name__ == "__main__":
+    app()

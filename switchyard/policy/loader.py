@@ -1,0 +1,161 @@
+"""Load and validate policy files, with errors that name the file, the line and the reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from switchyard.policy.schema import PolicySpec
+
+MAX_POLICY_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class PolicyIssue:
+    file: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.reason}"
+
+
+class PolicyError(Exception):
+    """A policy that cannot be used. `issues` holds every problem found, each with its line."""
+
+    def __init__(self, issues: list[PolicyIssue]):
+        self.issues = issues
+        super().__init__("\n".join(str(i) for i in issues))
+
+
+def _line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Map each key path in the YAML document to its 1-based line."""
+    out = {} if out is None else out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value if isinstance(k, yaml.ScalarNode) else str(k.value)
+            out[path + (key,)] = k.start_mark.line + 1
+            _line_map(v, path + (key,), out)
+            # Values keep the key's line: errors about a value point at "key: value".
+            out[path + (key,)] = k.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_map(item, path + (i,), out)
+    return out
+
+
+def _line_for(loc: tuple, lines: dict[tuple, int]) -> int:
+    loc = tuple(x for x in loc if not (isinstance(x, str) and x in {"list[ReplicaSpec]", "int", "str"}))
+    # pydantic puts union branches and "function-after" names into loc; skip what is not a key.
+    while loc:
+        if loc in lines:
+            return lines[loc]
+        loc = loc[:-1]
+    return lines.get((), 1)
+
+
+def _format_loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in {"list[ReplicaSpec]", "int", "str", "dict[str,int]"} or "function" in str(part):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def parse_policy(text: str, file: str = "<policy>", default_name: str | None = None) -> PolicySpec:
+    """Parse and validate policy text; raise PolicyError with every issue found."""
+    if len(text.encode("utf-8", "replace")) > MAX_POLICY_BYTES:
+        raise PolicyError([PolicyIssue(file, 1, f"policy file over {MAX_POLICY_BYTES} bytes")])
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data: Any = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else 1
+        raise PolicyError([PolicyIssue(file, line, f"YAML syntax: {e.problem or e}")]) from None
+    except yaml.YAMLError as e:
+        raise PolicyError([PolicyIssue(file, 1, f"YAML: {e}")]) from None
+    except (RecursionError, ValueError, TypeError) as e:  # pathological inputs
+        raise PolicyError([PolicyIssue(file, 1, f"YAML: {type(e).__name__}: {e}")]) from None
+    if node is None or data is None:
+        raise PolicyError([PolicyIssue(file, 1, "the policy is empty")])
+    if not isinstance(data, dict):
+        raise PolicyError([PolicyIssue(file, 1, "a policy is a mapping (version, pools, routes, ...)")])
+    bad_keys = [k for k in data if not isinstance(k, str)]
+    if bad_keys:
+        raise PolicyError([PolicyIssue(file, 1, f"top-level keys must be names, got {bad_keys[0]!r}")])
+    lines = _line_map(node)
+    try:
+        spec = PolicySpec.model_validate(data)
+    except ValidationError as e:
+        issues = []
+        for err in e.errors(include_url=False):
+            loc = tuple(err["loc"])
+            where = _format_loc(loc)
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown key {loc[-1]!r}"
+            issues.append(PolicyIssue(file, _line_for(loc, lines), f"{where}: {msg}" if where else msg))
+        raise PolicyError(issues) from None
+    except (RecursionError, TypeError) as e:
+        raise PolicyError([PolicyIssue(file, 1, f"{type(e).__name__}: {e}")]) from None
+    if spec.name is None and default_name:
+        spec = spec.model_copy(update={"name": default_name})
+    # Compile the rules now, so a bad regex or predicate is a load error, not a request error.
+    from switchyard.policy.rules import compile_policy
+
+    try:
+        compile_policy(spec)
+    except PolicyError as e:
+        raise PolicyError(
+            [
+                PolicyIssue(file, _line_for(_rule_loc(i.reason), lines), i.reason)
+                for i in e.issues
+            ]
+        ) from None
+    return spec
+
+
+def _rule_loc(reason: str) -> tuple:
+    # compile_policy's reasons start with "routes[i].when.key"; find that key's line.
+    import re
+
+    m = re.match(r"routes\[(\d+)\](?:\.when\.([^:]+))?", reason)
+    if not m:
+        return ()
+    loc: tuple = ("routes", int(m.group(1)))
+    if m.group(2):
+        loc += ("when", m.group(2))
+    return loc
+
+
+def load_policy(path: str | Path) -> PolicySpec:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PolicyError([PolicyIssue(str(p), 0, "no such file")]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PolicyError([PolicyIssue(str(p), 0, f"cannot read: {e}")]) from None
+    return parse_policy(text, str(p), default_name=p.stem)
+
+
+def policy_files(paths: list[str | Path]) -> list[Path]:
+    """Expand folders into their *.yaml / *.yml files, in a stable order."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            out.extend(sorted(q for q in p.iterdir() if q.suffix in {".yaml", ".yml"}))
+        else:
+            out.append(p)
+    return out

@@ -1,0 +1,204 @@
+"""Rule evaluation: compiled predicates over request features, first match wins."""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from switchyard.classify.base import Label
+from switchyard.classify.features import Features
+from switchyard.policy.schema import PolicySpec
+
+Predicate = Callable[[Features, Label], bool]
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    "<": operator.lt,
+}
+_CMP = re.compile(r"^\s*(>=|<=|==|!=|>|<)?\s*(-?\d+(?:\.\d+)?)\s*$")
+NUMERIC_KEYS = {"tools", "turns", "prompt_tokens", "confidence", "messages", "tool_calls_so_far"}
+KNOWN_KEYS = NUMERIC_KEYS | {"label", "model", "text", "tool_result", "tool_error"}
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    policy: str
+    pool: str
+    rule: str
+    reason: str
+    label: Label
+    fallbacks: tuple[str, ...] = ()
+    replica: str | None = None  # a pinned replica (session pin: replica)
+    session_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "pool": self.pool,
+            "rule": self.rule,
+            "reason": self.reason,
+            "label": self.label.name or None,
+            "confidence": round(self.label.confidence, 4) if self.label.name else None,
+            "classifier": self.label.kind,
+            "fallbacks": list(self.fallbacks),
+            "replica": self.replica,
+            "session_id": self.session_id,
+        }
+
+
+class RuleError(ValueError):
+    pass
+
+
+def _numeric(key: str, spec: Any) -> tuple[Predicate, str]:
+    if isinstance(spec, bool):
+        raise RuleError(f"{key}: expected a number or a comparison like '>= 8', got {spec!r}")
+    if isinstance(spec, int | float):
+        op, value, text = operator.eq, float(spec), f"{key} == {spec}"
+    elif isinstance(spec, str) and (m := _CMP.match(spec)):
+        sym = m.group(1) or "=="
+        op, value, text = _OPS[sym], float(m.group(2)), f"{key} {sym} {m.group(2)}"
+    else:
+        raise RuleError(f"{key}: expected a number or a comparison like '>= 8', got {spec!r}")
+    if key == "confidence":
+        return (lambda f, lab: bool(lab.name) and op(lab.confidence, value)), text
+    attr = key
+    return (lambda f, lab: op(getattr(f, attr), value)), text
+
+
+def _one_of(spec: Any, key: str) -> frozenset[str]:
+    if isinstance(spec, str):
+        return frozenset([spec])
+    if isinstance(spec, list) and spec and all(isinstance(s, str) for s in spec):
+        return frozenset(spec)
+    raise RuleError(f"{key}: expected a name or a list of names, got {spec!r}")
+
+
+def compile_predicate(key: str, spec: Any) -> tuple[Predicate, str]:
+    if not isinstance(key, str):
+        raise RuleError(f"predicate names are strings, got {key!r}")
+    if key in NUMERIC_KEYS:
+        return _numeric(key, spec)
+    if key == "label":
+        names = _one_of(spec, key)
+        return (lambda f, lab: lab.name in names), f"label in {sorted(names)}"
+    if key == "model":
+        names = _one_of(spec, key)
+        return (lambda f, lab: f.model in names), f"model in {sorted(names)}"
+    if key in ("tool_result", "tool_error"):
+        if not isinstance(spec, bool):
+            raise RuleError(f"{key}: expected true or false, got {spec!r}")
+        attr = key
+        return (lambda f, lab: getattr(f, attr) is spec), f"{key} is {spec}"
+    if key == "text":
+        if not isinstance(spec, str):
+            raise RuleError(f"text: expected a regular expression string, got {spec!r}")
+        try:
+            rx = re.compile(spec)
+        except re.error as e:
+            raise RuleError(f"text: bad regular expression {spec!r}: {e}") from None
+        return (lambda f, lab: rx.search(f.text) is not None), f"text ~ /{spec}/"
+    if key.startswith("header."):
+        name = key[len("header.") :].lower()
+        if not name:
+            raise RuleError("header.NAME: the header name is missing")
+        if isinstance(spec, bool):
+            return (lambda f, lab: (name in f.headers) is spec), f"header {name} present is {spec}"
+        values = _one_of(spec, key)
+        return (lambda f, lab: f.headers.get(name) in values), f"header {name} in {sorted(values)}"
+    raise RuleError(
+        f"unknown predicate {key!r}; known: {', '.join(sorted(KNOWN_KEYS))}, header.NAME"
+    )
+
+
+@dataclass(slots=True)
+class CompiledRule:
+    name: str
+    predicates: list[tuple[Predicate, str]]
+    pool: str | None
+    split: list[tuple[str, int]] | None
+    total: int = 0
+
+    def matches(self, f: Features, lab: Label) -> bool:
+        for pred, _ in self.predicates:
+            if not pred(f, lab):
+                return False
+        return True
+
+    def reason(self) -> str:
+        return " and ".join(text for _, text in self.predicates) or "always"
+
+    def choose(self, session_id: str | None, rng: random.Random) -> str:
+        if self.pool is not None:
+            return self.pool
+        assert self.split is not None
+        if session_id:
+            digest = hashlib.blake2b(f"{self.name}\0{session_id}".encode(), digest_size=8).digest()
+            point = int.from_bytes(digest, "big") % self.total
+        else:
+            point = rng.randrange(self.total)
+        for pool, w in self.split:
+            if point < w:
+                return pool
+            point -= w
+        return self.split[-1][0]
+
+
+@dataclass(slots=True)
+class CompiledPolicy:
+    spec: PolicySpec
+    name: str
+    rules: list[CompiledRule]
+    fallback: dict[str, tuple[str, ...]]
+    rng: random.Random = field(default_factory=random.Random)
+
+    def evaluate(self, f: Features, label: Label, session_id: str | None = None) -> RouteDecision:
+        for rule in self.rules:
+            if rule.matches(f, label):
+                pool = rule.choose(session_id, self.rng)
+                reason = rule.reason()
+                if rule.split is not None:
+                    reason += f"; split {dict(rule.split)} -> {pool}"
+                return RouteDecision(
+                    self.name, pool, rule.name, reason, label, self.fallback.get(pool, ()), None, session_id
+                )
+        # No rule matched: the last pool of the last rule keeps requests flowing, said in the reason.
+        last = self.rules[-1]
+        pool = last.pool or last.split[0][0]  # type: ignore[index]
+        return RouteDecision(
+            self.name, pool, "(no match)", "no rule matched; last rule's pool", label,
+            self.fallback.get(pool, ()), None, session_id,
+        )
+
+
+def compile_policy(spec: PolicySpec) -> CompiledPolicy:
+    from switchyard.policy.loader import PolicyError, PolicyIssue
+
+    issues: list[PolicyIssue] = []
+    rules: list[CompiledRule] = []
+    for i, r in enumerate(spec.routes):
+        preds = []
+        for key, value in r.when.items():
+            try:
+                preds.append(compile_predicate(key, value))
+            except RuleError as e:
+                issues.append(PolicyIssue("", 0, f"routes[{i}].when.{key}: {e}"))
+        if isinstance(r.pool, str):
+            rules.append(CompiledRule(r.name, preds, r.pool, None))
+        else:
+            split = [(p, w) for p, w in r.pool.items() if w > 0]
+            rules.append(CompiledRule(r.name, preds, None, split, sum(w for _, w in split)))
+    if issues:
+        raise PolicyError(issues)
+    return CompiledPolicy(
+        spec, spec.name or "policy", rules, {k: tuple(v) for k, v in spec.fallback.items()}
+    )

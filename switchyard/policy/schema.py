@@ -1,0 +1,221 @@
+"""The policy file's schema: what a user may write in a policy YAML, validated by pydantic.
+
+Everything here is plain data. Rules are compiled into predicates by `policy.rules`;
+pools are turned into live replica sets by `pools`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """'200ms', '30s', '1h', 5 (seconds) -> seconds as a float."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration like 30s or 1h, got {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return float(value)
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return float(m.group(1)) * _UNIT[m.group(2)]
+    raise ValueError(f"expected a duration like 200ms, 30s, 5m or 1h, got {value!r}")
+
+
+class _Strict(BaseModel):
+    # Unknown keys are typos far more often than intent: reject them with their name.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReplicaSpec(_Strict):
+    url: str = Field(description="Base URL of an OpenAI-compatible server, ending in /v1")
+    name: str | None = Field(None, description="Label in headers and metrics (default: host:port)")
+    weight: int = Field(1, ge=1, description="Relative share for round_robin")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"replica url must start with http:// or https://, got {v!r}")
+        return v.rstrip("/")
+
+
+class EngineLaunch(_Strict):
+    """How `switchyard up` starts this pool's replicas with our engine (optional)."""
+
+    model: str = Field(description="Model name as `switchyard models pull` knows it, or a file path")
+    tp: int = Field(1, ge=1, description="Tensor-parallel ranks per replica")
+    collective: Literal["ring", "oneshot", "auto"] = "auto"
+    device: Literal["cpu", "cuda"] = "cpu"
+    args: list[str] = Field(default_factory=list, description="Extra `engine serve` arguments")
+
+
+class CircuitSpec(_Strict):
+    failures: int = Field(3, ge=1, description="Consecutive failures that open the breaker")
+    cooldown: float = Field(10.0, description="Seconds the breaker stays open before one trial")
+
+    _dur = field_validator("cooldown", mode="before")(lambda v: parse_duration(v))
+
+
+class HealthSpec(_Strict):
+    interval: float = Field(5.0, description="Seconds between active health checks (0: off)")
+    timeout: float = Field(2.0, description="Seconds before a health check counts as failed")
+    path: str | None = Field(None, description="Health path on the server root (default /health, else /v1/models)")
+
+    _dur = field_validator("interval", "timeout", mode="before")(lambda v: parse_duration(v))
+
+
+class PoolSpec(_Strict):
+    model: str = Field(description="Model name sent upstream (the request's `model` is rewritten to it)")
+    strategy: Literal["least_inflight", "power_of_two", "round_robin"] = "least_inflight"
+    max_inflight_per_replica: int = Field(32, ge=1)
+    queue_size: int = Field(64, ge=0, description="Requests that may wait for a free slot")
+    queue_timeout: float = Field(5.0, description="How long a request waits for a slot before fallback/429")
+    timeout: float = Field(600.0, description="Seconds for a whole upstream request")
+    connect_timeout: float = Field(2.0)
+    retries: int = Field(2, ge=0, description="Extra attempts on other replicas before the first byte")
+    replicas: list[ReplicaSpec] | int = Field(
+        description="Replica URLs; or, in a planning policy, how many replicas to place"
+    )
+    label: str | None = Field(None, description="Classifier label this pool serves (for on_failure)")
+    api_key: str | None = Field(None, description="Bearer key sent upstream; '${ENV}' reads a variable")
+    circuit: CircuitSpec = Field(default_factory=CircuitSpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    engine: EngineLaunch | None = Field(None, description="How `switchyard up` launches the replicas")
+    # Planning (switchyard plan): what a replica needs and what it delivers.
+    nodes_per_replica: int = Field(1, ge=1, description="Nodes one replica spans (its TP width across nodes)")
+    ranks_per_node: int = Field(1, ge=1, description="GPUs (ranks) per node")
+    rate: float | None = Field(None, gt=0, description="Throughput of one replica (req/s or tok/s)")
+    model_size_gb: float | None = Field(None, gt=0, description="Weight bytes of the whole model, GB")
+    model_file: str | None = Field(None, description="Model file to size the weights from")
+    kv_cache_gb: float = Field(0.0, ge=0, description="KV cache reserved per node, GB")
+
+    _dur = field_validator("queue_timeout", "timeout", "connect_timeout", mode="before")(
+        lambda v: parse_duration(v)
+    )
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas(cls, v: list[ReplicaSpec] | int) -> list[ReplicaSpec] | int:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("a pool needs at least one replica")
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("a pool needs at least one replica")
+            urls = [r.url for r in v]
+            dup = {u for u in urls if urls.count(u) > 1}
+            if dup:
+                raise ValueError(f"replica listed twice: {sorted(dup)[0]}")
+        return v
+
+    @property
+    def replica_count(self) -> int:
+        return self.replicas if isinstance(self.replicas, int) else len(self.replicas)
+
+
+class ClassifierSpec(_Strict):
+    kind: Literal["onnx", "llm", "none"] = "none"
+    path: str | None = Field(None, description="onnx: model file (relative to the policy file)")
+    pool: str | None = Field(None, description="llm: the pool whose model labels requests")
+    labels: list[str] = Field(default_factory=lambda: ["simple", "complex"])
+    classify_on: Literal["every_request", "user_turn", "new_session"] = "every_request"
+    escalate_only: bool = Field(False, description="Within a session: small -> large, never back")
+    timeout: float = Field(0.2, description="llm: time budget; past it the label is on_failure")
+    on_failure: str | None = Field(None, description="Label used when the classifier fails (default: last label)")
+    prompt: str | None = Field(None, description="llm: instruction; {labels} is replaced by the label list")
+
+    _dur = field_validator("timeout", mode="before")(lambda v: parse_duration(v))
+
+    @model_validator(mode="after")
+    def _needs(self) -> ClassifierSpec:
+        if self.kind == "onnx" and not self.path:
+            raise ValueError("classifier kind onnx needs `path` (the .onnx file)")
+        if self.kind == "llm" and not self.pool:
+            raise ValueError("classifier kind llm needs `pool` (whose model labels requests)")
+        if len(self.labels) < 2:
+            raise ValueError("a classifier needs at least two labels")
+        if self.on_failure is not None and self.on_failure not in self.labels:
+            raise ValueError(f"on_failure {self.on_failure!r} is not one of the labels {self.labels}")
+        return self
+
+    @property
+    def failure_label(self) -> str:
+        return self.on_failure or self.labels[-1]
+
+
+class SessionSpec(_Strict):
+    pin: Literal["none", "pool", "replica"] = "none"
+    ttl: float = Field(3600.0, description="How long a session's decision is kept after its last request")
+
+    _dur = field_validator("ttl", mode="before")(lambda v: parse_duration(v))
+
+
+class RouteSpec(_Strict):
+    name: str = Field(description="Shown in x-switchyard-rule and metrics")
+    when: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Predicates, all must hold: label, confidence, tools, turns, prompt_tokens, "
+        "model, tool_result, header.NAME, text (regex). Empty: always matches.",
+    )
+    pool: str | dict[str, int] = Field(description="A pool, or a weighted split {pool: weight}")
+
+    @field_validator("pool")
+    @classmethod
+    def _split(cls, v: str | dict[str, int]) -> str | dict[str, int]:
+        if isinstance(v, dict):
+            if not v:
+                raise ValueError("a split needs at least one pool")
+            for name, w in v.items():
+                if not isinstance(w, int) or isinstance(w, bool) or w < 0:
+                    raise ValueError(f"split weight for {name!r} must be a whole number >= 0")
+            if sum(v.values()) <= 0:
+                raise ValueError("split weights must add up to more than 0")
+        return v
+
+    @property
+    def pools(self) -> list[str]:
+        return [self.pool] if isinstance(self.pool, str) else list(self.pool)
+
+
+class PolicySpec(_Strict):
+    version: Literal[1] = 1
+    name: str | None = Field(None, description="Virtual model name (default: the file's stem)")
+    description: str | None = None
+    pools: dict[str, PoolSpec]
+    classifier: ClassifierSpec = Field(default_factory=ClassifierSpec)
+    session: SessionSpec = Field(default_factory=SessionSpec)
+    routes: list[RouteSpec] = Field(min_length=1)
+    fallback: dict[str, list[str]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _references(self) -> PolicySpec:
+        if not self.pools:
+            raise ValueError("a policy needs at least one pool")
+        names = set(self.pools)
+        seen: set[str] = set()
+        for i, r in enumerate(self.routes):
+            if r.name in seen:
+                raise ValueError(f"routes[{i}]: rule name {r.name!r} used twice")
+            seen.add(r.name)
+            for p in r.pools:
+                if p not in names:
+                    raise ValueError(f"routes[{i}] ({r.name}): unknown pool {p!r}; pools are {sorted(names)}")
+        for src, chain in self.fallback.items():
+            if src not in names:
+                raise ValueError(f"fallback: unknown pool {src!r}")
+            for p in chain:
+                if p not in names:
+                    raise ValueError(f"fallback.{src}: unknown pool {p!r}")
+                if p == src:
+                    raise ValueError(f"fallback.{src}: a pool cannot fall back to itself")
+        if self.classifier.kind == "llm" and self.classifier.pool not in names:
+            raise ValueError(f"classifier.pool: unknown pool {self.classifier.pool!r}")
+        return self
