@@ -1,13 +1,152 @@
-"""`switchyard serve`, `switchyard policy ...`, `switchyard keys ...`."""
+"""`switchyard serve`, `switchyard policy check|explain|schema`, `switchyard keys ...`."""
 
 from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 policy_app = typer.Typer(no_args_is_help=True)
 keys_app = typer.Typer(no_args_is_help=True)
 
+PolicyOpt = Annotated[
+    list[Path],
+    typer.Option("--policy", "-p", help="Policy file or folder of them (repeatable); each is a virtual model"),
+]
 
-def serve() -> None:
-    """Not built yet."""
-    raise SystemExit("not built yet")
+
+def serve(
+    policy: PolicyOpt = [Path("policies/example.yaml")],  # noqa: B006 - typer reads the default
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
+    redis: Annotated[str | None, typer.Option(help="Share state through Redis, e.g. redis://127.0.0.1:6379/0")] = None,
+    record: Annotated[Path | None, typer.Option(help="Append every request to this JSONL trace")] = None,
+    watch: Annotated[bool, typer.Option(help="Reload policy files when they change")] = True,
+    health_checks: Annotated[bool, typer.Option(help="Check replicas' /health in the background")] = True,
+    max_body_mb: Annotated[float, typer.Option(help="Largest request body accepted, MB")] = 16.0,
+    log_level: Annotated[str, typer.Option(help="debug | info | warning | error")] = "info",
+    access_log: Annotated[bool, typer.Option(help="Log every request line")] = False,
+) -> None:
+    import uvicorn
+
+    from switchyard.api.app import GatewayConfig, create_app
+    from switchyard.policy.loader import PolicyError
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = GatewayConfig(
+        policies=list(policy), max_body_bytes=int(max_body_mb * 1024 * 1024), watch=watch,
+        health_checks=health_checks, record=str(record) if record else None, redis_url=redis,
+    )
+    state = None
+    if redis:
+        try:
+            from switchyard.state.redis import RedisStore
+        except ImportError:
+            typer.echo("--redis: the Redis state store is not available in this build", err=True)
+            raise typer.Exit(2) from None
+        state = RedisStore(redis)
+    try:
+        app = create_app(config, state)
+    except PolicyError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    names = [lp.name for lp in app.state.gateway.policies()]
+    typer.echo(f"switchyard: serving policies {', '.join(names)} on http://{host}:{port}/v1 (model 'auto' = {names[0]})")
+    uvicorn.run(
+        app, host=host, port=port, loop="uvloop", http="httptools", log_level=log_level.lower(),
+        access_log=access_log, timeout_graceful_shutdown=30, lifespan="on",
+    )
+
+
+@policy_app.command("check")
+def policy_check(files: Annotated[list[Path], typer.Argument(help="Policy files or folders")]) -> None:
+    """Validate policy files: exit 1 with file:line: reason for every problem found."""
+    from switchyard.policy.loader import PolicyError, load_policy, policy_files
+
+    bad = 0
+    for f in policy_files(list(files)):
+        try:
+            spec = load_policy(f)
+            _check_classifier(spec, f)
+            typer.echo(f"{f}: ok ({len(spec.pools)} pools, {len(spec.routes)} routes)")
+        except PolicyError as e:
+            bad += 1
+            for issue in e.issues:
+                typer.echo(str(issue), err=True)
+    raise typer.Exit(1 if bad else 0)
+
+
+def _check_classifier(spec, path: Path) -> None:
+    """A classifier file that will not load is a policy error too (the gateway would refuse it)."""
+    if spec.classifier.kind != "onnx":
+        return
+    from switchyard.gateway import Gateway
+    from switchyard.state.memory import MemoryStore
+
+    Gateway(MemoryStore())._build_classifier(spec, path)
+
+
+@policy_app.command("explain")
+def policy_explain(
+    file: Annotated[Path, typer.Argument(help="Policy file")],
+    request: Annotated[Path, typer.Option("--request", "-r", help="Request body JSON file ('-' for stdin)")],
+    header: Annotated[list[str], typer.Option("--header", "-H", help="NAME: VALUE (repeatable)")] = [],  # noqa: B006
+) -> None:
+    """Why a request goes where it goes: features, label, each rule checked in order, the decision."""
+    from switchyard.classify.base import NO_LABEL
+    from switchyard.classify.features import extract
+    from switchyard.policy.loader import PolicyError, load_policy
+    from switchyard.policy.rules import compile_policy
+
+    try:
+        spec = load_policy(file)
+    except PolicyError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    raw = sys.stdin.read() if str(request) == "-" else request.read_text()
+    try:
+        body = json.loads(raw)
+    except json.JSONDecodeError as e:
+        typer.echo(f"{request}: not JSON: {e}", err=True)
+        raise typer.Exit(1) from None
+    headers = {}
+    for h in header:
+        k, _, v = h.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    f = extract(body, headers)
+    label = NO_LABEL
+    if spec.classifier.kind != "none":
+        from switchyard.gateway import Gateway
+        from switchyard.state.memory import MemoryStore
+
+        clf = Gateway(MemoryStore())._build_classifier(spec, file)
+        label = asyncio.run(clf.classify(f, body))
+    compiled = compile_policy(spec)
+    typer.echo(f"policy: {compiled.name} ({file})")
+    typer.echo(f"features: tools={f.tools} turns={f.turns} messages={f.messages} tool_result={f.tool_result} "
+               f"prompt_tokens~{f.prompt_tokens} model={f.model!r}")
+    typer.echo(f"text: {f.text[:120]!r}")
+    typer.echo(f"label: {label.name or '-'} confidence={label.confidence:.3f} ({label.kind})")
+    for rule in compiled.rules:
+        hit = rule.matches(f, label)
+        typer.echo(f"  {'MATCH' if hit else 'no   '}  {rule.name}: {rule.reason()}")
+        if hit:
+            break
+    d = compiled.evaluate(f, label, None)
+    typer.echo(json.dumps(d.to_dict(), indent=2))
+
+
+@policy_app.command("schema")
+def policy_schema() -> None:
+    """Print the policy JSON Schema (point your editor's YAML language server at it)."""
+    from switchyard.policy.schema import PolicySpec
+
+    schema = PolicySpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Switchyard policy"
+    typer.echo(json.dumps(schema, indent=2))

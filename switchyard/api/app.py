@@ -1,0 +1,426 @@
+"""The gateway's HTTP face: an OpenAI-compatible API on FastAPI.
+
+One pass per request: parse once (orjson), validate the little we need, route, send,
+relay. Only `model` is rewritten; every other field goes upstream untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from switchyard.api import errors
+from switchyard.api.metrics import Metrics
+from switchyard.api.relay import StreamRelay
+from switchyard.classify.base import NO_LABEL
+from switchyard.classify.features import extract
+from switchyard.gateway import Gateway, LoadedPolicy, Target
+from switchyard.policy.rules import RouteDecision
+from switchyard.pools.dispatch import Answer, Dispatcher
+from switchyard.pools.health import HealthChecker
+from switchyard.state.base import StateStore
+from switchyard.state.memory import MemoryStore
+
+log = logging.getLogger("switchyard.api")
+
+JSON = "application/json"
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+@dataclass
+class GatewayConfig:
+    policies: list[str | Path]
+    max_body_bytes: int = 16 * 1024 * 1024
+    watch: bool = True
+    health_checks: bool = True
+    record: str | None = None
+    redis_url: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def session_id_of(body: dict, headers: Any) -> str | None:
+    sid = headers.get("x-session-id")
+    if sid:
+        return sid
+    meta = body.get("metadata")
+    if isinstance(meta, dict):
+        s = meta.get("session_id")
+        if isinstance(s, str) and s:
+            return s
+    user = body.get("user")
+    return user if isinstance(user, str) and user else None
+
+
+def validate(body: Any, kind: str) -> dict:
+    if not isinstance(body, dict):
+        raise errors.bad_request("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise errors.bad_request("you must provide a model parameter", "model")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise errors.bad_request("'stream' must be a boolean", "stream")
+    if kind == "chat":
+        msgs = body.get("messages")
+        if msgs is None:
+            raise errors.bad_request("'messages' is a required property", "messages")
+        if not isinstance(msgs, list):
+            raise errors.bad_request("'messages' must be an array of message objects", "messages")
+        if not msgs:
+            raise errors.bad_request("'messages' must contain at least one message", "messages")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict):
+                raise errors.bad_request(f"messages[{i}] must be an object", f"messages[{i}]")
+            role = m.get("role")
+            if role not in ROLES:
+                raise errors.bad_request(
+                    f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}", f"messages[{i}].role"
+                )
+            c = m.get("content")
+            if c is not None and not isinstance(c, str | list):
+                raise errors.bad_request(f"messages[{i}].content must be a string, an array or null",
+                                         f"messages[{i}].content")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise errors.bad_request("'tools' must be an array", "tools")
+    else:
+        p = body.get("prompt")
+        if p is None:
+            raise errors.bad_request("'prompt' is a required property", "prompt")
+        if not isinstance(p, str | list):
+            raise errors.bad_request("'prompt' must be a string or an array", "prompt")
+    return body
+
+
+def decision_headers(d: RouteDecision) -> dict[str, str]:
+    lab = d.label
+    h = {
+        "x-switchyard-policy": d.policy,
+        "x-switchyard-pool": d.pool,
+        "x-switchyard-rule": d.rule,
+        "x-switchyard-label": lab.name or "none",
+    }
+    if lab.name:
+        h["x-switchyard-confidence"] = f"{lab.confidence:.4f}"
+        h["x-switchyard-classifier"] = lab.kind
+        h["x-switchyard-classifier-ms"] = f"{lab.ms:.3f}"
+    return h
+
+
+class Api:
+    """Request handlers; holds the gateway, the dispatcher and the metrics (no module globals)."""
+
+    def __init__(self, config: GatewayConfig, gateway: Gateway, metrics: Metrics):
+        self.config = config
+        self.gateway = gateway
+        self.metrics = metrics
+        self.dispatcher = Dispatcher(metrics, gateway.state)
+        self.recorder: Any = None
+        self.started = time.time()
+
+    async def read_json(self, request: Request) -> Any:
+        limit = self.config.max_body_bytes
+        cl = request.headers.get("content-length")
+        if cl is not None:
+            try:
+                if int(cl) > limit:
+                    raise errors.too_large(limit)
+            except ValueError:
+                raise errors.bad_request("invalid Content-Length header") from None
+            raw = await request.body()
+        else:  # chunked: count as it arrives
+            parts, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise errors.too_large(limit)
+                parts.append(chunk)
+            raw = b"".join(parts)
+        if len(raw) > limit:
+            raise errors.too_large(limit)
+        if not raw:
+            raise errors.bad_request("the request body is empty; send a JSON object")
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise errors.bad_request(f"could not parse the JSON body: {e}") from None
+
+    def target(self, model: str) -> Target:
+        t = self.gateway.resolve(model)
+        if t is None:
+            raise errors.not_found(
+                f"the model {model!r} does not exist here; GET /v1/models lists policies, pools and upstream models",
+                "model",
+            )
+        return t
+
+    async def decide(self, request: Request, kind: str) -> tuple[dict, LoadedPolicy, RouteDecision]:
+        body = validate(await self.read_json(request), kind)
+        target = self.target(body["model"])
+        sid = session_id_of(body, request.headers)
+        features = extract(body, request.headers)
+        decision = await self.gateway.route(target, features, body, sid)
+        lab = decision.label
+        if lab.name and lab.kind not in ("session", "none"):
+            self.metrics.classifier_latency.labels(lab.kind).observe(lab.ms / 1000.0)
+            if lab.kind == "fail-open":
+                self.metrics.classifier_fail_open.labels(decision.policy).inc()
+        return body, target.policy, decision
+
+    async def proxy(self, request: Request, kind: str) -> Response:
+        t0 = time.perf_counter()
+        try:
+            body, lp, decision = await self.decide(request, kind)
+        except errors.APIError as e:
+            self.metrics.rejected.labels(str(e.status)).inc()
+            return e.response()
+        if self.recorder is not None:
+            self.recorder.record(body, decision.session_id, decision.to_dict())
+        stream = body.get("stream") is True
+        path = "/chat/completions" if kind == "chat" else "/completions"
+        headers = decision_headers(decision)
+        t_routed = time.perf_counter()
+        send = asyncio.ensure_future(self.dispatcher.send(lp, decision, body, path, stream))
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            await asyncio.wait((send, gone), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            send.cancel()
+            gone.cancel()
+            raise
+        gone.cancel()
+        if not send.done():  # the client left before the answer: cancel the upstream request
+            send.cancel()
+            self.metrics.rejected.labels("499").inc()
+            return Response(status_code=499)
+        try:
+            answer: Answer = send.result()
+        except errors.APIError as e:
+            dt = time.perf_counter() - t0
+            self.metrics.observe(decision.policy, decision.pool, "-", decision.rule, e.status, dt, dt)
+            return e.response(headers)
+        try:
+            return await self._respond(answer, decision, lp, headers, t0, t_routed)
+        except BaseException:
+            if answer.stream is not None:  # never leak a replica slot or an open upstream stream
+                answer.finish("client_gone", "", self.gateway.state)
+            raise
+
+    async def _respond(self, answer: Answer, decision: RouteDecision, lp: LoadedPolicy, headers: dict[str, str],
+                       t0: float, t_routed: float) -> Response:
+        if answer.pool != decision.pool:
+            headers["x-switchyard-pool"] = answer.pool
+            headers["x-switchyard-fallback-from"] = decision.pool
+        headers["x-switchyard-replica"] = answer.replica.name
+        if answer.attempts > 1:
+            headers["x-switchyard-attempts"] = str(answer.attempts)
+        if decision.session_id:
+            await self.gateway.remember_replica(decision, lp, answer.replica.url)
+        if answer.stream is None:
+            now = time.perf_counter()
+            overhead = (answer.t_sent - t_routed) + (t_routed - t0) + (now - answer.t_first)
+            headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
+            self.metrics.observe(decision.policy, answer.pool, answer.replica.name, decision.rule,
+                                 answer.status, now - t0, overhead)
+            return Response(answer.body, answer.status, headers=headers, media_type=answer.content_type)
+        overhead = answer.t_sent - t0 + (time.perf_counter() - answer.t_first)
+        headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
+        headers["cache-control"] = "no-cache"
+        headers["x-accel-buffering"] = "no"
+        raw_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
+        raw_headers.append((b"content-type", answer.content_type.encode()))
+
+        def done(outcome: str, reason: str, sent: int) -> None:
+            answer.finish(outcome, reason, self.gateway.state)
+            code = answer.status if outcome == "ok" else (499 if outcome == "client_gone" else 502)
+            self.metrics.observe(decision.policy, answer.pool, answer.replica.name, decision.rule,
+                                 code, time.perf_counter() - t0, overhead)
+
+        return StreamRelay(answer.stream, answer.first, answer.status, raw_headers, done, answer.replica.name)
+
+    async def route_only(self, request: Request) -> Response:
+        try:
+            body = await self.read_json(request)
+            kind = "completions" if isinstance(body, dict) and "prompt" in body and "messages" not in body else "chat"
+            if isinstance(body, dict) and "model" not in body:
+                body = {**body, "model": "auto"}
+            body = validate(body, kind)
+            target = self.target(body["model"])
+            features = extract(body, request.headers)
+            decision = await self.gateway.route(target, features, body, session_id_of(body, request.headers))
+        except errors.APIError as e:
+            return e.response()
+        lp = target.policy
+        out = decision.to_dict()
+        pool = lp.pools[decision.pool]
+        out["upstream_model"] = pool.model
+        out["replicas"] = [r.snapshot() for r in pool.replicas]
+        out["features"] = {
+            "tools": features.tools, "turns": features.turns, "messages": features.messages,
+            "tool_result": features.tool_result, "prompt_tokens": features.prompt_tokens,
+            "model": features.model,
+        }
+        return Response(orjson.dumps(out), 200, headers=decision_headers(decision), media_type=JSON)
+
+    def models(self) -> Response:
+        data = []
+        created = int(self.started)
+        for name, t in self.gateway.model_names():
+            if t.pool is None:
+                meta = {"kind": "policy", "policy": t.policy.name}
+            elif name == t.pool:
+                meta = {"kind": "pool", "policy": t.policy.name, "pool": t.pool}
+            else:
+                meta = {"kind": "upstream", "policy": t.policy.name, "pool": t.pool}
+            data.append({"id": name, "object": "model", "created": created, "owned_by": "switchyard",
+                         "switchyard": meta})
+        return Response(orjson.dumps({"object": "list", "data": data}), media_type=JSON)
+
+    def health(self) -> dict:
+        policies = {}
+        degraded = False
+        for lp in self.gateway.policies():
+            pools = {}
+            for name, pool in lp.pools.items():
+                snap = pool.snapshot()
+                if snap["healthy"] == 0:
+                    degraded = True
+                pools[name] = snap
+            st = self.gateway.store.status.get(lp.name) if self.gateway.store else None
+            policies[lp.name] = {
+                "file": str(lp.path),
+                "classifier": lp.spec.classifier.kind,
+                "pools": pools,
+                "last_reload": None if st is None else {"ok": st.ok, "at": st.at, "error": st.error or None},
+            }
+        state_ok = self.gateway.state.healthy()
+        return {
+            "status": "ok" if not degraded and state_ok else "degraded",
+            "state": {"kind": self.gateway.state.kind, "healthy": state_ok},
+            "policies": policies,
+        }
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read already)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAPI:
+    """Build the app. Policies load here, so a bad policy fails before the server starts."""
+    metrics = Metrics()
+    gateway = Gateway(state or MemoryStore())
+    api = Api(config, gateway, metrics)
+    gateway.call_pool = _pool_caller(api)
+    gateway.load(config.policies)
+    metrics.attach_live(gateway.all_pools, lambda: (gateway.state.kind, gateway.state.healthy()))
+
+    checker = HealthChecker(
+        lambda: [
+            (r, min(p.spec.health.interval for p in r.pools), min(p.spec.health.timeout for p in r.pools))
+            for r in gateway.registry.by_url.values()
+            if r.pools
+        ]
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if config.record:
+            from switchyard.replay.record import TraceRecorder
+
+            api.recorder = TraceRecorder(config.record)
+        if config.health_checks:
+            checker.start()
+        if config.watch:
+            assert gateway.store is not None
+            gateway.store.start_watching()
+        try:
+            yield
+        finally:
+            await checker.aclose()
+            if api.recorder is not None:
+                api.recorder.close()
+            await gateway.aclose()
+
+    app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.api = api
+    app.state.gateway = gateway
+    app.state.metrics = metrics
+
+    @app.exception_handler(errors.APIError)
+    async def _api_error(request: Request, exc: errors.APIError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        msg = f"{request.method} {request.url.path}: {exc.detail}"
+        return Response(errors.error_body(msg, kind), exc.status_code, media_type=JSON)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        return errors.bad_request(str(exc.errors()[:3])).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return Response(errors.error_body(f"internal error: {type(exc).__name__}", "server_error"), 500,
+                        media_type=JSON)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await api.proxy(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await api.proxy(request, "completions")
+
+    @app.post("/v1/route")
+    async def route(request: Request) -> Response:
+        return await api.route_only(request)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return api.models()
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(orjson.dumps(api.health()), media_type=JSON)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def _pool_caller(api: Api):
+    """call_pool(pool, body, timeout) for the llm classifier: a chat completion through a pool."""
+
+    async def call_pool(pool_name: str, body: dict, timeout: float) -> dict:
+        lps = [lp for lp in api.gateway.policies() if pool_name in lp.pools]
+        if not lps:
+            raise LookupError(f"no pool named {pool_name!r}")
+        lp = lps[0]
+        decision = RouteDecision(lp.name, pool_name, "classifier", "classifier call", NO_LABEL)
+        answer = await asyncio.wait_for(api.dispatcher.send(lp, decision, dict(body), "/chat/completions", False),
+                                        timeout)
+        if answer.status != 200:
+            raise RuntimeError(f"classifier pool {pool_name!r} answered {answer.status}")
+        return orjson.loads(answer.body)
+
+    return call_pool

@@ -1,0 +1,80 @@
+"""Relay an upstream SSE stream to the client chunk by chunk, as bytes arrive (never re-parsed).
+
+A pure ASGI response: it watches for the client leaving while it waits on the upstream,
+so a disconnect closes the upstream connection at once instead of at the next chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from switchyard.api.errors import sse_error_event
+
+log = logging.getLogger("switchyard.relay")
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+class StreamRelay(Response):
+    # A Response subclass only so that FastAPI hands it to the server as is.
+
+    def __init__(
+        self,
+        upstream: aiohttp.ClientResponse,
+        first: bytes,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        on_done: Callable[[str, str, int], None],
+        replica_name: str,
+    ):
+        self.upstream = upstream
+        self.first = first
+        self.status = status
+        self.raw_headers = headers
+        self.on_done = on_done  # (outcome: ok | client_gone | upstream_failed, reason, bytes_sent)
+        self.replica_name = replica_name
+        self.status_code = status
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        outcome, reason, sent = "client_gone", "client disconnected", 0
+        disconnect = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await send({"type": "http.response.start", "status": self.status, "headers": self.raw_headers})
+            chunk = self.first
+            content = self.upstream.content
+            while chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                sent += len(chunk)
+                read = asyncio.ensure_future(content.readany())
+                await asyncio.wait((read, disconnect), return_when=asyncio.FIRST_COMPLETED)
+                if not read.done():  # the client left: stop reading; on_done closes the upstream
+                    read.cancel()
+                    return
+                try:
+                    chunk = read.result()
+                except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                    outcome = "upstream_failed"
+                    reason = f"upstream {self.replica_name} failed mid-stream: {type(e).__name__}: {e}"
+                    log.warning(reason)
+                    # A clean error event, then the end: the client raises instead of hanging.
+                    await send({"type": "http.response.body", "body": sse_error_event(reason), "more_body": False})
+                    return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            outcome, reason = "ok", ""
+        except OSError:
+            outcome = "client_gone" if outcome != "upstream_failed" else outcome
+        finally:
+            disconnect.cancel()
+            self.on_done(outcome, reason, sent)

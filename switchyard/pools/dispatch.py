@@ -1,0 +1,186 @@
+"""Send a routed request upstream: pick a replica, retry on another before the first byte, fall back.
+
+Returns the upstream's answer as bytes (non-streaming) or as an open stream whose first
+chunk has already arrived (so a replica that dies before its first byte is retried).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import aiohttp
+import orjson
+
+from switchyard.api import errors
+from switchyard.pools.pool import NoCapacity, NoHealthyReplica, Pool, release
+from switchyard.pools.replica import Replica
+from switchyard.state.base import CircuitRecord
+
+if TYPE_CHECKING:
+    from switchyard.api.metrics import Metrics
+    from switchyard.gateway import LoadedPolicy
+    from switchyard.policy.rules import RouteDecision
+    from switchyard.state.base import StateStore
+
+log = logging.getLogger("switchyard.dispatch")
+
+RETRIABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+MAX_ERROR_BODY = 64 * 1024
+
+
+@dataclass(eq=False)
+class Answer:
+    pool: str
+    replica: Replica
+    status: int
+    content_type: str
+    t_sent: float  # perf_counter when the successful attempt was sent
+    t_first: float  # ... when its first bytes arrived (the whole body, when not streaming)
+    attempts: int
+    body: bytes = b""
+    stream: aiohttp.ClientResponse | None = None
+    first: bytes = b""
+
+    def finish(self, outcome: str, reason: str = "", state: StateStore | None = None) -> None:
+        """A stream ended (ok | client_gone | upstream_failed): free the replica's slot."""
+        if self.stream is not None:
+            if outcome == "ok":
+                self.stream.release()
+            else:
+                self.stream.close()  # closes the connection: the upstream sees the client go
+            self.stream = None
+        if outcome == "ok":
+            self.replica.breaker.on_success()
+        elif outcome == "upstream_failed":
+            _record_failure(self.replica, reason, state)
+        else:
+            self.replica.breaker.trial_in_flight = False  # a client leaving says nothing of the replica
+        release(self.replica)
+
+
+def _record_failure(replica: Replica, reason: str, state: StateStore | None) -> None:
+    replica.failures += 1
+    if replica.breaker.on_failure(reason, time.monotonic()):
+        log.warning("circuit opened for replica %s: %s", replica.name, reason)
+        if state is not None:
+            rec = CircuitRecord("open", time.time() + replica.breaker.cooldown, reason)
+            task = asyncio.ensure_future(state.put_circuit(replica.url, rec))
+            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+
+class Dispatcher:
+    def __init__(self, metrics: Metrics, state: StateStore):
+        self.metrics = metrics
+        self.state = state
+
+    async def send(
+        self, lp: LoadedPolicy, decision: RouteDecision, body: dict, path: str, stream: bool
+    ) -> Answer:
+        chain = (decision.pool, *decision.fallbacks)
+        capacity: NoCapacity | None = None
+        failure: errors.APIError | None = None
+        attempts = 0
+        prev = None
+        for pname in chain:
+            pool = lp.pools.get(pname)
+            if pool is None:
+                continue
+            if prev is not None:
+                self.metrics.fallbacks.labels(prev, pname).inc()
+            prev = pname
+            body["model"] = pool.model
+            payload = orjson.dumps(body)
+            tried: set[Replica] = set()
+            prefer = decision.replica if pname == decision.pool else None
+            for attempt in range(pool.spec.retries + 1):
+                try:
+                    replica = await pool.acquire(tried, prefer)
+                except NoHealthyReplica:
+                    failure = failure or errors.unavailable(f"pool {pname!r} has no healthy replica")
+                    break
+                except NoCapacity as e:
+                    capacity = e
+                    break
+                if attempt:
+                    self.metrics.retries.labels(pname).inc()
+                attempts += 1
+                tried.add(replica)
+                answer, failure = await self._attempt(pool, replica, path, payload, stream, attempts)
+                if answer is not None:
+                    return answer
+        if failure is not None and capacity is None:
+            raise failure
+        if capacity is not None:
+            raise errors.no_capacity(
+                f"no capacity: every replica of pool {capacity.pool!r} is busy and its queue is full or timed out",
+                capacity.retry_after,
+            )
+        raise failure or errors.unavailable("no pool could take the request")
+
+    async def _attempt(
+        self, pool: Pool, replica: Replica, path: str, payload: bytes, stream: bool, attempts: int
+    ) -> tuple[Answer | None, errors.APIError | None]:
+        t_sent = time.perf_counter()
+        resp: aiohttp.ClientResponse | None = None
+        try:
+            resp = await replica.client().post(
+                replica.url + path, data=payload, headers=pool.upstream_headers, timeout=pool.timeout
+            )
+            status = resp.status
+            if status in RETRIABLE_STATUS:
+                detail = (await resp.content.read(MAX_ERROR_BODY)).decode("utf-8", "replace")[:300]
+                resp.close()
+                return None, self._failed(pool, replica, f"HTTP {status}", detail, status)
+            ctype = resp.headers.get("Content-Type", "application/json")
+            if stream and status == 200:
+                first = await resp.content.readany()
+                if not first:
+                    resp.close()
+                    return None, self._failed(pool, replica, "empty stream", "", 502)
+                t_first = time.perf_counter()
+                replica.observe_latency((t_first - t_sent) * 1000)
+                replica.requests += 1
+                return Answer(pool.name, replica, status, ctype, t_sent, t_first, attempts,
+                              stream=resp, first=first), None
+            data = await resp.read()
+            resp.release()
+            t_first = time.perf_counter()
+            replica.requests += 1
+            if status < 500:
+                replica.breaker.on_success()
+                replica.observe_latency((t_first - t_sent) * 1000)
+            release(replica)
+            return Answer(pool.name, replica, status, ctype, t_sent, t_first, attempts, body=data), None
+        except asyncio.CancelledError:
+            if resp is not None:
+                resp.close()
+            release(replica)
+            raise
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as e:
+            if resp is not None:
+                resp.close()
+            timeout = isinstance(e, aiohttp.ServerTimeoutError) and not isinstance(e, aiohttp.ConnectionTimeoutError)
+            return None, self._failed(pool, replica, type(e).__name__, str(e), 504 if timeout else 502)
+        except TimeoutError:
+            if resp is not None:
+                resp.close()
+            return None, self._failed(pool, replica, "timeout", f"no answer within {pool.spec.timeout:g}s", 504)
+        except aiohttp.ClientError as e:
+            if resp is not None:
+                resp.close()
+            return None, self._failed(pool, replica, type(e).__name__, str(e), 502)
+
+    def _failed(self, pool: Pool, replica: Replica, reason: str, detail: str, status: int) -> errors.APIError:
+        self.metrics.upstream_errors.labels(pool.name, replica.name, reason).inc()
+        _record_failure(replica, f"{reason}: {detail}"[:300], self.state)
+        release(replica)
+        msg = f"upstream {replica.name} of pool {pool.name!r} failed: {reason}" + (f": {detail}" if detail else "")
+        if status == 504:
+            return errors.gateway_timeout(msg)
+        if status == 429:
+            return errors.APIError(429, msg, "rate_limit_error", None, "upstream_rate_limited", {"Retry-After": "1"})
+        return errors.bad_gateway(msg)

@@ -1,0 +1,192 @@
+"""A pool: the replicas of one model, a strategy to pick among them, and a bounded wait queue."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from switchyard.policy.schema import PoolSpec, ReplicaSpec
+from switchyard.pools.balancer import Strategy, make_strategy
+from switchyard.pools.replica import Replica
+
+
+class NoHealthyReplica(Exception):
+    """Every replica of the pool is unhealthy, ejected or draining."""
+
+
+class NoCapacity(Exception):
+    """Every replica is at max_inflight and the queue is full or the wait timed out."""
+
+    def __init__(self, pool: str, retry_after: float):
+        self.pool = pool
+        self.retry_after = retry_after
+        super().__init__(f"pool {pool!r} is at capacity")
+
+
+@dataclass(eq=False)
+class Pool:
+    name: str
+    spec: PoolSpec
+    replicas: list[Replica]
+    strategy: Strategy
+    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    timeout: aiohttp.ClientTimeout = field(init=False)
+    upstream_headers: dict[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.timeout = aiohttp.ClientTimeout(
+            total=self.spec.timeout, sock_connect=self.spec.connect_timeout
+        )
+        self.upstream_headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        if self.spec.api_key:
+            self.upstream_headers["Authorization"] = f"Bearer {self.spec.api_key}"
+
+    @property
+    def model(self) -> str:
+        return self.spec.model
+
+    def _candidates(self, now: float, exclude: set[Replica] | None) -> tuple[list[Replica], bool]:
+        """Replicas that can take a request now, and whether any replica is usable at all."""
+        limit = self.spec.max_inflight_per_replica
+        usable = False
+        out = []
+        for r in self.replicas:
+            if not r.available(now) or (exclude and r in exclude):
+                continue
+            usable = True
+            if r.load < limit:
+                out.append(r)
+        return out, usable
+
+    def try_acquire(self, exclude: set[Replica] | None = None, prefer: str | None = None) -> Replica | None:
+        now = time.monotonic()
+        cands, usable = self._candidates(now, exclude)
+        if not cands:
+            if not usable:
+                raise NoHealthyReplica(self.name)
+            return None
+        r = None
+        if prefer is not None:
+            r = next((c for c in cands if c.url == prefer), None)
+        if r is None:
+            r = self.strategy.pick(cands)
+        r.inflight += 1
+        r.breaker.on_start()
+        return r
+
+    async def acquire(self, exclude: set[Replica] | None = None, prefer: str | None = None) -> Replica:
+        """A replica with a free slot, waiting in the queue if all are busy.
+
+        Raises NoHealthyReplica (go to the fallback pool now) or NoCapacity (queue full / timed out).
+        """
+        r = self.try_acquire(exclude, prefer)
+        if r is not None:
+            return r
+        if len(self.waiters) >= self.spec.queue_size:
+            raise NoCapacity(self.name, retry_after=max(1.0, self.spec.queue_timeout))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.spec.queue_timeout
+        while True:
+            fut: asyncio.Future[None] = loop.create_future()
+            self.waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise NoCapacity(self.name, retry_after=max(1.0, self.spec.queue_timeout)) from None
+            finally:
+                if not fut.done():
+                    fut.cancel()
+                try:
+                    self.waiters.remove(fut)
+                except ValueError:
+                    pass
+            r = self.try_acquire(exclude, prefer)
+            if r is not None:
+                return r
+            if loop.time() >= deadline:
+                raise NoCapacity(self.name, retry_after=max(1.0, self.spec.queue_timeout))
+
+    def wake_one(self) -> None:
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def snapshot(self) -> dict:
+        return {
+            "model": self.model,
+            "strategy": self.spec.strategy,
+            "queued": len(self.waiters),
+            "healthy": sum(1 for r in self.replicas if r.state == "healthy"),
+            "replicas": [r.snapshot() for r in self.replicas],
+        }
+
+
+def release(replica: Replica) -> None:
+    """A request finished on `replica`: free its slot and let one queued request in."""
+    replica.inflight -= 1
+    for pool in replica.pools:
+        if pool.waiters:
+            pool.wake_one()
+
+
+class ReplicaRegistry:
+    """Replicas by URL, shared by every pool and policy that names them and kept across reloads,
+    so in-flight counts, circuit state and connections survive a policy edit."""
+
+    def __init__(self) -> None:
+        self.by_url: dict[str, Replica] = {}
+
+    def get(self, spec: ReplicaSpec, pool: PoolSpec) -> Replica:
+        from switchyard.pools.replica import CircuitBreaker, default_name
+
+        r = self.by_url.get(spec.url)
+        if r is None:
+            r = Replica(
+                url=spec.url,
+                name=spec.name or default_name(spec.url),
+                breaker=CircuitBreaker(pool.circuit.failures, pool.circuit.cooldown),
+                health_path=pool.health.path,
+            )
+            self.by_url[spec.url] = r
+        else:
+            r.breaker.failures_to_open = pool.circuit.failures
+            r.breaker.cooldown = pool.circuit.cooldown
+            if spec.name:
+                r.name = spec.name
+        return r
+
+    def build_pool(self, name: str, spec: PoolSpec) -> Pool:
+        if isinstance(spec.replicas, int):
+            raise ValueError(
+                f"pool {name!r} lists a replica count ({spec.replicas}), not URLs: this is a planning "
+                "policy; run `switchyard plan --emit DIR` and serve the policy it writes"
+            )
+        replicas = [self.get(rs, spec) for rs in spec.replicas]
+        weights = {rs.url: rs.weight for rs in spec.replicas}
+        return Pool(name, spec, replicas, make_strategy(spec.strategy, weights))
+
+    def attach(self, pools: list[Pool]) -> None:
+        """Point each replica at the pools that use it now (after a policy set changed)."""
+        for r in self.by_url.values():
+            r.pools = []
+        for p in pools:
+            for r in p.replicas:
+                if p not in r.pools:
+                    r.pools.append(p)
+
+    async def prune(self) -> None:
+        """Close replicas no pool uses any more."""
+        for url, r in list(self.by_url.items()):
+            if not r.pools and r.inflight == 0:
+                del self.by_url[url]
+                await r.aclose()
+
+    async def aclose(self) -> None:
+        for r in self.by_url.values():
+            await r.aclose()

@@ -1,0 +1,155 @@
+"""One upstream server: its health, its circuit breaker, its load, its HTTP connection pool."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import aiohttp
+
+if TYPE_CHECKING:
+    from switchyard.pools.pool import Pool
+
+EWMA_ALPHA = 0.2
+
+
+@dataclass(slots=True)
+class CircuitBreaker:
+    """closed -> (N consecutive failures) -> open -> (cooldown) -> half_open -> one trial -> closed/open."""
+
+    failures_to_open: int = 3
+    cooldown: float = 10.0
+    state: str = "closed"
+    consecutive_failures: int = 0
+    opened_at: float = 0.0
+    trial_in_flight: bool = False
+    opens: int = 0
+    last_error: str = ""
+
+    def allows(self, now: float) -> bool:
+        if self.state == "closed":
+            return True
+        if self.state == "open" and now - self.opened_at >= self.cooldown:
+            self.state = "half_open"
+        if self.state == "half_open":
+            return not self.trial_in_flight
+        return False
+
+    def on_start(self) -> None:
+        if self.state == "half_open":
+            self.trial_in_flight = True
+
+    def on_success(self) -> None:
+        self.consecutive_failures = 0
+        self.trial_in_flight = False
+        self.state = "closed"
+
+    def on_failure(self, reason: str, now: float) -> bool:
+        """Record a failure; True when this failure opened the circuit."""
+        self.last_error = reason
+        self.trial_in_flight = False
+        self.consecutive_failures += 1
+        if self.state == "half_open" or (
+            self.state == "closed" and self.consecutive_failures >= self.failures_to_open
+        ):
+            self.state = "open"
+            self.opened_at = now
+            self.opens += 1
+            return True
+        return False
+
+    def force_open(self, until: float, reason: str, now: float) -> None:
+        """Open because another gateway did (shared state): stay open until `until`."""
+        self.state = "open"
+        self.opened_at = now - max(0.0, self.cooldown - (until - now))
+        self.last_error = reason
+
+
+@dataclass(eq=False)
+class Replica:
+    url: str  # base URL ending in /v1
+    name: str
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    healthy: bool = True  # last active health check (optimistic until the first one)
+    health_error: str = ""
+    draining: bool = False
+    drained: bool = False
+    inflight: int = 0
+    remote_inflight: int = 0  # in flight through other gateways (shared state)
+    ewma_ms: float = 0.0
+    requests: int = 0
+    failures: int = 0
+    pools: list[Pool] = field(default_factory=list)
+    session: aiohttp.ClientSession | None = None
+    health_path: str | None = None
+
+    @property
+    def root(self) -> str:
+        """The server root: the URL without its trailing /v1."""
+        return self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
+
+    @property
+    def load(self) -> int:
+        return self.inflight + self.remote_inflight
+
+    def available(self, now: float) -> bool:
+        return self.healthy and not self.draining and self.breaker.allows(now)
+
+    @property
+    def state(self) -> str:
+        if self.drained:
+            return "drained"
+        if self.draining:
+            return "draining"
+        if not self.healthy:
+            return "unhealthy"
+        if self.breaker.state != "closed":
+            return "ejected"
+        return "healthy"
+
+    def observe_latency(self, ms: float) -> None:
+        self.ewma_ms = ms if self.ewma_ms == 0.0 else self.ewma_ms + EWMA_ALPHA * (ms - self.ewma_ms)
+
+    def client(self) -> aiohttp.ClientSession:
+        if self.session is None or self.session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=60.0, enable_cleanup_closed=False, ttl_dns_cache=300
+            )
+            self.session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+        return self.session
+
+    async def aclose(self) -> None:
+        if self.session is not None and not self.session.closed:
+            await self.session.close()
+
+    def snapshot(self) -> dict:
+        return {
+            "name": self.name,
+            "url": self.url,
+            "state": self.state,
+            "healthy": self.healthy,
+            "health_error": self.health_error or None,
+            "circuit": self.breaker.state,
+            "circuit_error": self.breaker.last_error or None,
+            "inflight": self.inflight,
+            "remote_inflight": self.remote_inflight,
+            "ewma_ms": round(self.ewma_ms, 2),
+            "requests": self.requests,
+            "failures": self.failures,
+        }
+
+
+def default_name(url: str) -> str:
+    parts = urlsplit(url)
+    return parts.netloc or url
+
+
+def now() -> float:
+    return time.monotonic()

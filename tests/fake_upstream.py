@@ -1,0 +1,201 @@
+"""An OpenAI-compatible test upstream: a real HTTP server process with behaviour you can steer.
+
+    python tests/fake_upstream.py --port 9101 --name a [--delay-ms 5] [--fail 503] [--fail-first N]
+    POST /_control {"delay_ms": 0, "fail": 0, "fail_first": 0, "die_midstream": false, ...}
+
+A raw ASGI app (no framework) so that, as the upstream of the overhead benchmark, it costs
+as little as possible. Every answer says which server produced it (x-upstream-name header,
+system_fingerprint) and echoes what it received, so tests can check pass-through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+
+import orjson
+
+STATE: dict = {}
+
+
+def _config(args: argparse.Namespace) -> dict:
+    return {
+        "name": args.name,
+        "delay_ms": args.delay_ms,
+        "fail": args.fail,  # status code to answer every request with (0: none)
+        "fail_first": args.fail_first,  # fail only the first N requests
+        "die_midstream": False,  # stream two chunks then drop the connection
+        "die_after_chunks": 2,
+        "stream_chunks": 5,
+        "chunk_delay_ms": 0.0,
+        "health": 200,
+        "tool_call": None,  # {"name": ..., "arguments": {...}} to answer with a tool call
+        "served": 0,
+        "inflight": 0,
+        "max_inflight": 0,
+        "cancelled": 0,
+        "last_body": None,
+        "last_headers": None,
+    }
+
+
+async def _read_body(receive) -> bytes:
+    parts = []
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ConnectionError
+        parts.append(msg.get("body", b""))
+        if not msg.get("more_body"):
+            return b"".join(parts)
+
+
+async def _send_json(send, status: int, obj, extra: list | None = None) -> None:
+    body = orjson.dumps(obj)
+    headers = [(b"content-type", b"application/json"), (b"x-upstream-name", STATE["name"].encode())]
+    if extra:
+        headers += extra
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _completion(body: dict, kind: str) -> dict:
+    msgs = body.get("messages") or []
+    last = ""
+    for m in msgs:
+        if isinstance(m, dict) and m.get("role") == "user":
+            c = m.get("content")
+            last = c if isinstance(c, str) else orjson.dumps(c).decode()
+    text = f"{STATE['name']} echoes: {last or body.get('prompt', '')}"[:2000]
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    common = {"id": f"cmpl-{STATE['served']}", "created": int(time.time()), "model": body.get("model"),
+              "system_fingerprint": STATE["name"], "usage": usage}
+    if kind == "completions":
+        return {**common, "object": "text_completion",
+                "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}]}
+    message: dict = {"role": "assistant", "content": text}
+    finish = "stop"
+    tc = STATE.get("tool_call")
+    if tc and body.get("tools"):
+        message = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": tc["name"], "arguments": orjson.dumps(tc.get("arguments", {})).decode()}}]}
+        finish = "tool_calls"
+    n = body.get("n") if isinstance(body.get("n"), int) else 1
+    return {**common, "object": "chat.completion",
+            "choices": [{"index": i, "message": message, "finish_reason": finish, "logprobs": None} for i in range(n)]}
+
+
+async def app(scope, receive, send) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    path, method = scope["path"], scope["method"]
+    if path == "/health":
+        code = STATE["health"]
+        return await _send_json(send, code, {"status": "ok" if code == 200 else "unhealthy"})
+    if path == "/v1/models":
+        return await _send_json(send, 200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+    if path == "/_state":
+        return await _send_json(send, 200, {k: v for k, v in STATE.items()})
+    try:
+        raw = await _read_body(receive)
+    except ConnectionError:
+        return
+    if path == "/_control" and method == "POST":
+        STATE.update(orjson.loads(raw or b"{}"))
+        return await _send_json(send, 200, {"ok": True})
+    if path not in ("/v1/chat/completions", "/v1/completions") or method != "POST":
+        return await _send_json(send, 404, {"error": {"message": "not found", "type": "not_found"}})
+    STATE["served"] += 1
+    STATE["inflight"] += 1
+    STATE["max_inflight"] = max(STATE["max_inflight"], STATE["inflight"])
+    try:
+        body = orjson.loads(raw)
+        STATE["last_body"] = body
+        STATE["last_headers"] = {k.decode(): v.decode() for k, v in scope["headers"]}
+        if STATE["fail_first"] > 0:
+            STATE["fail_first"] -= 1
+            return await _send_json(send, 503, {"error": {"message": "warming up", "type": "server_error"}})
+        if STATE["fail"]:
+            return await _send_json(send, STATE["fail"], {"error": {"message": "failing on purpose",
+                                                                     "type": "server_error"}})
+        if STATE["delay_ms"]:
+            try:
+                await _sleep_or_disconnect(STATE["delay_ms"] / 1000, receive)
+            except ConnectionError:
+                STATE["cancelled"] += 1
+                return
+        kind = "chat" if path.endswith("chat/completions") else "completions"
+        if body.get("stream"):
+            return await _stream(body, kind, send, receive)
+        await _send_json(send, 200, _completion(body, kind))
+    finally:
+        STATE["inflight"] -= 1
+
+
+async def _sleep_or_disconnect(seconds: float, receive) -> None:
+    waiter = asyncio.ensure_future(receive())
+    done, _ = await asyncio.wait({waiter}, timeout=seconds)
+    if waiter in done and waiter.result()["type"] == "http.disconnect":
+        raise ConnectionError
+    waiter.cancel()
+
+
+async def _stream(body: dict, kind: str, send, receive) -> None:
+    headers = [(b"content-type", b"text/event-stream"), (b"x-upstream-name", STATE["name"].encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    n = STATE["stream_chunks"]
+    for i in range(n):
+        if STATE["die_midstream"] and i >= STATE["die_after_chunks"]:
+            os._exit(17)  # the replica dies mid-stream: the connection drops without a proper end
+        if kind == "chat":
+            delta = {"role": "assistant", "content": f"tok{i} "} if i == 0 else {"content": f"tok{i} "}
+            obj = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body.get("model"),
+                   "system_fingerprint": STATE["name"],
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        else:
+            obj = {"id": "c", "object": "text_completion", "created": 0, "model": body.get("model"),
+                   "choices": [{"index": 0, "text": f"tok{i} ", "finish_reason": None}]}
+        try:
+            await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(obj) + b"\n\n", "more_body": True})
+        except OSError:
+            STATE["cancelled"] += 1
+            return
+        if STATE["chunk_delay_ms"]:
+            try:
+                await _sleep_or_disconnect(STATE["chunk_delay_ms"] / 1000, receive)
+            except ConnectionError:
+                STATE["cancelled"] += 1
+                return
+    end = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body.get("model"),
+           "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(end) + b"\n\ndata: [DONE]\n\n",
+                "more_body": False})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--name", default="upstream")
+    ap.add_argument("--delay-ms", type=float, default=0.0)
+    ap.add_argument("--fail", type=int, default=0)
+    ap.add_argument("--fail-first", type=int, default=0)
+    args = ap.parse_args()
+    STATE.update(_config(args))
+    import uvicorn
+
+    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools", log_level="warning",
+                access_log=False, lifespan="on")
+
+
+if __name__ == "__main__":
+    main()
