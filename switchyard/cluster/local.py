@@ -1,0 +1,50 @@
+"""The one-node "local" plan behind `switchyard up`: same planner, replicas share this machine."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from switchyard.cluster.launch import node_command
+from switchyard.cluster.placement import Plan, PlanError, plan_cluster
+from switchyard.cluster.topology import local_cluster
+from switchyard.policy.schema import PolicySpec
+
+
+@dataclass(frozen=True)
+class LocalLaunch:
+    pool: str
+    replica: str
+    host: str
+    port: int
+    url: str
+    command: list[str] | None  # None: the pool has no `engine:` section, so nothing to start
+
+
+def plan_local(policy: PolicySpec, base: Path | None = None) -> Plan:
+    """Plan every pool's replicas on 127.0.0.1, each on the port of its URL in the policy.
+
+    Pools whose `replicas` is a count get ports from 8000 up. Raises PlanError like a cluster plan.
+    """
+    device = next((p.engine.device for p in policy.pools.values() if p.engine is not None), "cpu")
+    return plan_cluster(local_cluster(device=device), policy, base)
+
+
+def local_launches(policy: PolicySpec, base: Path | None = None, python: str | None = None) -> list[LocalLaunch]:
+    """For `switchyard up`: each replica's address and the command that starts it."""
+    plan = plan_local(policy, base)
+    py = python or sys.executable
+    # torchrun through this interpreter: the console script may not be on PATH in a venv.
+    torchrun = (py, "-m", "torch.distributed.run")
+    out = []
+    for rep in plan.replicas:
+        pool = policy.pools[rep.pool]
+        cmd = None
+        if pool.engine is not None:
+            cmd = node_command(rep, 0, host="127.0.0.1", python=py, torchrun=torchrun)
+        out.append(LocalLaunch(rep.pool, rep.name, "127.0.0.1", rep.port, f"http://127.0.0.1:{rep.port}/v1", cmd))
+    return out
+
+
+__all__ = ["LocalLaunch", "PlanError", "local_launches", "plan_local"]
