@@ -1,6 +1,215 @@
-"""`switchyard replay` (owned by the replay work)."""
+"""`switchyard replay`: tool-use traces through policies, scored, with the split they produce."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from switchyard.policy.loader import PolicyError
+from switchyard.replay.cases import Case, LineError, TraceError
+from switchyard.replay.results import CaseResult, RunResult
+
+SOURCE_HELP = "tooluse-92 | bfcl:CATEGORY[:N] | FILE.jsonl (several allowed)"
 
 
-def replay() -> None:
-    """Not built yet."""
-    raise SystemExit("switchyard replay: not built yet")
+class ReplayUsageError(Exception):
+    pass
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True,
+    )
+
+
+def _policy_model(policy: Path) -> tuple[str, Any]:
+    from switchyard.policy.loader import load_policy
+
+    spec = load_policy(policy)
+    return spec.name or policy.stem, spec
+
+
+async def _live_runs(
+    cases: list[Case], policies: list[Path], gateway: str | None, pool: str | None, model: str | None,
+    outcomes: Path | None, concurrency: int, timeout: float, retries: int, extra: dict[str, Any],
+    large_pool: str | None, console: Console,
+) -> list[RunResult]:
+    from switchyard.replay.gateway import GatewayProcess
+    from switchyard.replay.live import LiveClient
+    from switchyard.replay.outcomes import append_outcomes
+    from switchyard.replay.router import pick_large_pool
+    from switchyard.replay.runner import run_live
+
+    runs: list[RunResult] = []
+    targets: list[Path | None] = list(policies) or [None]
+    for policy in targets:
+        name, spec = _policy_model(policy) if policy else ("auto", None)
+        if pool and spec is not None and pool not in spec.pools:
+            raise ReplayUsageError(f"--pool {pool}: not a pool of {policy} (pools: {', '.join(spec.pools)})")
+        use_model = model or pool or name
+        large = pick_large_pool(spec, large_pool) if spec else (large_pool or "large")
+        label = f"{name} (pool {pool})" if pool else name
+        starter = GatewayProcess(policy) if gateway is None and policy is not None else nullcontext()
+        with starter as proc, _progress(console) as prog:
+            url = proc.url if isinstance(proc, GatewayProcess) else gateway
+            assert url is not None
+            task = prog.add_task(f"replay {label}", total=len(cases))
+
+            def done(_: CaseResult, task: Any = task) -> None:
+                prog.advance(task)
+
+            client = LiveClient(url, concurrency, timeout, retries, extra)
+            run = await run_live(cases, client, use_model, pool or name, pool, done,
+                                 str(policy) if policy else None, large)
+        if outcomes:
+            n = append_outcomes(outcomes, cases, run.results, use_model)
+            run.notes.append(f"{n} outcomes appended to {outcomes}")
+        runs.append(run)
+        if run.aborted:
+            break  # the next policy would meet the same dead gateway
+    return runs
+
+
+async def _dry_runs(cases: list[Case], policies: list[Path], large_pool: str | None, console: Console) -> list[RunResult]:
+    from switchyard.replay.router import Router
+    from switchyard.replay.runner import run_dry
+
+    runs = []
+    for policy in policies:
+        router = Router(policy, large_pool)
+        try:
+            with _progress(console) as prog:
+                task = prog.add_task(f"route {router.name}", total=len(cases))
+                runs.append(await run_dry(cases, router, lambda _r, t=task: prog.advance(t)))
+        finally:
+            await router.aclose()
+    return runs
+
+
+async def _counterfactual_runs(
+    files: list[Path], policies: list[Path], do_sweep: bool, large_pool: str | None, console: Console
+) -> tuple[list[RunResult], list[LineError]]:
+    from switchyard.replay.outcomes import load_outcomes
+    from switchyard.replay.router import Router
+    from switchyard.replay.runner import run_counterfactual, sweep
+
+    table = load_outcomes(list(files))
+    runs = []
+    for policy in policies:
+        router = Router(policy, large_pool)
+        try:
+            with _progress(console) as prog:
+                task = prog.add_task(f"score {router.name} from outcomes", total=len(table.cases))
+                run = await run_counterfactual(table, router, lambda _r, t=task: prog.advance(t))
+            if do_sweep:
+                run.sweep = await sweep(table, router)
+            runs.append(run)
+        finally:
+            await router.aclose()
+    return runs, table.errors
+
+
+def replay(
+    sources: Annotated[list[str] | None, typer.Argument(help=SOURCE_HELP, show_default=False)] = None,
+    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file; repeat to compare side by side")] = None,
+    gateway: Annotated[str | None, typer.Option(help="Running gateway URL (default: start one from the policy)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Classifier and rules only: the split, no model calls")] = False,
+    pool: Annotated[str | None, typer.Option(help="Send every case to this pool (model = the pool name)")] = None,
+    outcomes: Annotated[Path | None, typer.Option(help="Append per case and pool outcomes (JSONL) to FILE")] = None,
+    from_outcomes: Annotated[list[Path] | None, typer.Option("--from-outcomes", help="Score the policies from saved outcomes, no model calls")] = None,
+    sweep: Annotated[bool, typer.Option("--sweep", help="With --from-outcomes: quality vs large share over classifier thresholds")] = False,
+    cluster: Annotated[Path | None, typer.Option(help="Cluster file: report the throughput the split gives vs all-large")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write report.json, report.html and PNG plots to DIR")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight at once")] = 4,
+    timeout: Annotated[float, typer.Option(help="Seconds per request")] = 120.0,
+    retries: Annotated[int, typer.Option(min=0, help="Retries per request (connection errors, 429, 502-504)")] = 2,
+    model: Annotated[str | None, typer.Option(help="`model` sent (default: the policy's name, or auto)")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="max_tokens sent with each request")] = None,
+    large_pool: Annotated[str | None, typer.Option(help="Pool counted as 'large' (default: large, else the last pool)")] = None,
+    bfcl_data: Annotated[Path | None, typer.Option(help="bfcl-eval wheel or its data/ folder (default: the pinned wheel)")] = None,
+) -> None:
+    """Replay tool-use traces through policies: score, routing split, latency, tokens."""
+    console = Console()
+    err = Console(stderr=True)
+    policies = list(policy or [])
+    try:
+        runs, line_errors = _replay(
+            list(sources or []), policies, gateway, dry_run, pool, outcomes, list(from_outcomes or []), sweep,
+            concurrency, timeout, retries, model, max_tokens, large_pool, bfcl_data, console, err,
+        )
+    except (TraceError, ReplayUsageError) as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    except PolicyError as e:
+        err.print(f"[red]policy error:[/red]\n{e}")
+        raise typer.Exit(2) from None
+    except RuntimeError as e:  # a gateway that would not start
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+    if cluster:
+        from switchyard.replay.capacity import cluster_throughput
+        from switchyard.replay.summary import summarize
+
+        for run in runs:
+            run.throughput = cluster_throughput(cluster, run.policy_file, summarize(run)["large_share"])
+    from switchyard.replay.report import render_table, write_report
+
+    render_table(runs, console)
+    if out:
+        paths = write_report(out, runs, line_errors)
+        console.print(f"report: {paths['json']}  {paths['html']}")
+    if any(r.aborted for r in runs):
+        err.print("[red]error:[/red] " + "; ".join(r.aborted for r in runs if r.aborted))
+        raise typer.Exit(1)
+
+
+def _replay(
+    sources: list[str], policies: list[Path], gateway: str | None, dry_run: bool, pool: str | None,
+    outcomes: Path | None, from_outcomes: list[Path], do_sweep: bool, concurrency: int, timeout: float,
+    retries: int, model: str | None, max_tokens: int | None, large_pool: str | None, bfcl_data: Path | None,
+    console: Console, err: Console,
+) -> tuple[list[RunResult], list[LineError]]:
+    if from_outcomes:
+        if not policies:
+            raise ReplayUsageError("--from-outcomes needs at least one --policy to score")
+        if sources:
+            err.print("[yellow]note:[/yellow] with --from-outcomes the cases come from the outcomes files; SOURCE ignored")
+        runs, line_errors = asyncio.run(_counterfactual_runs(from_outcomes, policies, do_sweep, large_pool, console))
+        for e in line_errors:
+            err.print(f"[yellow]skipped[/yellow] {e}")
+        return runs, line_errors
+    if do_sweep:
+        raise ReplayUsageError(
+            "--sweep needs --from-outcomes (saved outcomes of both pools: run --pool small --outcomes F "
+            "and --pool large --outcomes F first)"
+        )
+    if not sources:
+        raise ReplayUsageError(f"give a SOURCE to replay ({SOURCE_HELP}) or --from-outcomes FILE")
+    from switchyard.replay.sources import load_sources
+
+    cases, line_errors = load_sources(sources, bfcl_data)
+    for e in line_errors:
+        err.print(f"[yellow]skipped[/yellow] {e}")
+    if not cases:
+        raise TraceError("no cases to replay")
+    if dry_run:
+        if not policies:
+            raise ReplayUsageError("--dry-run needs --policy FILE (the classifier and rules to route with)")
+        return asyncio.run(_dry_runs(cases, policies, large_pool, console)), line_errors
+    if gateway is None and not policies:
+        raise ReplayUsageError("give --gateway URL, or --policy FILE to start a gateway for the replay")
+    extra: dict[str, Any] = {"temperature": 0}
+    if max_tokens:
+        extra["max_tokens"] = max_tokens
+    runs = asyncio.run(
+        _live_runs(cases, policies, gateway, pool, model, outcomes, concurrency, timeout, retries, extra,
+                   large_pool, console)
+    )
+    return runs, line_errors

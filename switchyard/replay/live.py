@@ -1,0 +1,175 @@
+"""Live replay: each case as an OpenAI chat request to a gateway (or any OpenAI server).
+
+Bounded concurrency, a timeout per request, retries on connection errors, timeouts, 429
+and 502/503/504 (counted per case). When the gateway cannot be reached at all, the run
+stops: cases not yet sent are marked skipped and everything done so far is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import orjson
+
+from switchyard.replay.cases import Case
+from switchyard.replay.results import CaseResult
+from switchyard.replay.scoring import Call, score_case
+
+RETRY_STATUS = {429, 502, 503, 504}
+
+
+class GatewayUnreachable(RuntimeError):
+    pass
+
+
+def api_base(url: str) -> str:
+    """`http://h:p`, `http://h:p/` or `http://h:p/v1` -> `http://h:p/v1`."""
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def parse_tool_calls(message: dict[str, Any], name_map: dict[str, str]) -> list[Call] | None:
+    """The calls in an assistant message, names mapped back; None if any is unreadable."""
+    raw = message.get("tool_calls") or []
+    if not raw and isinstance(message.get("function_call"), dict):
+        raw = [{"function": message["function_call"]}]
+    calls: list[Call] = []
+    for tc in raw:
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            return None
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = orjson.loads(args) if args.strip() else {}
+            except orjson.JSONDecodeError:
+                return None
+        if not isinstance(args, dict):
+            return None
+        calls.append({name_map.get(fn["name"], fn["name"]): args})
+    return calls
+
+
+def _label_header(value: str | None) -> tuple[str | None, float | None]:
+    # The gateway writes the label as "name" or "name;confidence" / "name:0.83"; take both.
+    if not value:
+        return None, None
+    for sep in (";", ":", "@", " "):
+        if sep in value:
+            name, _, conf = value.partition(sep)
+            try:
+                return name.strip() or None, float(conf.strip().removeprefix("confidence="))
+            except ValueError:
+                return value, None
+    return value, None
+
+
+class LiveClient:
+    def __init__(
+        self,
+        gateway: str,
+        concurrency: int = 4,
+        timeout: float = 120.0,
+        retries: int = 2,
+        extra_body: dict[str, Any] | None = None,
+    ):
+        self.base = api_base(gateway)
+        self.concurrency = max(1, concurrency)
+        self.timeout = timeout
+        self.retries = max(0, retries)
+        self.extra_body = extra_body or {}
+        self.unreachable: str | None = None
+
+    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]) -> tuple[httpx.Response | None, str, int]:
+        """(response, error, retries used)."""
+        error = ""
+        for attempt in range(self.retries + 1):
+            if self.unreachable:
+                return None, self.unreachable, attempt
+            try:
+                resp = await client.post(f"{self.base}/chat/completions", content=orjson.dumps(body), headers=headers)
+            except httpx.ConnectError as e:
+                error = f"cannot connect to {self.base}: {e or type(e).__name__}"
+            except httpx.TimeoutException as e:
+                error = f"timed out after {self.timeout:g}s ({type(e).__name__})"
+            except httpx.HTTPError as e:
+                error = f"{type(e).__name__}: {e}"
+            else:
+                if resp.status_code not in RETRY_STATUS or attempt == self.retries:
+                    return resp, "", attempt
+                error = f"HTTP {resp.status_code}"
+            if attempt < self.retries:
+                await asyncio.sleep(min(2.0, 0.2 * 2**attempt))
+        if error.startswith("cannot connect"):
+            self.unreachable = error
+        return None, error, self.retries
+
+    async def send(self, client: httpx.AsyncClient, case: Case, model: str, forced_pool: str | None) -> CaseResult:
+        r = CaseResult(case.id, case.category, case.tier, case.kind, pool=forced_pool)
+        if self.unreachable:
+            r.status, r.error = "skipped", f"not sent: {self.unreachable}"
+            return r
+        body = case.request(model, {"stream": False, **self.extra_body})
+        headers = {"content-type": "application/json"}
+        if case.session_id:
+            headers["x-session-id"] = case.session_id
+        t0 = time.perf_counter()
+        resp, error, retries = await self._post(client, body, headers)
+        r.latency_ms = round((time.perf_counter() - t0) * 1000, 2)
+        r.retries = retries
+        if resp is None:
+            r.status, r.error = "error", error
+            r.correct = False if case.kind != "none" else None
+            return r
+        h = resp.headers
+        r.pool = h.get("x-switchyard-pool") or forced_pool
+        r.rule = h.get("x-switchyard-rule")
+        r.label, r.confidence = _label_header(h.get("x-switchyard-label"))
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        if resp.status_code != 200 or not isinstance(data, dict):
+            msg = ""
+            if isinstance(data, dict) and isinstance(data.get("error"), dict):
+                msg = str(data["error"].get("message", ""))
+            r.status, r.error = "error", f"HTTP {resp.status_code}: {msg or resp.text[:200]}"
+            r.correct = False if case.kind != "none" else None
+            return r
+        usage = data.get("usage") or {}
+        r.prompt_tokens = usage.get("prompt_tokens")
+        r.completion_tokens = usage.get("completion_tokens")
+        choices = data.get("choices") or [{}]
+        message = choices[0].get("message") or {}
+        calls = parse_tool_calls(message, case.name_map)
+        r.calls = calls
+        verdict = score_case(case, calls)
+        if verdict is not None:
+            r.correct = verdict.correct
+            r.error = verdict.error
+        return r
+
+    async def run(
+        self,
+        cases: list[Case],
+        model: str,
+        forced_pool: str | None = None,
+        on_done: Callable[[CaseResult], None] | None = None,
+    ) -> list[CaseResult]:
+        sem = asyncio.Semaphore(self.concurrency)
+        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
+        timeout = httpx.Timeout(self.timeout, connect=min(5.0, self.timeout))
+        async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+
+            async def one(case: Case) -> CaseResult:
+                async with sem:
+                    res = await self.send(client, case, model, forced_pool)
+                if on_done:
+                    on_done(res)
+                return res
+
+            return list(await asyncio.gather(*(one(c) for c in cases)))

@@ -1,0 +1,84 @@
+"""`switchyard serve --record FILE`: live traffic written as a replayable JSONL trace.
+
+Each request becomes one line in the JSONL trace form (jsonl.py) without `expected`:
+the OpenAI body, `id`, `session_id`, and under `_switchyard` the routing decision and the
+time. Lines are queued and written by one background thread, so the event loop only pays
+for a queue put; when the queue is full (disk far slower than traffic) lines are dropped
+and counted rather than slowing requests down.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+_STOP = object()
+
+
+class TraceRecorder:
+    def __init__(self, path: str | Path, max_queue: int = 10_000):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("ab")
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        self._prefix = uuid.uuid4().hex[:8]
+        self._counter = itertools.count(1)
+        self.written = 0
+        self.dropped = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="switchyard-recorder", daemon=True)
+        self._thread.start()
+
+    def record(self, request_body: dict[str, Any], session_id: str | None, decision: dict[str, Any]) -> None:
+        """Queue one request for writing; never blocks."""
+        if self._closed:
+            return
+        line: dict[str, Any] = {k: v for k, v in request_body.items() if k not in ("id", "expected")}
+        line["id"] = f"rec-{self._prefix}-{next(self._counter)}"
+        if session_id is not None:
+            line["session_id"] = session_id
+        line["_switchyard"] = {"ts": round(time.time(), 3), "decision": decision}
+        try:
+            self._queue.put_nowait(line)
+        except queue.Full:
+            self.dropped += 1
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                break
+            batch = [item]
+            # Drain what is already queued so one write+flush serves many lines.
+            while len(batch) < 512:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    self._write(batch)
+                    return
+                batch.append(nxt)
+            self._write(batch)
+
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        data = b"".join(orjson.dumps(x, default=str) + b"\n" for x in batch)
+        self._file.write(data)
+        self._file.flush()
+        self.written += len(batch)
+
+    def close(self) -> None:
+        """Write what is queued, then close the file (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout=10)
+        self._file.close()

@@ -1,0 +1,44 @@
+"""What one case produced in one run, and the run as a whole."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class CaseResult:
+    id: str
+    category: str
+    tier: str | None = None
+    kind: str = "ast"
+    pool: str | None = None
+    rule: str | None = None
+    label: str | None = None
+    confidence: float | None = None
+    reason: str | None = None
+    correct: bool | None = None  # None: not scored (dry run, recorded traffic, error before an answer)
+    error: str = ""  # why the answer is wrong, or why there is no answer
+    status: str = "ok"  # ok | error | skipped | missing | routed (dry run)
+    latency_ms: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    retries: int = 0
+    calls: list[dict[str, Any]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class RunResult:
+    name: str  # the policy (or pool) this run replayed through
+    mode: str  # live | dry-run | counterfactual
+    results: list[CaseResult]
+    policy_file: str | None = None
+    large_pool: str = "large"
+    aborted: str | None = None  # why the run stopped early (results so far are kept)
+    notes: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    sweep: list[dict[str, float]] | None = None
+    throughput: dict[str, Any] | None = None
