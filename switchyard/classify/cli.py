@@ -1,5 +1,203 @@
 """`switchyard classifier ...` (owned by the classifier work; lazy imports keep start-up fast)."""
 
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
 import typer
 
 classifier_app = typer.Typer(no_args_is_help=True)
+
+SHIPPED = "classifiers/tool-complexity.onnx"
+
+
+def _die(msg: str, code: int = 1) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def _load(model: str):  # -> OnnxClassifier
+    from switchyard.classify.build import ClassifierLoadError, resolve_model_path
+    from switchyard.classify.onnx_classifier import OnnxClassifier
+
+    try:
+        return OnnxClassifier.load(resolve_model_path(model, Path.cwd()))
+    except ClassifierLoadError as e:
+        _die(str(e))
+
+
+def _need_train_extra() -> None:
+    try:
+        import skl2onnx  # noqa: F401
+        import sklearn  # noqa: F401
+    except ImportError:
+        _die("training needs scikit-learn and skl2onnx: pip install 'switchyard[train]'")
+
+
+def _summary(r) -> None:  # r: TrainResult
+    typer.echo(f"wrote {r.path} and {r.path.with_suffix('.json').name}")
+    typer.echo(f"train {r.n_train}, held out {r.n_test}: held-out accuracy {r.accuracy:.4f}")
+    typer.echo(f"confusion (rows true simple/complex, cols predicted): {r.confusion}")
+    typer.echo(f"ONNX vs scikit-learn max |diff| {r.parity_max_abs_diff:.2g}")
+    typer.echo(f"latency features+ONNX: p50 {r.latency_us['p50']:.1f} us, p99 {r.latency_us['p99']:.1f} us")
+
+
+@classifier_app.command()
+def train(
+    out: Path = typer.Option(None, help=f"Model file to write (default: {SHIPPED}, or "
+                             "classifiers/from-outcomes.onnx with --outcomes); NAME.json and NAME.md go beside it"),
+    outcomes: Path = typer.Option(None, help="Per-case outcomes JSONL (from `switchyard replay`): learn "
+                                  "'the small pool will fail' instead of BFCL categories"),
+    small_pool: str = typer.Option("small", help="Outcomes: the pool whose failures mean `complex`"),
+    large_pool: str = typer.Option("large", help="Outcomes: the large pool's name"),
+    require_large_correct: bool = typer.Option(False, help="Outcomes: `complex` only where large got it right"),
+    hash_dim: int = typer.Option(4096, help="Hashed text buckets (a power of two)"),
+    c: float = typer.Option(1.0, "--c", help="Inverse regularisation strength of the logistic regression"),
+    card: bool = typer.Option(True, help="Write the model card NAME.md"),
+) -> None:
+    """Train the request classifier and export it to ONNX (reproduces the shipped model by default)."""
+    _need_train_extra()
+    from switchyard.classify import card as card_mod
+    from switchyard.classify.train import LABELS, Example, bfcl_examples
+    from switchyard.classify.train import train as run_train
+    from switchyard.datasets import BFCL
+
+    if hash_dim < 2 or hash_dim & (hash_dim - 1):
+        _die("--hash-dim must be a power of two")
+    if outcomes is None:
+        out = out or Path(SHIPPED)
+        examples = bfcl_examples()
+        source = {"data": f"BFCL v4 ({BFCL.package} {BFCL.version})", "target": "BFCL category (see card)",
+                  "command": "switchyard classifier train"}
+        data_section = card_mod.BFCL_DATA
+        command = f"switchyard classifier train --out {out}"
+    else:
+        from switchyard.classify.features import extract
+        from switchyard.classify.outcomes import OutcomesError, held_out, label_cases, read_outcomes
+
+        out = out or Path("classifiers/from-outcomes.onnx")
+        try:
+            cases = label_cases(read_outcomes(outcomes), small_pool, large_pool, require_large_correct)
+        except OutcomesError as e:
+            _die(str(e))
+        examples = [
+            Example(cid, cid, "small fails" if fails else "small ok", LABELS.index("complex" if fails else "simple"),
+                    extract(body), held_out(cid), body)
+            for cid, body, fails in cases
+        ]
+        source = {"data": f"outcomes {outcomes.name}", "target": f"pool {small_pool!r} answered wrongly"
+                  + (f" and {large_pool!r} rightly" if require_large_correct else ""),
+                  "command": f"switchyard classifier train --outcomes {outcomes}"}
+        data_section = (f"Outcomes file `{outcomes.name}`: {len(examples)} cases. `complex` = {source['target']}; "
+                        "`simple` otherwise. Format: see switchyard/classify/outcomes.py.")
+        command = f"switchyard classifier train --outcomes {outcomes} --out {out}"
+    try:
+        r = run_train(examples, out, source, hash_dim=hash_dim, c=c)
+    except ValueError as e:
+        _die(str(e))
+    _summary(r)
+    if card:
+        p = card_mod.write(out, card_mod.render(r, r.trained, data_section, command))
+        typer.echo(f"wrote {p}")
+
+
+@classifier_app.command("eval")
+def evaluate(
+    model: str = typer.Option(SHIPPED, help="Model file (.onnx with its .json)"),
+    outcomes: Path = typer.Option(None, help="Score on an outcomes file (small pool failures) instead of BFCL"),
+    small_pool: str = typer.Option("small"),
+    all_cases: bool = typer.Option(False, "--all", help="Score every case, not only the held-out split"),
+) -> None:
+    """Accuracy of a model on BFCL's held-out split (or an outcomes file), with its confusion matrix."""
+    import numpy as np
+
+    from switchyard.classify.features import extract
+
+    clf = _load(model)
+    if outcomes is None:
+        from switchyard.classify.bfcl import load_cases
+        from switchyard.datasets import bfcl_zip
+
+        with bfcl_zip() as zf:
+            cases = [(c.body, c.label, c.category) for c in load_cases(zf) if all_cases or c.held_out()]
+    else:
+        from switchyard.classify.outcomes import OutcomesError, held_out, label_cases, read_outcomes
+
+        try:
+            rows = label_cases(read_outcomes(outcomes), small_pool)
+        except OutcomesError as e:
+            _die(str(e))
+        cases = [(b, "complex" if f else "simple", "outcomes") for cid, b, f in rows if all_cases or held_out(cid)]
+    if not cases:
+        _die("no cases to score")
+    labels = list(clf.labels)
+    probs = clf.probabilities_many([extract(b) for b, _, _ in cases])
+    pred = np.array([labels[k] for k in probs.argmax(axis=1)])
+    true = np.array([t for _, t, _ in cases])
+    typer.echo(f"{model}: {len(cases)} cases, accuracy {(pred == true).mean():.4f}")
+    typer.echo("confusion (rows true, cols predicted): " + ", ".join(labels))
+    for t in labels:
+        typer.echo(f"  {t:>10}: " + " ".join(f"{int(((true == t) & (pred == p)).sum()):6d}" for p in labels))
+
+
+@classifier_app.command()
+def calibrate(
+    target_large_share: float = typer.Option(..., help="Share of requests to send to the large pool, 0..1"),
+    model: str = typer.Option(SHIPPED, help="Model file (.onnx with its .json)"),
+    trace: Path = typer.Option(None, help="JSONL of OpenAI chat bodies (or outcomes records); default: BFCL"),
+    label: str = typer.Option("complex", help="The label that means 'large pool'"),
+    large_pool: str = typer.Option("large", help="Pool name for the printed rules"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text"),
+) -> None:
+    """Find the confidence threshold that sends the target share of a trace to the large pool."""
+    from switchyard.classify.calibrate import calibrate as run_calibrate
+    from switchyard.classify.calibrate import read_trace
+
+    clf = _load(model)
+    if trace is None:
+        from switchyard.classify.bfcl import load_cases
+        from switchyard.datasets import bfcl_zip
+
+        with bfcl_zip() as zf:
+            bodies = [c.body for c in load_cases(zf)]
+        source = "BFCL v4 (all cases)"
+    else:
+        try:
+            bodies = read_trace(trace)
+        except (OSError, ValueError) as e:
+            _die(str(e))
+        source = str(trace)
+    try:
+        cal = run_calibrate(clf, bodies, target_large_share, label)
+    except ValueError as e:
+        _die(str(e))
+    if as_json:
+        typer.echo(json.dumps({"threshold": cal.threshold, "share": cal.share, "requests": cal.n,
+                               "label": label, "trace": source}))
+        return
+    typer.echo(f"{source}: {cal.n} requests")
+    typer.echo(f"P({label}) >= {cal.threshold:.4f} sends {cal.share:.1%} to {large_pool} "
+               f"(target {target_large_share:.1%})")
+    typer.echo("policy routes (first match wins; put them before the default route):")
+    typer.echo(cal.rules_yaml(large_pool))
+
+
+@classifier_app.command()
+def predict(
+    request: Path = typer.Argument(..., help="OpenAI chat body as JSON ('-' reads stdin)"),
+    model: str = typer.Option(SHIPPED, help="Model file (.onnx with its .json)"),
+) -> None:
+    """Classify one request and print the label, confidence and time."""
+    from switchyard.classify.features import extract
+
+    clf = _load(model)
+    try:
+        body = json.loads(sys.stdin.read() if str(request) == "-" else request.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        _die(f"cannot read the request: {e}")
+    if not isinstance(body, dict):
+        _die("the request must be a JSON object")
+    lab = clf.predict(extract(body))
+    typer.echo(json.dumps({"label": lab.name, "confidence": round(lab.confidence, 4), "ms": round(lab.ms, 4)}))

@@ -14,13 +14,19 @@ from typing import Any
 
 import orjson
 
-# Phrases that ask for several things at once: "and also", "both", "each of", "for every"...
-_PARALLEL_CUES = re.compile(
-    r"\b(and also|as well as|both|each of|for each|for every|respectively|all of (?:them|these)|"
-    r"at the same time|simultaneously|in parallel|then|after that|followed by)\b",
-    re.IGNORECASE,
-)
-_ERROR_CUES = re.compile(r"\b(error|exception|traceback|failed|failure|invalid|not found|denied)\b", re.I)
+# Text cues come from one tokenisation of the head of the last user turn (regexes with
+# alternations cost ~100 us per 4 KB; one findall plus set lookups costs a fraction of that).
+TOKEN_PATTERN = r"[a-z0-9_]+"
+TEXT_SCAN_CHARS = 1000  # bounded work per request, whatever the client sends
+_TOKEN = re.compile(TOKEN_PATTERN)
+# Words and word pairs that ask for several things at once: "both", "and also", "for each"...
+_CUE_WORDS = frozenset({"both", "respectively", "simultaneously", "then", "also", "parallel"})
+_CUE_PAIRS = frozenset({
+    ("as", "well"), ("each", "of"), ("for", "each"), ("for", "every"), ("all", "of"),
+    ("same", "time"), ("after", "that"), ("followed", "by"), ("and", "then"),
+})
+_CUE_FIRSTS = frozenset(a for a, _ in _CUE_PAIRS)
+_ERROR_CUES = re.compile(r"\b(error|exception|traceback|failed|failure|invalid|not found|denied)\b")
 
 
 def content_text(content: Any) -> str:
@@ -55,9 +61,15 @@ class Features:
     prompt_chars: int = 0
     prompt_tokens: int = 0  # estimate: chars / 4, as tiktoken averages on English
     text: str = ""  # last user turn
+    tokens: list[str] = field(default_factory=list)  # TOKEN_PATTERN over text[:TEXT_SCAN_CHARS].lower()
     system_chars: int = 0
-    parallel_cues: int = 0
+    parallel_cues: int = 0  # "both", "and also", "for each", ... in the last user turn
     headers: Mapping[str, str] = field(default_factory=dict)
+    tool_params: int = 0  # parameters over all tool schemas
+    enumerations: int = 0  # commas, "and", list items in the last user turn
+    numbers: int = 0  # numbers in the last user turn
+    questions: int = 0  # question marks in the last user turn
+    user_chars: int = 0  # all user text in the conversation
 
     def numeric(self) -> list[float]:
         """The numeric part of the classifier's input, in a fixed order (see NUMERIC_NAMES)."""
@@ -72,6 +84,11 @@ class Features:
             float(self.prompt_tokens),
             float(len(self.text)),
             float(self.parallel_cues),
+            float(self.tool_params),
+            float(self.enumerations),
+            float(self.numbers),
+            float(self.questions),
+            float(self.user_chars),
         ]
 
 
@@ -86,6 +103,11 @@ NUMERIC_NAMES = [
     "prompt_tokens",
     "text_chars",
     "parallel_cues",
+    "tool_params",
+    "enumerations",
+    "numbers",
+    "questions",
+    "user_chars",
 ]
 
 
@@ -94,6 +116,19 @@ def _schema_chars(tools: list[Any]) -> int:
         return len(orjson.dumps(tools))
     except TypeError:
         return len(str(tools))
+
+
+def _param_count(tools: list[Any]) -> int:
+    n = 0
+    for t in tools:
+        if not isinstance(t, Mapping):
+            continue
+        fn = t.get("function", t)  # tools wrap the function; legacy `functions` are bare
+        params = fn.get("parameters") if isinstance(fn, Mapping) else None
+        props = params.get("properties") if isinstance(params, Mapping) else None
+        if isinstance(props, Mapping):
+            n += len(props)
+    return n
 
 
 def extract(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> Features:
@@ -107,6 +142,7 @@ def extract(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -
     if isinstance(tools, list):
         f.tools = len(tools)
         f.tool_schema_chars = _schema_chars(tools)
+        f.tool_params = _param_count(tools)
     messages = body.get("messages")
     if isinstance(messages, list):
         f.messages = len(messages)
@@ -120,6 +156,7 @@ def extract(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -
             chars += len(text)
             if role == "user":
                 f.turns += 1
+                f.user_chars += len(text)
                 last_user = text
             elif role == "system" or role == "developer":
                 f.system_chars += len(text)
@@ -136,7 +173,7 @@ def extract(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -
         last = messages[-1] if messages else None
         if isinstance(last, Mapping) and last.get("role") in ("tool", "function"):
             f.tool_result = True
-            f.tool_error = bool(_ERROR_CUES.search(content_text(last.get("content"))[:2000]))
+            f.tool_error = bool(_ERROR_CUES.search(content_text(last.get("content"))[:2000].lower()))
         f.text = last_user
         f.prompt_chars = chars + f.tool_schema_chars
     else:
@@ -147,6 +184,28 @@ def extract(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -
             f.text = "\n".join(prompt)
         f.turns = 1 if f.text else 0
         f.prompt_chars = len(f.text)
+        f.user_chars = len(f.text)
     f.prompt_tokens = (f.prompt_chars + 3) // 4
-    f.parallel_cues = len(_PARALLEL_CUES.findall(f.text[:4000]))
+    _text_cues(f)
     return f
+
+
+def _text_cues(f: Features) -> None:
+    head = f.text[:TEXT_SCAN_CHARS].lower()
+    tokens = _TOKEN.findall(head)
+    f.tokens = tokens
+    cues = numbers = 0
+    prev = ""
+    for t in tokens:
+        if t in _CUE_WORDS or (prev in _CUE_FIRSTS and (prev, t) in _CUE_PAIRS):
+            cues += 1
+        if t[0].isdigit():
+            numbers += 1
+        prev = t
+    f.parallel_cues = cues
+    f.numbers = numbers
+    # Enumerations: "a, b and c", "x; y", bullet or numbered list lines.
+    f.enumerations = head.count(",") + head.count(";") + head.count(" and ") + head.count("\n- ") + head.count(
+        "\n* "
+    )
+    f.questions = head.count("?")
