@@ -1,8 +1,9 @@
-"""The cluster throughput a routing split buys: a call into the cluster capacity model.
+"""The cluster throughput a routing split buys, from switchyard.cluster's capacity model.
 
-The capacity model belongs to switchyard.cluster (routed throughput =
-min(large capacity / f, small capacity / (1 - f)), relative to all-large). Until that
-module is present, replay reports the ratio as unavailable and says why.
+routed throughput = min(large capacity / f, small capacity / (1 - f)), relative to the
+same cluster spent on large replicas only. The pools' replica counts, widths and rates
+come from a planning policy: the replayed policy itself, or `--plan-policy FILE` when the
+replayed one names replica URLs without rates.
 """
 
 from __future__ import annotations
@@ -11,22 +12,43 @@ from pathlib import Path
 from typing import Any
 
 
-def cluster_throughput(cluster_file: str | Path, policy_file: str | Path | None, large_share: float | None) -> dict[str, Any]:
+def cluster_throughput(
+    cluster_file: str | Path,
+    policy_file: str | Path | None,
+    large_share: float | None,
+    large_pool: str | None = None,
+) -> dict[str, Any]:
     out: dict[str, Any] = {"cluster": str(cluster_file), "large_share": large_share, "ratio": None}
     if large_share is None:
         out["note"] = "no routing split to evaluate"
         return out
-    try:
-        from switchyard.cluster import capacity  # type: ignore[attr-defined]
-    except ImportError:
-        out["note"] = "cluster capacity model not available (switchyard.cluster.capacity)"
-        return out
-    fn = getattr(capacity, "throughput_for_split", None)
-    if fn is None:
-        out["note"] = "switchyard.cluster.capacity has no throughput_for_split()"
+    if policy_file is None:
+        out["note"] = "needs a policy (pools with rates) for the capacity model"
         return out
     try:
-        out.update(fn(cluster_file, policy_file, large_share))
-    except Exception as e:  # a cluster file the model rejects must not lose the replay's report
-        out["note"] = f"capacity model: {e}"
+        from switchyard.cluster.capacity import CapacityError, capacity
+        from switchyard.cluster.placement import PlanError, plan_cluster
+        from switchyard.cluster.topology import ClusterError, load_cluster
+    except ImportError as e:
+        out["note"] = f"cluster capacity model not available: {e}"
+        return out
+    from switchyard.policy.loader import PolicyError, load_policy
+
+    try:
+        spec = load_policy(policy_file)
+        plan = plan_cluster(load_cluster(cluster_file), spec, Path(policy_file).resolve().parent)
+        large = large_pool if large_pool in spec.pools else None
+        cap = capacity(plan, large)
+        out.update(
+            ratio=round(cap.speedup(large_share), 4),
+            large_pool=cap.large_pool,
+            bottleneck=cap.bottleneck(large_share),
+            routed=cap.routed(large_share),
+            baseline=cap.baseline_cap,
+            plan_policy=str(policy_file),
+        )
+    except PlanError as e:
+        out["note"] = "cannot place the policy on the cluster: " + "; ".join(getattr(e, "issues", [str(e)]))
+    except (CapacityError, ClusterError, PolicyError) as e:
+        out["note"] = str(e).replace("\n", "; ")
     return out

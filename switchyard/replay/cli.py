@@ -126,6 +126,7 @@ def replay(
     from_outcomes: Annotated[list[Path] | None, typer.Option("--from-outcomes", help="Score the policies from saved outcomes, no model calls")] = None,
     sweep: Annotated[bool, typer.Option("--sweep", help="With --from-outcomes: quality vs large share over classifier thresholds")] = False,
     cluster: Annotated[Path | None, typer.Option(help="Cluster file: report the throughput the split gives vs all-large")] = None,
+    plan_policy: Annotated[Path | None, typer.Option(help="With --cluster: planning policy (replicas, rates) if the replayed one has none")] = None,
     out: Annotated[Path | None, typer.Option(help="Write report.json, report.html and PNG plots to DIR")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight at once")] = 4,
     timeout: Annotated[float, typer.Option(help="Seconds per request")] = 120.0,
@@ -158,7 +159,9 @@ def replay(
         from switchyard.replay.summary import summarize
 
         for run in runs:
-            run.throughput = cluster_throughput(cluster, run.policy_file, summarize(run)["large_share"])
+            run.throughput = cluster_throughput(
+                cluster, plan_policy or run.policy_file, summarize(run)["large_share"], run.large_pool
+            )
     from switchyard.replay.report import render_table, write_report
 
     render_table(runs, console)

@@ -54,18 +54,16 @@ def parse_tool_calls(message: dict[str, Any], name_map: dict[str, str]) -> list[
     return calls
 
 
-def _label_header(value: str | None) -> tuple[str | None, float | None]:
-    # The gateway writes the label as "name" or "name;confidence" / "name:0.83"; take both.
-    if not value:
+def _label_headers(h: httpx.Headers) -> tuple[str | None, float | None]:
+    # The gateway sends the label name ("none" without a classifier) and, apart, its confidence.
+    name = h.get("x-switchyard-label")
+    if not name or name == "none":
         return None, None
-    for sep in (";", ":", "@", " "):
-        if sep in value:
-            name, _, conf = value.partition(sep)
-            try:
-                return name.strip() or None, float(conf.strip().removeprefix("confidence="))
-            except ValueError:
-                return value, None
-    return value, None
+    try:
+        conf = float(h.get("x-switchyard-confidence", ""))
+    except ValueError:
+        conf = None
+    return name, conf
 
 
 class LiveClient:
@@ -128,7 +126,7 @@ class LiveClient:
         h = resp.headers
         r.pool = h.get("x-switchyard-pool") or forced_pool
         r.rule = h.get("x-switchyard-rule")
-        r.label, r.confidence = _label_header(h.get("x-switchyard-label"))
+        r.label, r.confidence = _label_headers(h)
         try:
             data = resp.json()
         except ValueError:

@@ -1,0 +1,124 @@
+"""Live replay through a real `switchyard serve` process to real upstream server processes.
+
+Two upstreams answer with the cases' ground truth; the "small" one leaves out the call on
+one case in three. The policy sends cases with several tools to the large pool.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from replay_helpers import policy_file
+from typer.testing import CliRunner
+
+from switchyard.cli import app
+from switchyard.replay.bfcl import load_category
+from switchyard.replay.gateway import GatewayProcess, free_port
+from switchyard.replay.suite import load_suite
+
+runner = CliRunner()
+
+
+def _cases() -> list:
+    # 14 suite cases: every standard and hard category is represented.
+    suite = load_suite("tooluse-92")
+    seen: dict[str, int] = {}
+    out = []
+    for c in suite:
+        if seen.get(c.category, 0) < 2:
+            seen[c.category] = seen.get(c.category, 0) + 1
+            out.append(c)
+    return out
+
+
+def _replay(*args: str) -> tuple[int, str]:
+    res = runner.invoke(app, ["replay", *args])
+    return res.exit_code, res.output + (str(res.exception) if res.exception and res.exit_code not in (0, 1, 2) else "")
+
+
+def _report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+@pytest.fixture
+def setup(tmp_path: Path, upstream):
+    cases = _cases()
+    known = cases + load_category("simple_python", limit=3)
+    small = upstream(known, wrong_every=3)
+    large = upstream(known, wrong_every=0)
+    pol = policy_file(tmp_path / "routed.yaml", small, large)
+    return cases, pol
+
+
+def test_live_through_gateway_and_counterfactual_matches(setup, tmp_path: Path) -> None:
+    cases, pol = setup
+    ids = [c.id for c in cases]
+    trace = tmp_path / "cases.jsonl"
+    # The same cases as a BFCL-id list would be: write them as a JSONL trace (tool names are
+    # already legal OpenAI names in the trace, so expected answers use those names).
+    from switchyard.replay.scoring import ground_truth_calls
+
+    with trace.open("w", encoding="utf-8") as f:
+        for c in cases:
+            legal = {o: n for n, o in c.name_map.items()}
+            exp = [{legal.get(k, k): v for k, v in call.items()} for call in (c.expected or [])]
+            f.write(json.dumps({"id": c.id, "category": c.category, **c.body,
+                                "expected": exp if c.kind == "ast" else []}) + "\n")
+            assert ground_truth_calls(c) is not None
+    outcomes = tmp_path / "outcomes.jsonl"
+    with GatewayProcess(pol) as gw:
+        for pool in ("small", "large"):
+            code, text = _replay(str(trace), "--gateway", gw.url, "--pool", pool, "--outcomes", str(outcomes),
+                                 "--out", str(tmp_path / pool))
+            assert code == 0, text
+        code, text = _replay(str(trace), "--gateway", gw.url, "-p", str(pol), "--out", str(tmp_path / "live"))
+        assert code == 0, text
+    large = _report(tmp_path / "large")["runs"][0]
+    small = _report(tmp_path / "small")["runs"][0]
+    live = _report(tmp_path / "live")["runs"][0]
+    assert large["totals"]["score"] == 100.0  # ground truth everywhere
+    assert small["totals"]["score"] < 100.0  # one case in three without its call
+    assert {c["pool"] for c in large["cases"]} == {"large"}
+    # The routed run read the gateway's headers: pool and rule per case.
+    assert [c["id"] for c in live["cases"]] == ids
+    for c in live["cases"]:
+        assert c["rule"] in ("several-tools", "default") and c["pool"] in ("small", "large")
+        assert c["latency_ms"] > 0 and c["prompt_tokens"] > 0
+    t = live["totals"]
+    assert t["cases"] == len(ids) == sum(t["split"].values())
+    assert t["correct"] == sum(c["correct"] for c in live["cases"])
+    # Counterfactual from the two forced-pool runs: same routes, same score.
+    code, text = _replay("--from-outcomes", str(outcomes), "-p", str(pol), "--out", str(tmp_path / "cf"))
+    assert code == 0, text
+    cf = _report(tmp_path / "cf")["runs"][0]
+    assert cf["totals"]["score"] == t["score"]
+    assert [(c["id"], c["pool"], c["correct"]) for c in cf["cases"]] == [
+        (c["id"], c["pool"], c["correct"]) for c in live["cases"]
+    ]
+    html = (tmp_path / "live" / "report.html").read_text()
+    for png in ("quality_vs_large_share.png", "split.png", "latency.png"):
+        assert png in html and (tmp_path / "live" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gateway_started_from_policy_and_bfcl_source(setup, tmp_path: Path) -> None:
+    # No --gateway: replay starts `switchyard serve --policy` itself and stops it.
+    _, pol = setup
+    code, text = _replay("bfcl:simple_python:3", "-p", str(pol), "--out", str(tmp_path / "o"))
+    assert code == 0, text
+    rep = _report(tmp_path / "o")["runs"][0]
+    assert [c["id"] for c in rep["cases"]] == ["simple_python_0", "simple_python_1", "simple_python_2"]
+    assert {c["pool"] for c in rep["cases"]} == {"small"} and {c["rule"] for c in rep["cases"]} == {"default"}
+    assert rep["totals"]["correct"] == sum(c["correct"] for c in rep["cases"]) and rep["totals"]["scored"] == 3
+
+
+def test_unreachable_gateway_keeps_partial_results(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    code, text = _replay("bfcl:simple_python:5", "--gateway", url, "--retries", "1", "--out", str(tmp_path / "o"))
+    assert code == 1
+    assert "unreachable" in text and "cannot connect" in text
+    rep = _report(tmp_path / "o")["runs"][0]
+    assert len(rep["cases"]) == 5
+    assert {c["status"] for c in rep["cases"]} <= {"error", "skipped"}
+    assert rep["totals"]["aborted"]
