@@ -75,6 +75,19 @@ def plan(
         sat = run_sim(pool_loads(the_plan, cap, f), SATURATION * closed, requests, seed + 1)
         typer.echo(simulation_text(f, closed, at, sat, unit))
 
+    if emit is not None:
+        parts = ["switchyard plan"]
+        if cluster is not None:
+            parts.append(f"--cluster {cluster.as_posix()}")
+        parts += [f"--policy {policy.as_posix()}", "--emit <this folder>"]
+        if image != "switchyard:latest":
+            parts.append(f"--image {image}")
+        try:
+            written = write(emit, render(the_plan, summary, image, " ".join(parts)))
+        except EmitError as e:
+            raise _fail(f"error: {e}") from None
+        typer.echo(f"\nwrote {len(written)} files to {emit}/")
+
     if plot is not None and cap is not None:
         from switchyard.cluster.plot import plot_capacity
 
@@ -90,16 +103,3 @@ def plan(
                 points.append((f, r.sustained))
         title = f"{the_plan.policy.name} on {the_plan.cluster.name}"
         typer.echo(f"\nplot: {plot_capacity(cap, plot, shares, points, unit, title)}")
-
-    if emit is not None:
-        parts = ["switchyard plan"]
-        if cluster is not None:
-            parts.append(f"--cluster {cluster.as_posix()}")
-        parts += [f"--policy {policy.as_posix()}", "--emit <this folder>"]
-        if image != "switchyard:latest":
-            parts.append(f"--image {image}")
-        try:
-            written = write(emit, render(the_plan, summary, image, " ".join(parts)))
-        except EmitError as e:
-            raise _fail(f"error: {e}") from None
-        typer.echo(f"\nwrote {len(written)} files to {emit}/")

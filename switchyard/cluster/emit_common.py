@@ -17,6 +17,25 @@ GATEWAY_PORT = 8080
 _PLANNING = ("engine", "nodes_per_replica", "ranks_per_node", "rate", "model_size_gb", "model_file", "kv_cache_gb")
 
 
+class _Dumper(yaml.SafeDumper):
+    """Block strings for multi-line text (a policy in a ConfigMap), no &id anchors."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump_yaml(*docs: object) -> str:
+    return yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, width=100)
+
+
 def dns_name(*parts: str) -> str:
     """A DNS-1123 label (Kubernetes, compose service names) from free-form names."""
     s = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")

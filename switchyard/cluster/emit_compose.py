@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
-from switchyard.cluster.emit_common import GATEWAY_PORT, HEADER, dns_name, gateway_policy
+from switchyard.cluster.emit_common import GATEWAY_PORT, HEADER, dns_name, dump_yaml, gateway_policy
 from switchyard.cluster.launch import node_command
 from switchyard.cluster.placement import Plan, Replica
 
@@ -88,6 +86,6 @@ def compose_files(plan: Plan, image: str) -> dict[str, str]:
     )
     url = {rep.name: f"http://{service_name(rep, 0)}:{rep.port}/v1" for rep in plan.replicas}
     return {
-        "compose/docker-compose.yaml": head + yaml.safe_dump(doc, sort_keys=False, width=100),
+        "compose/docker-compose.yaml": head + dump_yaml(doc),
         "compose/policy.yaml": gateway_policy(plan, lambda r: url[r.name]),
     }

@@ -12,9 +12,7 @@ import json
 import shlex
 from typing import Any
 
-import yaml
-
-from switchyard.cluster.emit_common import GATEWAY_PORT, HEADER, dns_name, gateway_policy
+from switchyard.cluster.emit_common import GATEWAY_PORT, HEADER, dns_name, dump_yaml, gateway_policy
 from switchyard.cluster.launch import serve_args
 from switchyard.cluster.placement import Plan, Replica
 
@@ -213,5 +211,5 @@ def k8s_files(plan: Plan, image: str) -> dict[str, str]:
         "# Needs the LeaderWorkerSet controller (https://github.com/kubernetes-sigs/lws).\n"
         "# Run label-nodes.sh first, then: kubectl apply -f switchyard.yaml\n"
     )
-    body = yaml.safe_dump_all(docs, sort_keys=False, width=100)
+    body = dump_yaml(*docs)
     return {"k8s/switchyard.yaml": head + body, "k8s/label-nodes.sh": label_script(plan)}
