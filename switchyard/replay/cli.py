@@ -138,7 +138,7 @@ def replay(
 ) -> None:
     """Replay tool-use traces through policies: score, routing split, latency, tokens."""
     console = Console()
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True, highlight=False)
     policies = list(policy or [])
     try:
         runs, line_errors = _replay(

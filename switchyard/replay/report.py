@@ -23,8 +23,8 @@ def _fmt(v: Any, suffix: str = "") -> str:
 
 
 def _score_cell(s: dict[str, Any]) -> str:
-    if s["score"] is None:
-        return "-" if not s["cases"] else f"- ({s['cases']} cases)"
+    if s["score"] is None:  # a dry run: how much of it goes to the large pool
+        return "-" if not s["cases"] else f"{s['large']}/{s['cases']} large"
     return f"{s['score']:.1f} ({s['correct']}/{s['scored']})"
 
 

@@ -22,11 +22,12 @@ def _tokens(rows: list[Any], key: str) -> int | None:
     return sum(vals) if vals else None
 
 
-def _score(rows: list[Any]) -> dict[str, Any]:
+def _score(rows: list[Any], large: str | None = None) -> dict[str, Any]:
     scored = [r for r in rows if r.correct is not None]
     correct = sum(1 for r in scored if r.correct)
     return {
         "cases": len(rows),
+        "large": sum(1 for r in rows if large is not None and r.pool == large),
         "scored": len(scored),
         "correct": correct,
         "score": round(100.0 * correct / len(scored), 2) if scored else None,
@@ -63,13 +64,13 @@ def summarize(run: RunResult) -> dict[str, Any]:
         "name": run.name,
         "mode": run.mode,
         "policy_file": run.policy_file,
-        **_score(rs),
+        **_score(rs, run.large_pool),
         "large_pool": run.large_pool,
         "large_share": round(split.get(run.large_pool, 0) / n_routed, 4) if routed else None,
         "split": dict(split),
         "rules": dict(rules),
-        "per_category": {c: _score(rows) for c, rows in sorted(per_category.items())},
-        "per_tier": {t: _score(rows) for t, rows in sorted(per_tier.items())},
+        "per_category": {c: _score(rows, run.large_pool) for c, rows in sorted(per_category.items())},
+        "per_tier": {t: _score(rows, run.large_pool) for t, rows in sorted(per_tier.items())},
         "pools": pools,
         "errors": sum(r.status == "error" for r in rs),
         "skipped": sum(r.status == "skipped" for r in rs),
