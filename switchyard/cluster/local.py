@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +23,34 @@ class LocalLaunch:
     command: list[str] | None  # None: the pool has no `engine:` section, so nothing to start
 
 
+def _memory_gb() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):  # not a POSIX sysconf: do not check
+        return 1e6
+
+
+def _gpus() -> int:
+    # Only asked when a pool runs on cuda; torch is the engine's dependency, not the gateway's.
+    try:
+        import torch
+
+        return max(torch.cuda.device_count(), 1)
+    except ImportError:
+        return 1
+
+
 def plan_local(policy: PolicySpec, base: Path | None = None) -> Plan:
     """Plan every pool's replicas on 127.0.0.1, each on the port of its URL in the policy.
 
+    The node is this machine: its RAM, its GPUs (when a pool runs on cuda); replicas share it.
     Pools whose `replicas` is a count get ports from 8000 up. Raises PlanError like a cluster plan.
     """
-    device = next((p.engine.device for p in policy.pools.values() if p.engine is not None), "cpu")
-    return plan_cluster(local_cluster(device=device), policy, base)
+    cuda = any(p.engine is not None and p.engine.device == "cuda" for p in policy.pools.values())
+    cluster = local_cluster(memory_gb=_memory_gb(), device="cuda" if cuda else "cpu")
+    if cuda:
+        cluster = cluster.model_copy(update={"gpus": _gpus()})
+    return plan_cluster(cluster, policy, base)
 
 
 def local_launches(policy: PolicySpec, base: Path | None = None, python: str | None = None) -> list[LocalLaunch]:

@@ -160,9 +160,8 @@ def plan_cluster(cluster: Cluster, policy: PolicySpec, base: Path | None = None)
         node.name: NodeUse(node.name, cluster.memory_of(node), cluster.reserve_gb) for node in cluster.nodes
     }
     sizes: dict[str, float] = {}
-    base_dir = base
     for name, pool in policy.pools.items():
-        size, source = model_size_gb(pool, base_dir)
+        size, _ = model_size_gb(pool, base)
         if size is None:
             warnings.append(
                 f"pool {name}: model size unknown, memory not checked (give model_size_gb, or model_file)"
