@@ -25,11 +25,11 @@ def render(plan: Plan, summary: str, image: str, command: str) -> dict[str, str]
     files.update(torchrun_files(plan))
     files.update(compose_files(plan, image))
     files.update(k8s_files(plan, image))
-    files["README.md"] = _readme(plan, summary, command)
+    files["README.md"] = _readme(plan, summary, command, image)
     return files
 
 
-def _readme(plan: Plan, summary: str, command: str) -> str:
+def _readme(plan: Plan, summary: str, command: str, image: str) -> str:
     nodes = " ".join(f"node-{n.name}.sh" for n in plan.cluster.order)
     return f"""# Launch files for cluster `{plan.cluster.name}`, policy `{plan.policy.name}`
 
@@ -54,7 +54,7 @@ REDIS_URL to share state between several gateways).
 
 ## docker compose (one host)
 
-    docker build -f deploy/Dockerfile -t IMAGE .
+    docker build -f deploy/Dockerfile -t {image} .
     cd compose && docker compose up -d
 
 ## Kubernetes (LeaderWorkerSet)
