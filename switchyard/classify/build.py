@@ -19,9 +19,7 @@ def resolve_model_path(path: str, base_dir: Path) -> Path:
     """An absolute path as is; else relative to the policy's folder; else to the switchyard tree
     (so `classifiers/tool-complexity.onnx` finds the shipped model from any policy folder)."""
     p = Path(path).expanduser()
-    if p.is_absolute():
-        return p
-    candidates = [base_dir / p, _ROOT / p]
+    candidates = [p] if p.is_absolute() else [base_dir / p, _ROOT / p]
     for c in candidates:
         if c.is_file():
             return c

@@ -32,7 +32,9 @@ class OnnxClassifier:
         """Load and check `path` + its sidecar; ClassifierLoadError says what is wrong and where."""
         import onnxruntime as ort  # a core dependency; imported here to keep `import switchyard` light
 
-        meta = read_meta(path)  # first: a missing sidecar is the more useful message
+        if not path.is_file():
+            raise ClassifierLoadError(f"{path}: model file not found")
+        meta = read_meta(path)
         try:
             data = path.read_bytes()
         except OSError as e:
