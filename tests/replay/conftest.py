@@ -22,12 +22,12 @@ def upstream(tmp_path: Path) -> Iterator[Callable[..., str]]:
     """Start test upstream servers: upstream(cases, wrong_every=0) -> base URL (ending /v1)."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(cases: list[Case], wrong_every: int = 0) -> str:
+    def start(cases: list[Case], wrong_every: int = 0, delay: float = 0.0, fail_first: int = 0) -> str:
         port = free_port()
         answers = write_answers(cases, tmp_path / f"answers-{port}.json")
         proc = subprocess.Popen(
             [sys.executable, str(HERE / "replay_upstream.py"), "--port", str(port), "--answers", str(answers),
-             "--wrong-every", str(wrong_every)],
+             "--wrong-every", str(wrong_every), "--delay", str(delay), "--fail-first", str(fail_first)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         procs.append(proc)

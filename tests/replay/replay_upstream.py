@@ -1,6 +1,7 @@
 """A small real OpenAI-compatible server for replay tests (run as its own process).
 
-    python tests/replay/upstream_server.py --port P --answers answers.json [--wrong-every N]
+    python tests/replay/replay_upstream.py --port P --answers answers.json [--wrong-every N]
+        [--delay SECONDS] [--fail-first N]
 
 It answers POST /v1/chat/completions with the tool calls stored for the request's
 messages (answers.json: {sha256 of the messages JSON: [{"name", "arguments"}...]}), which
@@ -15,6 +16,7 @@ import argparse
 import hashlib
 import json
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -28,6 +30,8 @@ class Handler(BaseHTTPRequestHandler):
     answers: dict[str, list[dict[str, Any]]] = {}
     wrong_every = 0
     delay_s = 0.0
+    fail_first = 0  # answer 503 to this many chat requests first (retry tests)
+    _lock = threading.Lock()
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         return
@@ -53,6 +57,13 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": "not found", "type": "not_found"}})
             return
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))) or b"{}")
+        with self._lock:
+            failing = Handler.fail_first > 0
+            if failing:
+                Handler.fail_first -= 1
+        if failing:
+            self._send(503, {"error": {"message": "warming up", "type": "server_error"}})
+            return
         key = messages_key(body.get("messages"))
         calls = self.answers.get(key)
         if calls is None:
@@ -86,11 +97,13 @@ def main() -> None:
     ap.add_argument("--answers", required=True)
     ap.add_argument("--wrong-every", type=int, default=0)
     ap.add_argument("--delay", type=float, default=0.0)
+    ap.add_argument("--fail-first", type=int, default=0)
     args = ap.parse_args()
     with open(args.answers, encoding="utf-8") as f:
         Handler.answers = json.load(f)
     Handler.wrong_every = args.wrong_every
     Handler.delay_s = args.delay
+    Handler.fail_first = args.fail_first
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     print(f"listening on {args.port}", flush=True)
     try:

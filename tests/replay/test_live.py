@@ -122,3 +122,21 @@ def test_unreachable_gateway_keeps_partial_results(tmp_path: Path) -> None:
     assert len(rep["cases"]) == 5
     assert {c["status"] for c in rep["cases"]} <= {"error", "skipped"}
     assert rep["totals"]["aborted"]
+
+
+def test_retries_counted_and_timeouts(tmp_path: Path, upstream) -> None:
+    # Straight at an OpenAI-compatible server (no gateway): the first 3 answers are 503.
+    cases = load_category("simple_python", limit=4)
+    flaky = upstream(cases, fail_first=3)
+    code, text = _replay("bfcl:simple_python:4", "--gateway", flaky, "--pool", "small", "--concurrency", "1",
+                         "--retries", "3", "--out", str(tmp_path / "r"))
+    assert code == 0, text
+    rep = _report(tmp_path / "r")["runs"][0]
+    assert rep["totals"]["retries"] == 3 and rep["totals"]["score"] == 100.0
+    slow = upstream(cases, delay=1.0)
+    code, text = _replay("bfcl:simple_python:2", "--gateway", slow, "--timeout", "0.3", "--retries", "0",
+                         "--out", str(tmp_path / "t"))
+    assert code == 0, text
+    rep = _report(tmp_path / "t")["runs"][0]
+    assert all(c["status"] == "error" and "timed out" in c["error"] for c in rep["cases"])
+    assert rep["totals"]["errors"] == 2 and rep["totals"]["score"] == 0.0
