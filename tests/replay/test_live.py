@@ -68,7 +68,8 @@ def test_live_through_gateway_and_counterfactual_matches(setup, tmp_path: Path) 
                                 "expected": exp if c.kind == "ast" else []}) + "\n")
             assert ground_truth_calls(c) is not None
     outcomes = tmp_path / "outcomes.jsonl"
-    with GatewayProcess(pol) as gw:
+    recorded = tmp_path / "recorded.jsonl"
+    with GatewayProcess(pol, extra_args=["--record", str(recorded)]) as gw:
         for pool in ("small", "large"):
             code, text = _replay(str(trace), "--gateway", gw.url, "--pool", pool, "--outcomes", str(outcomes),
                                  "--out", str(tmp_path / pool))
@@ -97,6 +98,12 @@ def test_live_through_gateway_and_counterfactual_matches(setup, tmp_path: Path) 
     assert [(c["id"], c["pool"], c["correct"]) for c in cf["cases"]] == [
         (c["id"], c["pool"], c["correct"]) for c in live["cases"]
     ]
+    # `serve --record` wrote every request (3 runs) as a trace that replays against a policy.
+    code, text = _replay(str(recorded), "--dry-run", "-p", str(pol), "--out", str(tmp_path / "rec"))
+    assert code == 0, text
+    rec = _report(tmp_path / "rec")["runs"][0]
+    assert rec["totals"]["cases"] == 3 * len(ids)
+    assert rec["totals"]["split"] == {p: 3 * n for p, n in t["split"].items()}
     html = (tmp_path / "live" / "report.html").read_text()
     for png in ("quality_vs_large_share.png", "split.png", "latency.png"):
         assert png in html and (tmp_path / "live" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
