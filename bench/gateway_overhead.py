@@ -1,0 +1,287 @@
+"""What the gateway adds to a request, against a direct call, a bare forwarder and LiteLLM, in one run.
+
+    python bench/gateway_overhead.py                 # everything (installs wrk and LiteLLM if missing)
+    python bench/gateway_overhead.py --no-litellm    # skip the peer
+    python bench/gateway_overhead.py --redis         # also: the gateway with shared state in Redis
+
+Layout on a 2-core machine: the fast upstream(s) and the load generator on core 0, the server
+under test (gateway / bare forwarder / LiteLLM) alone on core 1, one at a time.
+Concurrency 1: N sequential non-streaming requests (aiohttp client), added latency = p50/p99
+through the server minus direct. Streaming: time to first byte, same subtraction.
+Throughput: wrk, 32 connections, 10 s, POST of a small chat body.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+BODY = {"model": "auto", "messages": [{"role": "user", "content": "What is the weather in Paris today?"}],
+        "max_tokens": 16}
+LITELLM_VENV = Path(os.environ.get("SWITCHYARD_BENCH_VENV", Path.home() / ".cache" / "switchyard" / "litellm-venv"))
+LITELLM_VERSION = os.environ.get("LITELLM_VERSION", "1.80.0")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(cmd: list[str], core: int | None, env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
+    if core is not None and shutil.which("taskset"):
+        cmd = ["taskset", "-c", str(core), *cmd]
+    out = log.open("w") if log else subprocess.DEVNULL
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status < 500:
+                    return
+        except Exception:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up in {timeout}s")
+
+
+def stop(p: subprocess.Popen) -> None:
+    p.terminate()
+    try:
+        p.wait(10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+
+
+def pctl(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def latency(url: str, n: int, model: str, headers: dict | None = None) -> list[float]:
+    body = json.dumps({**BODY, "model": model}).encode()
+    h = {"Content-Type": "application/json", **(headers or {})}
+    out = []
+    async with aiohttp.ClientSession() as s:
+        for i in range(n + 50):
+            t = time.perf_counter()
+            async with s.post(url, data=body, headers=h) as r:
+                await r.read()
+                assert r.status == 200, (r.status, await r.text())
+            if i >= 50:  # warm-up
+                out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+async def ttfb(url: str, n: int, model: str, headers: dict | None = None) -> list[float]:
+    body = json.dumps({**BODY, "model": model, "stream": True}).encode()
+    h = {"Content-Type": "application/json", **(headers or {})}
+    out = []
+    async with aiohttp.ClientSession() as s:
+        for i in range(n + 20):
+            t = time.perf_counter()
+            async with s.post(url, data=body, headers=h) as r:
+                await r.content.readany()
+                first = time.perf_counter()
+                await r.read()
+            if i >= 20:
+                out.append((first - t) * 1000)
+    return out
+
+
+def ensure_wrk() -> str | None:
+    if shutil.which("wrk"):
+        return "wrk"
+    print("installing wrk (apt-get) ...", flush=True)
+    subprocess.run(["apt-get", "install", "-y", "-q", "wrk"], capture_output=True)
+    return "wrk" if shutil.which("wrk") else None
+
+
+def wrk_rps(url: str, model: str, conns: int, seconds: int, headers: dict | None = None) -> float:
+    body = json.dumps({**BODY, "model": model})
+    hdrs = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in (headers or {}).items())
+    script = f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\nwrk.headers["Content-Type"] = "application/json"\n{hdrs}'
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script)
+    cmd = ["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "-s", f.name, url]
+    if shutil.which("taskset"):
+        cmd = ["taskset", "-c", "0", *cmd]
+    out = subprocess.run(cmd, capture_output=True, text=True).stdout
+    non2xx = 0
+    for line in out.splitlines():
+        if "Non-2xx" in line:
+            non2xx = int(line.split()[-1])
+        if line.startswith("Requests/sec:"):
+            rps = float(line.split()[1])
+    if non2xx:
+        print(f"  warning: {non2xx} non-2xx answers from {url}", flush=True)
+    return rps
+
+
+def ensure_litellm() -> Path | None:
+    py = LITELLM_VENV / "bin" / "python"
+    if not (LITELLM_VENV / "bin" / "litellm").exists():
+        print(f"installing LiteLLM {LITELLM_VERSION} into {LITELLM_VENV} (one time) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+        r = subprocess.run([str(py), "-m", "pip", "install", "-q", f"litellm[proxy]=={LITELLM_VERSION}"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            print("  LiteLLM install failed:", r.stderr[-400:], flush=True)
+            return None
+    return LITELLM_VENV / "bin" / "litellm"
+
+
+def measure(name: str, url: str, model: str, args, results: dict, headers: dict | None = None) -> None:
+    lat = asyncio.run(latency(url + "/chat/completions", args.requests, model, headers))
+    tt = asyncio.run(ttfb(url + "/chat/completions", args.requests // 4, model, headers))
+    rps = wrk_rps(url + "/chat/completions", model, 32, args.seconds, headers) if args.wrk else float("nan")
+    results[name] = {"p50": statistics.median(lat), "p99": pctl(lat, 0.99), "ttfb_p50": statistics.median(tt),
+                     "rps": rps}
+    r = results[name]
+    print(f"{name:>18}: p50 {r['p50']:.3f} ms  p99 {r['p99']:.3f} ms  ttfb p50 {r['ttfb_p50']:.3f} ms  "
+          f"{r['rps']:.0f} req/s at c=32", flush=True)
+
+
+BARE_FORWARDER = '''
+import sys, aiohttp, uvicorn
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+up = sys.argv[2]
+app = FastAPI()
+sess = None
+@app.post("/v1/chat/completions")
+async def fwd(request: Request):
+    global sess
+    if sess is None:
+        sess = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    body = await request.body()
+    async with sess.post(up + "/chat/completions", data=body, headers={"Content-Type": "application/json"}) as r:
+        data = await r.read()
+    return Response(data, r.status, media_type="application/json")
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools",
+            log_level="warning", access_log=False)
+'''
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=2000, help="sequential requests for the latency figures")
+    ap.add_argument("--seconds", type=int, default=10, help="wrk duration")
+    ap.add_argument("--no-litellm", action="store_true")
+    ap.add_argument("--redis", action="store_true", help="also run the gateway with --redis (a private redis-server)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gateway_overhead.json")
+    args = ap.parse_args()
+    args.wrk = ensure_wrk() is not None
+    if not args.wrk:
+        print("wrk is not available: throughput figures are skipped", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="sy-bench-"))
+    procs: list[subprocess.Popen] = []
+    results: dict[str, dict] = {}
+    try:
+        ports = [free_port(), free_port()]
+        for i, p in enumerate(ports):
+            procs.append(spawn([sys.executable, str(ROOT / "tests" / "fake_upstream.py"), "--port", str(p),
+                                "--name", f"up{i}"], core=0))
+        for p in ports:
+            wait_http(f"http://127.0.0.1:{p}/health")
+        ups = [f"http://127.0.0.1:{p}/v1" for p in ports]
+        measure("direct", ups[0], "auto", args, results)
+
+        bp = free_port()
+        script = tmp / "bare.py"
+        script.write_text(BARE_FORWARDER)
+        bare = spawn([sys.executable, str(script), str(bp), ups[0]], core=1, log=tmp / "bare.log")
+        wait_http(f"http://127.0.0.1:{bp}/docs", proc=bare)
+        measure("bare forwarder", f"http://127.0.0.1:{bp}/v1", "auto", args, results)
+        stop(bare)
+
+        policy = tmp / "bench.yaml"
+        policy.write_text(
+            "version: 1\nname: bench\npools:\n  p:\n    model: fake\n    replicas:\n"
+            + "".join(f"      - url: {u}\n" for u in ups)
+            + "routes:\n  - name: default\n    pool: p\n"
+        )
+        variants = [("switchyard", [])]
+        redis_proc = None
+        if args.redis:
+            rport = free_port()
+            redis_proc = spawn(["redis-server", "--port", str(rport), "--save", "", "--appendonly", "no"], core=0)
+            time.sleep(0.5)
+            variants.append(("switchyard+redis", ["--redis", f"redis://127.0.0.1:{rport}/0"]))
+        for name, extra in variants:
+            gp = free_port()
+            gw = spawn([sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(policy), "--port", str(gp),
+                        "--log-level", "warning", *extra], core=1, log=tmp / f"{name}.log")
+            wait_http(f"http://127.0.0.1:{gp}/health", proc=gw)
+            measure(name, f"http://127.0.0.1:{gp}/v1", "auto", args, results)
+            stop(gw)
+        if redis_proc:
+            stop(redis_proc)
+
+        if not args.no_litellm:
+            exe = ensure_litellm()
+            if exe:
+                lp = free_port()
+                cfg = tmp / "litellm.yaml"
+                cfg.write_text(
+                    "model_list:\n"
+                    + "".join(
+                        f"  - model_name: fake\n    litellm_params:\n      model: openai/fake\n"
+                        f"      api_base: {u}\n      api_key: sk-none\n" for u in ups)
+                    + "router_settings:\n  routing_strategy: simple-shuffle\n"
+                    + "litellm_settings:\n  telemetry: false\n"
+                )
+                env = {"LITELLM_LOG": "ERROR", "DISABLE_SCHEMA_UPDATE": "true"}
+                ll = spawn([str(exe), "--config", str(cfg), "--port", str(lp), "--num_workers", "1"], core=1,
+                           env=env, log=tmp / "litellm.log")
+                wait_http(f"http://127.0.0.1:{lp}/health/liveliness", timeout=180, proc=ll)
+                measure("litellm", f"http://127.0.0.1:{lp}/v1", "fake", args, results)
+                stop(ll)
+    finally:
+        for p in procs:
+            stop(p)
+
+    d = results["direct"]
+    print("\nadded over a direct call (p50 / p99 at c=1, streaming TTFB p50), throughput at c=32 on one core:")
+    for name, r in results.items():
+        if name == "direct":
+            continue
+        print(f"  {name:>18}: +{r['p50'] - d['p50']:.3f} ms / +{r['p99'] - d['p99']:.3f} ms, "
+              f"TTFB +{r['ttfb_p50'] - d['ttfb_p50']:.3f} ms, {r['rps']:.0f} req/s")
+    sy = results.get("switchyard")
+    for peer in ("bare forwarder", "litellm"):
+        if sy and peer in results:
+            p = results[peer]
+            add_sy = max(sy["p50"] - d["p50"], 1e-6)
+            add_p = p["p50"] - d["p50"]
+            print(f"  switchyard vs {peer}: added p50 {add_p / add_sy:.1f}x less, throughput "
+                  f"{sy['rps'] / p['rps']:.2f}x")
+    if "switchyard+redis" in results and sy:
+        r = results["switchyard+redis"]
+        print(f"  shared state in Redis adds p50 {r['p50'] - sy['p50']:+.3f} ms, p99 {r['p99'] - sy['p99']:+.3f} ms")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(f"\nraw figures: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

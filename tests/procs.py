@@ -1,0 +1,100 @@
+"""Real processes on loopback for tests: start, wait until they answer, stop for sure."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def http_post(url: str, body: bytes, timeout: float = 5.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+class Proc:
+    """A child process that must answer `ready_url` (any status < 500) before tests use it."""
+
+    def __init__(self, cmd: list[str], ready_url: str, log: Path, env: dict | None = None, timeout: float = 30.0):
+        self.cmd = cmd
+        self.log = log
+        self._logf = log.open("w")
+        self.p = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, cwd=ROOT,
+                                  env={**os.environ, **(env or {})}, start_new_session=True)
+        deadline = time.time() + timeout
+        while True:
+            if self.p.poll() is not None:
+                raise RuntimeError(f"{cmd} exited with {self.p.returncode}:\n{self.output()}")
+            try:
+                status, _ = http_get(ready_url, timeout=1.0)
+                if status < 500:
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                self.stop()
+                raise RuntimeError(f"{cmd} did not answer {ready_url} in {timeout}s:\n{self.output()}")
+            time.sleep(0.1)
+
+    def output(self) -> str:
+        self._logf.flush()
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.p.wait(5)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, signal.SIGTERM)
+                self.p.wait(10)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.p.wait(5)
+        self._logf.close()
+
+
+def start_upstream(tmp: Path, name: str, port: int | None = None, *extra: str) -> tuple[Proc, str]:
+    port = port or free_port()
+    proc = Proc([sys.executable, str(ROOT / "tests" / "fake_upstream.py"), "--port", str(port), "--name", name,
+                 *extra], f"http://127.0.0.1:{port}/health", tmp / f"upstream-{name}.log")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def start_gateway(tmp: Path, policies: list[Path], *extra: str, name: str = "gw") -> tuple[Proc, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "switchyard.cli", "serve", "--port", str(port), "--log-level", "info"]
+    for p in policies:
+        cmd += ["--policy", str(p)]
+    proc = Proc([*cmd, *extra], f"http://127.0.0.1:{port}/health", tmp / f"{name}.log")
+    return proc, f"http://127.0.0.1:{port}"
