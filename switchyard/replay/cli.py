@@ -203,6 +203,8 @@ def _replay(
     if not cases:
         raise TraceError("no cases to replay")
     if dry_run:
+        if pool or outcomes:
+            raise ReplayUsageError("--pool and --outcomes need model calls; leave out --dry-run")
         if not policies:
             raise ReplayUsageError("--dry-run needs --policy FILE (the classifier and rules to route with)")
         return asyncio.run(_dry_runs(cases, policies, large_pool, console)), line_errors

@@ -18,12 +18,17 @@ def write_plots(out: Path, runs: list[RunResult], summaries: list[dict[str, Any]
 
     # Quality vs large share: the sweep's curves, each run's own point marked.
     fig, ax = plt.subplots(figsize=(6, 4.2))
+    random_drawn = False
     for run in runs:
-        for kind, style in (("classifier", "-o"), ("random", "--")):
-            pts = sorted((p for p in (run.sweep or []) if p["kind"] == kind), key=lambda p: p["large_share"])
-            if pts:
-                ax.plot([100 * p["large_share"] for p in pts], [p["score"] for p in pts], style,
-                        markersize=3, label=f"{run.name}: {kind} threshold sweep")
+        pts = sorted((p for p in (run.sweep or []) if p["kind"] == "classifier"), key=lambda p: p["large_share"])
+        if len({p["large_share"] for p in pts}) > 1:  # a policy without a classifier has one point
+            ax.plot([100 * p["large_share"] for p in pts], [p["score"] for p in pts], "-o",
+                    markersize=3, label=f"{run.name}: classifier threshold sweep")
+        rnd = sorted((p for p in (run.sweep or []) if p["kind"] == "random"), key=lambda p: p["large_share"])
+        if rnd and not random_drawn:  # the same for every policy: drawn once
+            ax.plot([100 * p["large_share"] for p in rnd], [p["score"] for p in rnd], "--", color="grey",
+                    label="random split (no classifier)")
+            random_drawn = True
     for s in summaries:
         if s["large_share"] is not None and s["score"] is not None:
             ax.plot(100 * s["large_share"], s["score"], "*", markersize=14, label=f"{s['name']} ({s['mode']})")
