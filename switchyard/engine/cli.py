@@ -3,7 +3,81 @@
 Keep torch imports inside the commands: every `switchyard` start imports this module.
 """
 
+from __future__ import annotations
+
+import logging
+import os
+
 import typer
 
 engine_app = typer.Typer(no_args_is_help=True)
 models_app = typer.Typer(no_args_is_help=True)
+
+
+@models_app.command("pull")
+def models_pull(name: str = typer.Argument(..., help="A known model, e.g. smollm2-135m")) -> None:
+    """Fetch a model into ~/.cache/switchyard/models and verify its checksum."""
+    from switchyard.engine import registry
+
+    try:
+        path = registry.pull(name)
+    except (registry.ModelNotFound, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{name}: {path} ({path.stat().st_size / 1e6:.1f} MB, sha256 verified)")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Known models and whether each is pulled."""
+    from switchyard.engine import registry
+
+    for name, m in sorted(registry.KNOWN.items()):
+        p = registry.models_dir() / m.filename
+        typer.echo(f"{name:16} {'pulled' if p.exists() else 'not pulled':11} {m.description}")
+
+
+@engine_app.command("serve")
+def engine_serve(
+    model: str = typer.Option("smollm2-135m", help="Known model name, a .gguf file, or an HF safetensors dir"),
+    tp: int = typer.Option(1, help="Tensor-parallel ranks (SmolLM2: 1 or 3)"),
+    collective: str = typer.Option("auto", help="ring | oneshot | auto"),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8101),
+    served_model_name: str = typer.Option("", help="Name in /v1/models (default: --model)"),
+    max_num_seqs: int = typer.Option(16, help="Sequences decoded together (KV slots)"),
+    max_model_len: int = typer.Option(2048, help="Context length per sequence"),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16"),
+    threads: int = typer.Option(0, help="Torch threads per rank (0: cores / local ranks)"),
+    collective_timeout: float = typer.Option(10.0, help="Seconds before a stuck collective fails the replica"),
+    device: str = typer.Option("cpu", help="cpu | cuda"),
+) -> None:
+    """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
+    logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from switchyard.engine import launch, registry
+    from switchyard.engine.config import ConfigError
+
+    if collective not in ("ring", "oneshot", "auto"):
+        raise typer.BadParameter("--collective must be ring, oneshot or auto")
+    if dtype not in ("float32", "bfloat16"):
+        raise typer.BadParameter("--dtype must be float32 or bfloat16")
+    env_rank = launch.rank_from_env()
+    try:
+        path = registry.resolve(model)
+        if env_rank is None or env_rank[0] == 0:
+            from switchyard.engine.weights import open_source
+
+            open_source(path).config.check_tp(env_rank[1] if env_rank else tp)
+    except (ConfigError, registry.ModelNotFound, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if env_rank is None and tp > 1:
+        raise typer.Exit(launch.supervise(launch.serve_argv(), tp))
+    rank, world = env_rank if env_rank else (0, 1)
+    if env_rank and tp not in (1, world):
+        typer.echo(f"error: --tp {tp} but WORLD_SIZE={world}", err=True)
+        raise typer.Exit(2)
+    opts = {"collective": collective, "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
+            "dtype": dtype, "threads": threads, "collective_timeout_s": collective_timeout, "device": device}
+    raise typer.Exit(launch.run_rank(path, served_model_name or model, rank, world, host, port, opts))

@@ -1,0 +1,157 @@
+"""The tensor-parallel Llama-family decoder (Llama, SmolLM2, Qwen2 bias, Qwen3 q/k norm).
+
+Column-parallel QKV and gate/up, row-parallel o_proj and down_proj, each followed by one
+all-reduce through the collective backend; vocab-parallel embedding and LM head. The KV
+cache is preallocated per sequence slot, so a step never allocates cache memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from switchyard.engine.comm import CollectiveBackend
+from switchyard.engine.config import ModelConfig
+from switchyard.engine.weights import Shard
+
+
+def rope_inv_freq(c: ModelConfig, freqs_factor: torch.Tensor | None = None) -> torch.Tensor:
+    d = c.head_dim
+    inv = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = c.rope_scaling
+    if freqs_factor is not None:
+        inv = inv / freqs_factor.to(torch.float64)
+    elif rs.get("rope_type", rs.get("type")) == "llama3":
+        factor = float(rs.get("factor", 8.0))
+        low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
+        old = float(rs.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        mid = (wavelen <= old / low) & (wavelen >= old / high)
+        inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    return inv.to(torch.float32)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # Like HF: normalize in float32, scale in the model dtype.
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Layer:
+    __slots__ = ("ln1", "ln2", "qkv", "qkv_bias", "o", "gate_up", "down", "q_norm", "k_norm")
+
+    def __init__(self, w: dict[str, torch.Tensor], p: str, dtype: torch.dtype) -> None:
+        self.ln1 = w[p + "input_layernorm.weight"].to(dtype)
+        self.ln2 = w[p + "post_attention_layernorm.weight"].to(dtype)
+        self.qkv = torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]).to(dtype).contiguous()
+        bias = [w.get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+        self.qkv_bias = torch.cat(bias).to(dtype) if bias[0] is not None else None  # type: ignore[arg-type]
+        self.o = w[p + "self_attn.o_proj.weight"].to(dtype).contiguous()
+        self.gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]).to(dtype).contiguous()
+        self.down = w[p + "mlp.down_proj.weight"].to(dtype).contiguous()
+        qn, kn = w.get(p + "self_attn.q_norm.weight"), w.get(p + "self_attn.k_norm.weight")
+        self.q_norm = qn.to(dtype) if qn is not None else None
+        self.k_norm = kn.to(dtype) if kn is not None else None
+
+
+class TPModel:
+    """One rank's shard of the model plus its KV cache. Not an nn.Module: no autograd, no hooks."""
+
+    def __init__(self, config: ModelConfig, shard: Shard, weights: dict[str, torch.Tensor],
+                 comm: CollectiveBackend, max_slots: int, max_len: int,
+                 dtype: torch.dtype = torch.float32) -> None:
+        self.c = config
+        self.shard = shard
+        self.comm = comm
+        self.dtype = dtype
+        self.heads, self.kv_heads, self.hd = shard.heads, shard.kv_heads, config.head_dim
+        self.vocab_lo, self.vocab_hi = shard.vocab_rows
+        self.embed = weights["embed_tokens.weight"].to(dtype).contiguous()
+        self.lm_head = weights["lm_head.weight"].to(dtype).contiguous() if "lm_head.weight" in weights else self.embed
+        self.norm = weights["norm.weight"].to(dtype)
+        self.layers = [Layer(weights, f"layers.{i}.", dtype) for i in range(config.num_layers)]
+        self.max_slots, self.max_len = max_slots, max_len
+        shape = (config.num_layers, max_slots, self.kv_heads, max_len, self.hd)
+        self.k_cache = torch.zeros(shape, dtype=dtype)
+        self.v_cache = torch.zeros(shape, dtype=dtype)
+        inv = rope_inv_freq(config, weights.get("rope_freqs"))
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        self._q_size = self.heads * self.hd
+        self._kv_size = self.kv_heads * self.hd
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.shard.tp == 1:
+            return F.embedding(ids, self.embed)
+        local = ids - self.vocab_lo
+        inside = (local >= 0) & (local < self.vocab_hi - self.vocab_lo)
+        x = F.embedding(local.clamp(0, self.vocab_hi - self.vocab_lo - 1), self.embed)
+        x = x * inside.unsqueeze(-1).to(x.dtype)
+        return self.comm.all_reduce(x)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                lens: torch.Tensor, ctx_lens: torch.Tensor, view_slots: int) -> torch.Tensor:
+        """Run one step and return this rank's slice of the logits of each row's last new token.
+
+        ids/positions: [B, T] (right-padded when T > 1: a prefill of new sequences);
+        lens: [B] valid new tokens per row; ctx_lens: [B] cached tokens after this step;
+        view_slots: 1 + the highest slot in use, so decode attends over a view, not a copy.
+        """
+        B, T = ids.shape
+        x = self._embed(ids)
+        cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
+        eps = self.c.rms_eps
+        if T == 1:
+            L = int(ctx_lens.max())
+            # Attention mask over slot-indexed cache rows; idle slots see position 0 only (no NaN).
+            mask = torch.zeros(view_slots, L, dtype=torch.bool)
+            mask[:, 0] = True
+            mask[slots] = torch.arange(L).unsqueeze(0) < ctx_lens.unsqueeze(1)
+            mask = mask.view(view_slots, 1, 1, L)
+            pos_flat = positions[:, 0]
+        for li, layer in enumerate(self.layers):
+            h = _rms(x, layer.ln1, eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split((self._q_size, self._kv_size, self._kv_size), dim=-1)
+            q = q.view(B, T, self.heads, self.hd)
+            k = k.view(B, T, self.kv_heads, self.hd)
+            v = v.view(B, T, self.kv_heads, self.hd)
+            if layer.q_norm is not None:
+                q = _rms(q, layer.q_norm, eps)
+                k = _rms(k, layer.k_norm, eps)
+            q = _rotate(q, cos, sin)
+            k = _rotate(k, cos, sin)
+            kc, vc = self.k_cache[li], self.v_cache[li]
+            if T == 1:
+                kc[slots, :, pos_flat] = k[:, 0]
+                vc[slots, :, pos_flat] = v[:, 0]
+                qs = q.new_zeros(view_slots, self.heads, 1, self.hd)
+                qs[slots] = q.transpose(1, 2)
+                o = F.scaled_dot_product_attention(qs, kc[:view_slots, :, :L], vc[:view_slots, :, :L],
+                                                   attn_mask=mask, enable_gqa=True)
+                o = o[slots].transpose(1, 2).reshape(B, T, self._q_size)
+            else:
+                kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+                kc[slots, :, :T] = kt
+                vc[slots, :, :T] = vt
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=True, enable_gqa=True)
+                o = o.transpose(1, 2).reshape(B, T, self._q_size)
+            x = x + self.comm.all_reduce(F.linear(o, layer.o))
+            h = _rms(x, layer.ln2, eps)
+            gu = F.linear(h, layer.gate_up)
+            g, u = gu.chunk(2, dim=-1)
+            x = x + self.comm.all_reduce(F.linear(F.silu(g) * u, layer.down))
+        last = x[torch.arange(B), lens - 1]
+        return F.linear(_rms(last, self.norm, eps), self.lm_head).float()

@@ -1,0 +1,151 @@
+"""One rank's model runner: process group setup, weight loading, and the step protocol.
+
+Rank 0 decides each step and broadcasts it (a small header, then the token payload); every
+rank runs the same forward. When idle, rank 0 broadcasts a heartbeat so that followers'
+collective timeouts stay short without firing, and so that a dead rank is noticed within
+about a second even when no request is running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from switchyard.engine.comm import CollectiveBackend, SingleRank, make_backend
+from switchyard.engine.config import ModelConfig
+from switchyard.engine.model import TPModel
+from switchyard.engine.weights import Shard, load_shard, open_source
+
+log = logging.getLogger("switchyard.engine.runner")
+
+HEARTBEAT, STEP, STOP = 0, 1, 2
+_HEADER = 5  # kind, B, T, view_slots, reserved
+
+
+@dataclass
+class RunnerOptions:
+    model_path: Path
+    tp: int = 1
+    collective: str = "auto"
+    max_num_seqs: int = 16
+    max_model_len: int = 2048
+    dtype: str = "float32"
+    threads: int = 0
+    collective_timeout_s: float = 10.0
+    device: str = "cpu"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def pick_threads(tp: int, requested: int = 0) -> int:
+    """Threads per rank: the cores divided among the local ranks (at least one each)."""
+    if requested > 0:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", tp))
+    return max(1, cores // max(1, local))
+
+
+class Runner:
+    """Owns the model shard and the collectives of one rank."""
+
+    def __init__(self, opts: RunnerOptions, rank: int, world: int) -> None:
+        self.opts = opts
+        self.rank, self.world = rank, world
+        self.comm: CollectiveBackend = SingleRank()
+        self.collective_info: dict[str, Any] = {"mode": opts.collective, "chosen": "none"}
+        self.group: dist.ProcessGroup | None = None
+        self.config: ModelConfig | None = None
+        self.model: TPModel | None = None
+        self.source: Any = None
+        self.load_seconds = 0.0
+
+    def setup(self) -> None:
+        torch.set_num_threads(pick_threads(self.world, self.opts.threads))
+        device = torch.device(self.opts.device)
+        start = time.monotonic()
+        src = open_source(self.opts.model_path)
+        self.source = src
+        cfg = src.config
+        cfg.check_tp(self.world)  # before any collective: every rank refuses the same way
+        if self.world > 1:
+            if not dist.is_initialized():
+                # Long timeout for start-up (ranks load at different speeds), short one for steps.
+                dist.init_process_group("gloo" if device.type == "cpu" else "nccl", rank=self.rank,
+                                        world_size=self.world, timeout=timedelta(seconds=300))
+            self.group = dist.new_group(list(range(self.world)),
+                                        timeout=timedelta(seconds=self.opts.collective_timeout_s))
+            cpu_group = self.group if device.type == "cpu" else dist.new_group(
+                list(range(self.world)), backend="gloo", timeout=timedelta(seconds=60))
+        weights = load_shard(src, self.rank, self.world)
+        max_len = min(self.opts.max_model_len, cfg.max_position)
+        self.opts.max_model_len = max_len
+        if self.world > 1:
+            dist.barrier()
+            self.comm, self.collective_info = make_backend(self.opts.collective, self.rank, self.world,
+                                                           self.group, cpu_group, device)
+        self.config = cfg
+        self.model = TPModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
+                             max_slots=self.opts.max_num_seqs, max_len=max_len,
+                             dtype=getattr(torch, self.opts.dtype))
+        del weights
+        self.load_seconds = time.monotonic() - start
+        if self.world > 1:
+            dist.barrier(group=self.group)
+
+    # -- the step protocol ------------------------------------------------------------------
+
+    def broadcast(self, kind: int, ids: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                  slots: torch.Tensor | None = None, lens: torch.Tensor | None = None,
+                  ctx_lens: torch.Tensor | None = None, view_slots: int = 0) -> None:
+        """Rank 0: tell the followers what to do next."""
+        if self.world == 1:
+            return
+        header = torch.zeros(_HEADER, dtype=torch.int64)
+        header[0] = kind
+        if kind == STEP:
+            assert ids is not None and positions is not None and slots is not None
+            assert lens is not None and ctx_lens is not None
+            header[1], header[2], header[3] = ids.shape[0], ids.shape[1], view_slots
+        dist.broadcast(header, src=0, group=self.group)
+        if kind == STEP:
+            payload = torch.cat([ids.reshape(-1), positions.reshape(-1), slots, lens, ctx_lens])  # type: ignore[union-attr]
+            dist.broadcast(payload, src=0, group=self.group)
+
+    def step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
+             ctx_lens: torch.Tensor, view_slots: int) -> torch.Tensor:
+        """Run one forward on this rank; returns the full-vocab logits [B, vocab]."""
+        assert self.model is not None and self.config is not None
+        local = self.model.forward(ids, positions, slots, lens, ctx_lens, view_slots)
+        full = self.comm.all_gather_last(local)
+        return full[:, : self.config.vocab_size]
+
+    def follow(self) -> int:
+        """Follower ranks: run rank 0's steps until told to stop. Returns an exit code."""
+        header = torch.zeros(_HEADER, dtype=torch.int64)
+        while True:
+            dist.broadcast(header, src=0, group=self.group)
+            kind = int(header[0])
+            if kind == HEARTBEAT:
+                continue
+            if kind == STOP:
+                return 0
+            B, T, view_slots = int(header[1]), int(header[2]), int(header[3])
+            payload = torch.empty(2 * B * T + 3 * B, dtype=torch.int64)
+            dist.broadcast(payload, src=0, group=self.group)
+            ids, positions, slots, lens, ctx_lens = payload.split([B * T, B * T, B, B, B])
+            self.step(ids.view(B, T), positions.view(B, T), slots, lens, ctx_lens, view_slots)
+
+    def shutdown(self) -> None:
+        if self.world > 1 and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # the group may already be broken; we are exiting anyway
+                pass

@@ -1,0 +1,61 @@
+"""Token choice from logits: greedy, temperature + top-p with a per-request seed, logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def make_generator(params: SamplingParams) -> torch.Generator | None:
+    if params.greedy:
+        return None
+    g = torch.Generator()
+    g.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+    return g
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row of logits [B, V]."""
+    out = logits.argmax(dim=-1).tolist()
+    for i, p in enumerate(params):
+        if p.greedy:
+            continue
+        row = logits[i] / p.temperature
+        if p.top_p < 1.0:
+            sorted_logits, order = torch.sort(row, descending=True)
+            probs = torch.softmax(sorted_logits, dim=-1)
+            # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+            drop = probs.cumsum(-1) - probs > p.top_p
+            sorted_logits[drop] = float("-inf")
+            row = torch.full_like(row, float("-inf")).scatter(0, order, sorted_logits)
+        probs = torch.softmax(row, dim=-1)
+        out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = float(lp[token])
+    if top <= 0:
+        return chosen, []
+    vals, idx = lp.topk(top)
+    return chosen, list(zip(idx.tolist(), vals.tolist(), strict=True))

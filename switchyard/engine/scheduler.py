@@ -1,0 +1,286 @@
+"""Rank 0's scheduler: continuous batching over preallocated KV slots.
+
+New requests wait in a bounded queue; between decode steps they are admitted (prefilled
+together, right-padded) while slots are free, then join the running batch. Each step is
+broadcast to the other ranks before it runs. A collective failure stops everything
+(fail-stop): every open request gets an error and the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from switchyard.engine.runner import HEARTBEAT, STEP, STOP, Runner
+from switchyard.engine.sampling import SamplingParams, make_generator, sample, token_logprobs
+from switchyard.engine.tokenizer import ChatTokenizer, Detokenizer
+
+log = logging.getLogger("switchyard.engine.scheduler")
+
+Event = dict[str, Any]
+_ids = itertools.count(1)
+
+
+class QueueFull(RuntimeError):
+    pass
+
+
+@dataclass
+class Sequence:
+    prompt: list[int]
+    params: SamplingParams
+    sink: Callable[[Event], None]
+    id: int = field(default_factory=lambda: next(_ids))
+    slot: int = -1
+    out: list[int] = field(default_factory=list)
+    detok: Detokenizer | None = None
+    generator: torch.Generator | None = None
+    emitted: int = 0  # characters of detok.text already sent
+    pending_logprobs: list[dict[str, Any]] = field(default_factory=list)
+    arrived: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+
+    @property
+    def ctx_len(self) -> int:
+        return len(self.prompt) + len(self.out)
+
+
+class Scheduler:
+    def __init__(self, runner: Runner, tokenizer: ChatTokenizer, max_num_seqs: int, max_model_len: int,
+                 max_waiting: int = 256, max_prefill_tokens: int = 4096, heartbeat_s: float = 0.5) -> None:
+        self.runner = runner
+        self.tok = tokenizer
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.max_waiting = max_waiting
+        self.max_prefill_tokens = max_prefill_tokens
+        self.heartbeat_s = heartbeat_s
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []
+        self.free_slots = list(range(max_num_seqs))
+        self._aborted: set[int] = set()
+        self._cv = threading.Condition()
+        self._stop = False
+        self.failed: str | None = None
+        self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
+        self.finished_by_reason: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        self.ttft: list[float] = []
+
+    # -- called from the HTTP thread -------------------------------------------------------
+
+    def submit(self, seq: Sequence) -> None:
+        with self._cv:
+            if self.failed:
+                raise RuntimeError(f"engine failed: {self.failed}")
+            if len(self.waiting) >= self.max_waiting:
+                raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests)")
+            seq.detok = Detokenizer(self.tok)
+            seq.generator = make_generator(seq.params)
+            self.waiting.append(seq)
+            self._cv.notify()
+
+    def abort(self, seq_id: int) -> None:
+        with self._cv:
+            self._aborted.add(seq_id)
+            self._cv.notify()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        used = sum(s.ctx_len for s in list(self.running))
+        return used / float(self.max_num_seqs * self.max_model_len)
+
+    # -- the engine thread -----------------------------------------------------------------
+
+    def loop(self) -> None:
+        """Run until stop() or a failure. Raises on failure after failing every request."""
+        try:
+            with torch.inference_mode():
+                while True:
+                    with self._cv:
+                        self._drop_aborted()
+                        if self._stop:
+                            break
+                        if not self.waiting and not self.running:
+                            self._cv.wait(self.heartbeat_s)
+                            idle = not self.waiting and not self.running and not self._stop
+                        else:
+                            idle = False
+                        admitted = self._admit()
+                    if idle:
+                        self.runner.broadcast(HEARTBEAT)
+                        continue
+                    if admitted:
+                        self._prefill(admitted)
+                    elif self.running:
+                        self._decode()
+            self.runner.broadcast(STOP)
+        except BaseException as e:
+            self.fail(f"{type(e).__name__}: {e}")
+            raise
+
+    def fail(self, reason: str) -> None:
+        with self._cv:
+            self.failed = reason
+            victims = list(self.waiting) + list(self.running)
+            self.waiting.clear()
+            self.running.clear()
+        log.error("engine failed: %s", reason)
+        for s in victims:
+            s.sink({"type": "error", "message": f"engine failed: {reason}"})
+
+    def _drop_aborted(self) -> None:
+        if not self._aborted:
+            return
+        self.waiting = collections.deque(s for s in self.waiting if s.id not in self._aborted)
+        keep = []
+        for s in self.running:
+            if s.id in self._aborted:
+                self._release(s)
+            else:
+                keep.append(s)
+        self.running = keep
+        self._aborted.clear()
+
+    def _admit(self) -> list[Sequence]:
+        batch: list[Sequence] = []
+        tokens = 0
+        while self.waiting and self.free_slots and len(self.running) + len(batch) < self.max_num_seqs:
+            nxt = self.waiting[0]
+            if batch and tokens + len(nxt.prompt) > self.max_prefill_tokens:
+                break
+            self.waiting.popleft()
+            self.free_slots.sort()
+            nxt.slot = self.free_slots.pop(0)  # lowest slot first keeps the decode view small
+            batch.append(nxt)
+            tokens += len(nxt.prompt)
+        return batch
+
+    def _release(self, s: Sequence) -> None:
+        if s.slot >= 0:
+            self.free_slots.append(s.slot)
+            s.slot = -1
+
+    def _prefill(self, batch: list[Sequence]) -> None:
+        T = max(len(s.prompt) for s in batch)
+        B = len(batch)
+        ids = torch.zeros(B, T, dtype=torch.int64)
+        for i, s in enumerate(batch):
+            ids[i, : len(s.prompt)] = torch.tensor(s.prompt, dtype=torch.int64)
+        positions = torch.arange(T, dtype=torch.int64).expand(B, T).contiguous()
+        lens = torch.tensor([len(s.prompt) for s in batch], dtype=torch.int64)
+        slots = torch.tensor([s.slot for s in batch], dtype=torch.int64)
+        # A one-token prompt takes the decode path, which attends over a view of the slots.
+        view = max(s.slot for s in batch) + 1 if T == 1 else 0
+        self.runner.broadcast(STEP, ids, positions, slots, lens, lens, view)
+        logits = self.runner.step(ids, positions, slots, lens, lens, view)
+        for s in batch:
+            self.stats["prompt_tokens"] += len(s.prompt)
+        self.running.extend(batch)
+        self._advance(batch, logits)
+
+    def _decode(self) -> None:
+        run = self.running
+        B = len(run)
+        ids = torch.tensor([[s.out[-1]] for s in run], dtype=torch.int64)
+        positions = torch.tensor([[s.ctx_len - 1] for s in run], dtype=torch.int64)
+        slots = torch.tensor([s.slot for s in run], dtype=torch.int64)
+        lens = torch.ones(B, dtype=torch.int64)
+        ctx = torch.tensor([s.ctx_len for s in run], dtype=torch.int64)
+        view = int(slots.max()) + 1
+        self.runner.broadcast(STEP, ids, positions, slots, lens, ctx, view)
+        logits = self.runner.step(ids, positions, slots, lens, ctx, view)
+        self._advance(list(run), logits)
+
+    def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Sample one token per sequence, stream it, and retire the finished ones."""
+        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        now = time.monotonic()
+        done: set[int] = set()
+        for i, (s, tok) in enumerate(zip(seqs, tokens, strict=True)):
+            if s.first_token_at is None:
+                s.first_token_at = now
+                self.ttft.append(now - s.arrived)
+            p = s.params
+            stop_tok = not p.ignore_eos and (tok in self.tok.eos_ids or tok in p.stop_token_ids)
+            if not stop_tok:
+                s.out.append(tok)
+                self.stats["generation_tokens"] += 1
+            if p.logprobs:
+                lp, top = token_logprobs(logits[i], tok, p.top_logprobs)
+                if not stop_tok:
+                    s.pending_logprobs.append({"id": tok, "logprob": lp, "top": top})
+            reason = None
+            if stop_tok:
+                reason = "stop"
+            else:
+                assert s.detok is not None
+                s.detok.push(tok)
+                if p.stop and self._hit_stop(s):
+                    reason = "stop"
+                elif len(s.out) >= p.max_tokens or s.ctx_len >= self.max_model_len:
+                    reason = "length"
+            self._emit(s, final=reason is not None)
+            if reason is not None:
+                done.add(s.id)
+                self._release(s)
+                self.stats["requests_finished"] += 1
+                self.finished_by_reason[reason] += 1
+                s.sink({"type": "finish", "reason": reason,
+                        "usage": {"prompt_tokens": len(s.prompt), "completion_tokens": len(s.out),
+                                  "total_tokens": len(s.prompt) + len(s.out)}})
+        if done:
+            self.running = [s for s in self.running if s.id not in done]
+
+    def _hit_stop(self, s: Sequence) -> bool:
+        assert s.detok is not None
+        text = s.detok.text
+        window = max(len(x) for x in s.params.stop) + 16
+        start = max(0, s.emitted - window)
+        best = -1
+        for x in s.params.stop:
+            j = text.find(x, start)
+            if j >= 0 and (best < 0 or j < best):
+                best = j
+        if best < 0:
+            return False
+        s.detok.text = text[:best]
+        return True
+
+    def _emit(self, s: Sequence, final: bool) -> None:
+        """Send text that can no longer change: hold back what might start a stop string."""
+        assert s.detok is not None
+        text = s.detok.text
+        limit = len(text)
+        if not final and s.params.stop:
+            limit -= max(len(x) for x in s.params.stop) - 1
+            if text.endswith("\ufffd"):
+                limit = min(limit, len(text) - 1)
+        if limit > s.emitted or (s.pending_logprobs and final):
+            delta = text[s.emitted:limit] if limit > s.emitted else ""
+            s.emitted = max(s.emitted, limit)
+            ev: Event = {"type": "delta", "text": delta}
+            if s.pending_logprobs:
+                ev["logprobs"] = s.pending_logprobs
+                s.pending_logprobs = []
+            s.sink(ev)

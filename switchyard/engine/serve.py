@@ -1,0 +1,75 @@
+"""Rank 0: start HTTP at once (so /health answers 503 while loading), load and test the
+collectives in the engine thread, then schedule until shutdown or failure."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import uvicorn
+
+from switchyard.engine.runner import Runner
+from switchyard.engine.scheduler import Scheduler
+from switchyard.engine.server import EngineState, build_app
+
+log = logging.getLogger("switchyard.engine.serve")
+
+
+def _tokenizer(runner: Runner):  # type: ignore[no-untyped-def]
+    from switchyard.engine import tokenizer
+    from switchyard.engine.weights import GGUFSource
+
+    src = runner.source
+    if isinstance(src, GGUFSource):
+        return tokenizer.from_gguf(src.reader)
+    assert runner.config is not None
+    return tokenizer.from_hf_dir(src.dir, set(runner.config.eos_token_ids))
+
+
+def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
+    state = EngineState(model_name=model_name, tp=runner.world)
+    app = build_app(state)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=3, access_log=False))
+    result = {"code": 0}
+
+    def engine() -> None:
+        try:
+            runner.setup()
+            state.tokenizer = _tokenizer(runner)
+            state.collective = runner.collective_info
+            state.max_model_len = runner.opts.max_model_len
+            state.load_seconds = runner.load_seconds
+            sched = Scheduler(runner, state.tokenizer, runner.opts.max_num_seqs, runner.opts.max_model_len)
+            state.scheduler = sched
+            state.phase = "ready"
+            log.info("ready: %s tp=%d collective=%s (%.1fs)", model_name, runner.world,
+                     state.collective.get("chosen"), runner.load_seconds)
+            sched.loop()
+        except BaseException as e:  # fail-stop: report, refuse new work, exit non-zero
+            state.phase = "failed"
+            state.reason = f"{type(e).__name__}: {e}"
+            log.error("engine stopped: %s", state.reason)
+            result["code"] = 1
+            server.should_exit = True
+            # If the graceful shutdown stalls (a client that never reads), exit anyway.
+            threading.Timer(8.0, lambda: os._exit(1)).start()
+
+    t = threading.Thread(target=engine, name="engine", daemon=True)
+    t.start()
+    server.run()
+    if result["code"] == 0:
+        if state.scheduler is not None and t.is_alive():
+            state.phase = "stopping"
+            state.scheduler.stop()
+            t.join(10)
+            runner.shutdown()
+        elif t.is_alive():
+            # Interrupted while loading: the followers are stopped by the supervisor.
+            return 0
+    if not server.started and result["code"] == 0:
+        return 1  # could not bind the port
+    time.sleep(0.05)
+    return result["code"]
