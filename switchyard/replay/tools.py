@@ -26,6 +26,8 @@ BFCL_TO_JSON_SCHEMA = {
     "tuple": "array",
     "any": "string",
 }
+# BFCL appends this to every Python-category function description it sends.
+PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
 _LEGAL = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _ILLEGAL_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
@@ -52,8 +54,9 @@ def _schema(prop: dict[str, Any]) -> dict[str, Any]:
     t = prop.get("type")
     bfcl_type = t if isinstance(t, str) else "string"
     out["type"] = BFCL_TO_JSON_SCHEMA.get(bfcl_type, "string")
-    if bfcl_type == "float":
+    if bfcl_type == "float":  # as BFCL tells OpenAI-style models
         out["format"] = "float"
+        out["description"] = str(prop.get("description", "")) + " This is a float type value."
     if isinstance(prop.get("properties"), dict):
         out["properties"] = {k: _schema(v) for k, v in prop["properties"].items() if isinstance(v, dict)}
     if isinstance(prop.get("items"), dict):
@@ -84,7 +87,8 @@ def to_openai_tools(functions: list[dict[str, Any]]) -> tuple[list[dict[str, Any
         tools.append(
             {
                 "type": "function",
-                "function": {"name": name, "description": str(fn.get("description", "")), "parameters": schema},
+                "function": {"name": name, "description": str(fn.get("description", "")) + PYTHON_HINT,
+                             "parameters": schema},
             }
         )
     return tools, name_map, docs
