@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from switchyard.policy.schema import PolicySpec
+from switchyard.policy.schema import PolicySpec, reference_problems
 
 MAX_POLICY_BYTES = 1 << 20
 
@@ -108,6 +108,9 @@ def parse_policy(text: str, file: str = "<policy>", default_name: str | None = N
         raise PolicyError(issues) from None
     except (RecursionError, TypeError) as e:
         raise PolicyError([PolicyIssue(file, 1, f"{type(e).__name__}: {e}")]) from None
+    refs = reference_problems(spec)
+    if refs:
+        raise PolicyError([PolicyIssue(file, _line_for(loc, lines), msg) for loc, msg in refs])
     if spec.name is None and default_name:
         spec = spec.model_copy(update={"name": default_name})
     # Compile the rules now, so a bad regex or predicate is a load error, not a request error.

@@ -195,27 +195,37 @@ class PolicySpec(_Strict):
     routes: list[RouteSpec] = Field(min_length=1)
     fallback: dict[str, list[str]] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _references(self) -> PolicySpec:
-        if not self.pools:
+    @field_validator("pools")
+    @classmethod
+    def _some_pools(cls, v: dict[str, PoolSpec]) -> dict[str, PoolSpec]:
+        if not v:
             raise ValueError("a policy needs at least one pool")
-        names = set(self.pools)
-        seen: set[str] = set()
-        for i, r in enumerate(self.routes):
-            if r.name in seen:
-                raise ValueError(f"routes[{i}]: rule name {r.name!r} used twice")
-            seen.add(r.name)
-            for p in r.pools:
-                if p not in names:
-                    raise ValueError(f"routes[{i}] ({r.name}): unknown pool {p!r}; pools are {sorted(names)}")
-        for src, chain in self.fallback.items():
-            if src not in names:
-                raise ValueError(f"fallback: unknown pool {src!r}")
-            for p in chain:
-                if p not in names:
-                    raise ValueError(f"fallback.{src}: unknown pool {p!r}")
-                if p == src:
-                    raise ValueError(f"fallback.{src}: a pool cannot fall back to itself")
-        if self.classifier.kind == "llm" and self.classifier.pool not in names:
-            raise ValueError(f"classifier.pool: unknown pool {self.classifier.pool!r}")
-        return self
+        return v
+
+
+def reference_problems(spec: PolicySpec) -> list[tuple[tuple, str]]:
+    """Names that point nowhere: (location in the document, reason). Checked after the schema,
+    outside pydantic, so that each problem keeps the line of the key it is about."""
+    out: list[tuple[tuple, str]] = []
+    names = set(spec.pools)
+    seen: set[str] = set()
+    for i, r in enumerate(spec.routes):
+        if r.name in seen:
+            out.append((("routes", i, "name"), f"routes[{i}]: rule name {r.name!r} used twice"))
+        seen.add(r.name)
+        for p in r.pools:
+            if p not in names:
+                out.append(
+                    (("routes", i, "pool"), f"routes[{i}] ({r.name}): unknown pool {p!r}; pools are {sorted(names)}")
+                )
+    for src, chain in spec.fallback.items():
+        if src not in names:
+            out.append((("fallback", src), f"fallback: unknown pool {src!r}"))
+        for p in chain:
+            if p not in names:
+                out.append((("fallback", src), f"fallback.{src}: unknown pool {p!r}"))
+            elif p == src:
+                out.append((("fallback", src), f"fallback.{src}: a pool cannot fall back to itself"))
+    if spec.classifier.kind == "llm" and spec.classifier.pool not in names:
+        out.append((("classifier", "pool"), f"classifier.pool: unknown pool {spec.classifier.pool!r}"))
+    return out
