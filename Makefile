@@ -1,0 +1,38 @@
+# Two commands a new machine needs: `make up` (the gateway on the embedded default) and `make test`.
+# Both create .venv and install what they need: torch first, from the pinned CPU build,
+# so no other torch is ever pulled in.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: up serve test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[engine,dev]'
+	touch $(STAMP)
+
+# The embedded default: real SmolLM2 replicas (small pool TP=1, large pool TP=3) + the gateway.
+up: $(STAMP)
+	$(BIN)/switchyard models pull smollm2-135m
+	$(BIN)/switchyard up
+
+# The gateway alone, in front of the example policy's upstreams.
+serve: $(STAMP)
+	$(BIN)/switchyard serve --policy policies/example.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python bench/gateway_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
