@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -59,6 +60,10 @@ def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
 
     t = threading.Thread(target=engine, name="engine", daemon=True)
     t.start()
+    # uvicorn re-raises the signal that stopped it once it is done; with these handlers in
+    # place that re-raise is a no-op and we get to stop the followers and exit cleanly.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     server.run()
     if result["code"] == 0:
         if state.scheduler is not None and t.is_alive():
