@@ -31,6 +31,15 @@ def serve(
     max_body_mb: Annotated[float, typer.Option(help="Largest request body accepted, MB")] = 16.0,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every request line")] = False,
+    auth: Annotated[bool, typer.Option(help="Require 'Authorization: Bearer KEY' (keys: switchyard keys)")] = False,
+    keys_file: Annotated[Path | None, typer.Option(
+        help="API keys file (default: Redis with --redis, else ~/.config/switchyard/keys.json)")] = None,
+    admin_key: Annotated[str | None, typer.Option(
+        envvar="SWITCHYARD_ADMIN_KEY", help="Key of the admin API (/admin/...); without it there is none")] = None,
+    drain_grace: Annotated[float, typer.Option(
+        help="SIGTERM: seconds at most to keep serving with readiness 503 before closing the listener")] = 5.0,
+    lease_ttl: Annotated[float, typer.Option(
+        help="--redis: seconds a dead gateway's in-flight counts linger before they expire")] = 3.0,
 ) -> None:
     import uvicorn
 
@@ -41,7 +50,12 @@ def serve(
     config = GatewayConfig(
         policies=list(policy), max_body_bytes=int(max_body_mb * 1024 * 1024), watch=watch,
         health_checks=health_checks, record=str(record) if record else None, redis_url=redis,
+        admin_key=admin_key or None,
     )
+    if auth:
+        from switchyard.auth import open_keystore
+
+        config.keystore = open_keystore(keys_file, redis)
     state = None
     if redis:
         try:
@@ -49,7 +63,7 @@ def serve(
         except ImportError:
             typer.echo("--redis: the Redis state store is not available in this build", err=True)
             raise typer.Exit(2) from None
-        state = RedisStore(redis)
+        state = RedisStore(redis, lease_ttl=lease_ttl)
     try:
         app = create_app(config, state)
     except PolicyError as e:
@@ -57,10 +71,13 @@ def serve(
         raise typer.Exit(1) from None
     names = [lp.name for lp in app.state.gateway.policies()]
     typer.echo(f"switchyard: serving policies {', '.join(names)} on http://{host}:{port}/v1 (model 'auto' = {names[0]})")
-    uvicorn.run(
+    from switchyard.api.admin import DrainingServer
+
+    uv = uvicorn.Config(
         app, host=host, port=port, loop="uvloop", http="httptools", log_level=log_level.lower(),
         access_log=access_log, timeout_graceful_shutdown=30, lifespan="on",
     )
+    DrainingServer(uv, app.state.api, drain_grace).run()
 
 
 @policy_app.command("check")
@@ -150,3 +167,114 @@ def policy_schema() -> None:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Switchyard policy"
     typer.echo(json.dumps(schema, indent=2))
+
+
+# --- switchyard keys ------------------------------------------------------------------------
+
+KeysFileOpt = Annotated[Path | None, typer.Option(
+    help="Keys file (default: Redis with --redis, else ~/.config/switchyard/keys.json or $SWITCHYARD_KEYS_FILE)")]
+RedisOpt = Annotated[str | None, typer.Option(help="Keep keys in this Redis (shared by the gateways using it)")]
+
+
+def _split(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str, typer.Option(help="Who the key is for (shown in metrics and listings)")],
+    policies: Annotated[list[str] | None, typer.Option(
+        help="Policies (or 'auto') the key may use, comma-separated or repeated; default: all")] = None,
+    pools: Annotated[list[str] | None, typer.Option(
+        help="Pools the key may reach (routed or direct); default: all")] = None,
+    rpm: Annotated[int | None, typer.Option(help="Requests per minute (default: no limit)")] = None,
+    tpm: Annotated[int | None, typer.Option(help="Tokens per minute, from upstream usage (default: no limit)")] = None,
+    keys_file: KeysFileOpt = None,
+    redis: RedisOpt = None,
+) -> None:
+    """Create a key and print it once: only its SHA-256 is stored."""
+    from switchyard.auth import make_key, open_keystore
+
+    key, rec = make_key(name, _split(policies), _split(pools), rpm, tpm)
+    store = open_keystore(keys_file, redis)
+
+    async def put() -> None:
+        try:
+            await store.put(rec)
+        finally:
+            await store.aclose()
+
+    asyncio.run(put())
+    typer.echo(key)
+    typer.echo(f"key {rec.id} for {name!r} stored in {store.where}; it is shown only now", err=True)
+
+
+def _load_keys(keys_file: Path | None, redis: str | None):
+    from switchyard.auth import open_keystore
+
+    store = open_keystore(keys_file, redis)
+
+    async def load():
+        try:
+            return await store.load_all()
+        finally:
+            await store.aclose()
+
+    return store, asyncio.run(load())
+
+
+@keys_app.command("list")
+def keys_list(
+    keys_file: KeysFileOpt = None,
+    redis: RedisOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines")] = False,
+) -> None:
+    """List keys (never the keys themselves: id, name, last 4 characters, limits, state)."""
+    import time as _time
+
+    _, keys = _load_keys(keys_file, redis)
+    for rec in sorted(keys.values(), key=lambda r: r.created):
+        if as_json:
+            typer.echo(json.dumps(rec.public()))
+            continue
+        state = "revoked" if rec.revoked else "active"
+        created = _time.strftime("%Y-%m-%d %H:%M", _time.localtime(rec.created))
+        typer.echo(f"{rec.id}  {rec.name:<16} ...{rec.hint}  {state:<7}  policies={','.join(rec.policies or ['*'])}"
+                   f"  pools={','.join(rec.pools or ['*'])}  rpm={rec.rpm or '-'}  tpm={rec.tpm or '-'}  {created}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key: Annotated[str, typer.Argument(help="Key id, name (when only one key has it), or the key itself")],
+    keys_file: KeysFileOpt = None,
+    redis: RedisOpt = None,
+) -> None:
+    """Revoke a key: gateways answer 401 for it within about a second."""
+    import time as _time
+
+    from switchyard.auth import hash_key
+
+    store, keys = _load_keys(keys_file, redis)
+    found = [r for r in keys.values() if key in (r.id, r.name) or r.hash == hash_key(key)]
+    if not found:
+        typer.echo(f"no key {key!r} in {store.where}", err=True)
+        raise typer.Exit(1)
+    if len(found) > 1:
+        typer.echo(f"{len(found)} keys are named {key!r}: revoke by id ({', '.join(r.id for r in found)})", err=True)
+        raise typer.Exit(1)
+    rec = found[0]
+    rec.revoked = rec.revoked or _time.time()
+
+    async def put() -> None:
+        from switchyard.auth import open_keystore
+
+        st = open_keystore(keys_file, redis)
+        try:
+            await st.put(rec)
+        finally:
+            await st.aclose()
+
+    asyncio.run(put())
+    typer.echo(f"revoked key {rec.id} ({rec.name})")

@@ -32,6 +32,7 @@ from switchyard.pools.dispatch import Answer, Dispatcher
 from switchyard.pools.health import HealthChecker
 from switchyard.state.base import StateStore
 from switchyard.state.memory import MemoryStore
+from switchyard.state.sync import StateSync
 
 log = logging.getLogger("switchyard.api")
 
@@ -47,6 +48,9 @@ class GatewayConfig:
     health_checks: bool = True
     record: str | None = None
     redis_url: str | None = None
+    keystore: Any = None  # auth.KeyStore: API keys required when set (switchyard/auth.py)
+    admin_key: str | None = None  # mounts the admin API (switchyard/api/admin.py)
+    sync_interval: float = 0.05  # shared-state sync tick, seconds (with --redis)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -129,6 +133,11 @@ class Api:
         self.dispatcher = Dispatcher(metrics, gateway.state)
         self.recorder: Any = None
         self.started = time.time()
+        self.auth: Any = None  # auth.Auth when API keys are on
+        self.sync: StateSync | None = None
+        self.active = 0  # requests being served (streams included): the SIGTERM drain waits on it
+        self.admitted = 0
+        self.draining = False
 
     async def read_json(self, request: Request) -> Any:
         limit = self.config.max_body_bytes
@@ -181,8 +190,13 @@ class Api:
 
     async def proxy(self, request: Request, kind: str) -> Response:
         t0 = time.perf_counter()
+        key = None
         try:
+            if self.auth is not None:
+                key = await self.auth.authenticate(request.headers)
             body, lp, decision = await self.decide(request, kind)
+            if key is not None:
+                self.auth.admit(key, body["model"], decision.policy, decision.pool, decision.rule == "direct")
         except errors.APIError as e:
             self.metrics.rejected.labels(str(e.status)).inc()
             return e.response()
@@ -219,6 +233,8 @@ class Api:
         finally:
             watcher.cancel()
         try:
+            if key is not None:
+                return await self._respond(answer, decision, lp, headers, t0, t_routed, key, request)
             return await self._respond(answer, decision, lp, headers, t0, t_routed)
         except BaseException:
             if answer.stream is not None:  # never leak a replica slot or an open upstream stream
@@ -226,7 +242,7 @@ class Api:
             raise
 
     async def _respond(self, answer: Answer, decision: RouteDecision, lp: LoadedPolicy, headers: dict[str, str],
-                       t0: float, t_routed: float) -> Response:
+                       t0: float, t_routed: float, key: Any = None, request: Request | None = None) -> Response:
         if answer.pool != decision.pool:
             headers["x-switchyard-pool"] = answer.pool
             headers["x-switchyard-fallback-from"] = decision.pool
@@ -241,6 +257,8 @@ class Api:
             headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
             self.metrics.observe(decision.policy, answer.pool, answer.replica.name, decision.rule,
                                  answer.status, now - t0, overhead)
+            if key is not None and answer.status < 400:
+                self.auth.account_body(key, answer.body, _prompt_estimate(request))
             return Response(answer.body, answer.status, headers=headers, media_type=answer.content_type)
         overhead = answer.t_sent - t0 + (time.perf_counter() - answer.t_first)
         headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
@@ -248,17 +266,27 @@ class Api:
         headers["x-accel-buffering"] = "no"
         raw_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
         raw_headers.append((b"content-type", answer.content_type.encode()))
+        upstream: Any = answer.stream
+        tap = None
+        if key is not None:  # count tokens from the stream's tail (usage), without parsing events
+            from switchyard.auth import StreamTap
+
+            upstream = tap = StreamTap(answer.stream, answer.first, _prompt_estimate(request))
 
         def done(outcome: str, reason: str, sent: int) -> None:
             answer.finish(outcome, reason, self.gateway.state)
+            if tap is not None:
+                self.auth.account(key, *tap.tokens())
             code = answer.status if outcome == "ok" else (499 if outcome == "client_gone" else 502)
             self.metrics.observe(decision.policy, answer.pool, answer.replica.name, decision.rule,
                                  code, time.perf_counter() - t0, overhead)
 
-        return StreamRelay(answer.stream, answer.first, answer.status, raw_headers, done, answer.replica.name)
+        return StreamRelay(upstream, answer.first, answer.status, raw_headers, done, answer.replica.name)
 
     async def route_only(self, request: Request) -> Response:
         try:
+            if self.auth is not None:
+                await self.auth.authenticate(request.headers)
             body = await self.read_json(request)
             kind = "completions" if isinstance(body, dict) and "prompt" in body and "messages" not in body else "chat"
             if isinstance(body, dict) and "model" not in body:
@@ -313,9 +341,14 @@ class Api:
                 "last_reload": None if st is None else {"ok": st.ok, "at": st.at, "error": st.error or None},
             }
         state_ok = self.gateway.state.healthy()
+        state = self.gateway.state.describe()
+        if self.sync is not None and self.gateway.state.shared:
+            state["sync"] = self.sync.describe()
         return {
-            "status": "ok" if not degraded and state_ok else "degraded",
-            "state": {"kind": self.gateway.state.kind, "healthy": state_ok},
+            "status": "draining" if self.draining else ("ok" if not degraded and state_ok else "degraded"),
+            "ready": not self.draining,
+            "state": state,
+            "auth": self.auth.describe() if self.auth is not None else {"enabled": False},
             "policies": policies,
         }
 
@@ -339,11 +372,28 @@ class FastPath:
                 if scope["method"] != "POST":
                     resp = errors.APIError(405, f"{scope['method']} {scope['path']}: use POST",
                                            "invalid_request_error", None, "method_not_allowed").response()
-                else:
+                    await resp(scope, receive, send)
+                    return
+                api = self.api
+                api.active += 1
+                api.admitted += 1
+                try:
                     resp = await handler(Request(scope, receive))
-                await resp(scope, receive, send)
+                    await resp(scope, receive, send)
+                finally:
+                    api.active -= 1
                 return
         await self.app(scope, receive, send)
+
+
+def _prompt_estimate(request: Request | None) -> int:
+    """Prompt tokens when the upstream reports no usage: about 4 bytes of request body per token."""
+    if request is None:
+        return 0
+    try:
+        return int(request.headers.get("content-length") or 0) // 4
+    except ValueError:
+        return 0
 
 
 async def _client_gone(request: Request) -> None:
@@ -362,6 +412,12 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
     gateway.call_pool = _pool_caller(api)
     gateway.load(config.policies)
     metrics.attach_live(gateway.all_pools, lambda: (gateway.state.kind, gateway.state.healthy()))
+    sync = api.sync = StateSync(gateway.registry, gateway.state, config.sync_interval)
+    if config.keystore is not None:
+        from switchyard.auth import Auth
+
+        api.auth = Auth(config.keystore, metrics.registry)
+        sync.sources.append(api.auth.limiter)
 
     checker = HealthChecker(
         lambda: [
@@ -382,9 +438,15 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
         if config.watch:
             assert gateway.store is not None
             gateway.store.start_watching()
+        sync.start()
+        if api.auth is not None:
+            await api.auth.start()
         try:
             yield
         finally:
+            await sync.aclose()
+            if api.auth is not None:
+                await api.auth.aclose()
             await checker.aclose()
             if api.recorder is not None:
                 api.recorder.close()
@@ -419,12 +481,29 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
                         media_type=JSON)
 
     @app.get("/v1/models")
-    async def models() -> Response:
+    async def models(request: Request) -> Response:
+        if api.auth is not None:
+            await api.auth.authenticate(request.headers)
         return api.models()
 
     @app.get("/health")
     async def health() -> Response:
         return Response(orjson.dumps(api.health()), media_type=JSON)
+
+    @app.get("/health/ready")
+    async def ready() -> Response:
+        """Readiness for a load balancer: 503 from SIGTERM on (the gateway is draining)."""
+        body = {"ready": not api.draining, "draining": api.draining, "inflight": api.active}
+        return Response(orjson.dumps(body), 503 if api.draining else 200, media_type=JSON)
+
+    @app.get("/health/live")
+    async def live() -> Response:
+        return Response(b'{"live":true}', media_type=JSON)
+
+    if config.admin_key:
+        from switchyard.api.admin import install_admin
+
+        install_admin(app, api, sync, config.admin_key)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -1,12 +1,13 @@
 """StateStore: what the gateway remembers between requests, behind one small interface.
 
 In-memory for one gateway (state/memory.py); Redis when several gateways share (state/redis.py).
-Every method is async and must return quickly: the request path awaits it.
+Every method is async and must return quickly: the request path awaits some of them
+(sessions); everything else runs in the background (state/sync.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -28,8 +29,24 @@ class CircuitRecord:
     reason: str = ""
 
 
+@dataclass(slots=True)
+class SharedView:
+    """What the other gateways hold, as of one sync (state/sync.py applies it to the replicas)."""
+
+    inflight: dict[str, int] = field(default_factory=dict)  # replica url -> requests in flight elsewhere
+    circuits: dict[str, CircuitRecord] = field(default_factory=dict)  # replica url -> open circuit
+    drains: dict[str, str] = field(default_factory=dict)  # replica url -> draining | drained
+    counters: list[int] = field(default_factory=list)  # totals of the counters passed to sync, in order
+    gateways: int = 1  # live gateways sharing this store, this one included
+
+
+# A counter update for sync(): (name, amount to add, expiry in ms). Amount 0 reads the total.
+CounterDelta = tuple[str, int, int]
+
+
 class StateStore(Protocol):
     kind: str
+    shared: bool  # True: other gateways see this state; sync() is worth calling
 
     async def get_session(self, session_id: str) -> SessionRecord | None: ...
 
@@ -41,10 +58,23 @@ class StateStore(Protocol):
 
     async def put_circuit(self, replica: str, record: CircuitRecord) -> None: ...
 
+    async def put_drain(self, replica: str, state: str | None) -> None:
+        """draining | drained | None (back in service), for every gateway."""
+        ...
+
     async def incr_window(self, key: str, amount: int, window: float) -> int:
         """Add `amount` to a counter that resets every `window` seconds; return the new total."""
         ...
 
+    async def sync(self, inflight: dict[str, int], counters: list[CounterDelta]) -> SharedView | None:
+        """Publish this gateway's in-flight counts (as an expiring lease) and counter deltas; read
+        everyone else's. None when there is nothing shared or the store is unreachable."""
+        ...
+
     def healthy(self) -> bool: ...
+
+    def describe(self) -> dict:
+        """For /health: kind, whether it answers, and why not."""
+        ...
 
     async def aclose(self) -> None: ...

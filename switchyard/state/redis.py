@@ -1,0 +1,389 @@
+"""StateStore on Redis (redis.asyncio + hiredis): several gateways, one view.
+
+What is shared and how:
+- sessions: one key each (`<prefix>sess:<policy>\\0<id>`) with the policy's TTL; read on the
+  request path (one GET), written behind (pipelined by one writer task, never awaited by a request);
+- in-flight counts: each gateway publishes its counts per replica as a lease (a hash that
+  expires after `lease_ttl`) and reads the sum of everyone else's, in one Lua call per sync
+  tick (state/sync.py); a gateway that dies stops renewing and its counts vanish with the lease;
+- circuits and drains: hashes keyed by replica URL, read back by the same Lua call;
+- rate-limit counters: windowed INCRBY in the same Lua call (atomic per counter).
+
+Outage: every command has a short socket timeout and no retry. The first failure marks the
+store down; from then on nothing touches Redis on the request path (the local MemoryStore
+answers) and a prober pings every `probe_interval`. When Redis answers again, what was
+written locally meanwhile (sessions, open circuits, drains) is pushed back, then it is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from switchyard.state.base import CircuitRecord, CounterDelta, SessionRecord, SharedView
+from switchyard.state.memory import MemoryStore
+
+log = logging.getLogger("switchyard.state.redis")
+
+ERRORS = (RedisError, OSError, TimeoutError, asyncio.TimeoutError)
+MAX_PENDING = 100_000  # queued writes kept while the writer is behind; beyond it, the oldest go
+
+# One round trip per sync tick. Key names are built from the prefix (a standalone Redis,
+# not a cluster). Time comes from Redis itself so clocks of different hosts do not matter.
+SYNC_LUA = """
+local p, me, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local i = 4
+local n = tonumber(ARGV[i]); i = i + 1
+local gk = p .. 'gw:' .. me
+redis.call('DEL', gk)
+if n > 0 then
+  local args = {}
+  for j = 1, n do args[#args + 1] = ARGV[i]; args[#args + 1] = ARGV[i + 1]; i = i + 2 end
+  redis.call('HSET', gk, unpack(args))
+  redis.call('PEXPIRE', gk, lease)
+end
+redis.call('ZADD', p .. 'gws', now + lease, me)
+redis.call('ZREMRANGEBYSCORE', p .. 'gws', '-inf', now)
+local m = tonumber(ARGV[i]); i = i + 1
+local totals = {}
+for j = 1, m do
+  local k = p .. 'ctr:' .. ARGV[i]
+  local d, ttl = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]); i = i + 3
+  if d ~= 0 then
+    totals[j] = redis.call('INCRBY', k, d)
+    redis.call('PEXPIRE', k, ttl)
+  else
+    totals[j] = tonumber(redis.call('GET', k) or '0')
+  end
+end
+local gws = redis.call('ZRANGE', p .. 'gws', 0, -1)
+local sums, order = {}, {}
+for _, g in ipairs(gws) do
+  if g ~= me then
+    local h = redis.call('HGETALL', p .. 'gw:' .. g)
+    for j = 1, #h, 2 do
+      local u = h[j]
+      if sums[u] == nil then sums[u] = 0; order[#order + 1] = u end
+      sums[u] = sums[u] + tonumber(h[j + 1])
+    end
+  end
+end
+local flat = {}
+for _, u in ipairs(order) do flat[#flat + 1] = u; flat[#flat + 1] = sums[u] end
+return {flat, totals, redis.call('HGETALL', p .. 'circuits'), redis.call('HGETALL', p .. 'drain'), #gws, now}
+"""
+
+INCR_WINDOW_LUA = """
+local v = redis.call('INCRBY', KEYS[1], ARGV[1])
+if v == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return v
+"""
+
+
+def _encode_session(rec: SessionRecord, expires_at: float) -> bytes:
+    return orjson.dumps([rec.policy, rec.pool, rec.label, rec.confidence, rec.replica, rec.rule, rec.turns,
+                         expires_at])
+
+
+def _decode_session(raw: bytes) -> tuple[SessionRecord, float]:
+    v = orjson.loads(raw)
+    return SessionRecord(v[0], v[1], v[2], float(v[3]), v[4], v[5], int(v[6])), float(v[7])
+
+
+class RedisStore:
+    kind = "redis"
+    shared = True
+
+    def __init__(self, url: str, *, prefix: str = "switchyard:", timeout: float = 0.1, lease_ttl: float = 3.0,
+                 probe_interval: float = 0.5, gateway_id: str | None = None):
+        self.url = url
+        self.prefix = prefix
+        self.lease_ttl = lease_ttl
+        self.probe_interval = probe_interval
+        self.id = gateway_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        # No retries and short timeouts: a dead Redis costs one failed call, then the store is down.
+        self.redis = aioredis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
+            health_check_interval=0, client_name=f"switchyard-{self.id}",
+        )
+        self._sync_script = self.redis.register_script(SYNC_LUA)
+        self._incr_script = self.redis.register_script(INCR_WINDOW_LUA)
+        self.local = MemoryStore()
+        self.up = True
+        self.error = ""
+        self.down_since: float | None = None
+        self.outages = 0
+        self.gateways = 1
+        self._queue: list[tuple] = []
+        self._wake: asyncio.Event | None = None
+        self._writer: asyncio.Task | None = None
+        self._prober: asyncio.Task | None = None
+        self._dirty_sessions: set[str] = set()
+        self._dirty_drains: set[str] = set()
+        self._closing = False
+
+    # --- keys -------------------------------------------------------------------------------
+
+    def _skey(self, sid: str) -> str:
+        return f"{self.prefix}sess:{sid}"
+
+    # --- health -----------------------------------------------------------------------------
+
+    def _down(self, e: BaseException) -> None:
+        if self.up:
+            self.up = False
+            self.outages += 1
+            self.down_since = time.time()
+            self.error = f"{type(e).__name__}: {e}"[:300]
+            log.warning("Redis unreachable (%s): serving on local state until it answers again", self.error)
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.get_running_loop().create_task(self._probe(), name="redis-probe")
+
+    async def _probe(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self.probe_interval)
+            try:
+                await self.redis.ping()
+                await self._resync()
+            except ERRORS as e:
+                self.error = f"{type(e).__name__}: {e}"[:300]
+                continue
+            self.up = True
+            log.warning("Redis answers again after %.1fs: shared state resumed", time.time() - (self.down_since or 0))
+            self.down_since = None
+            self.error = ""
+            return
+
+    async def _resync(self) -> None:
+        """Push back what this gateway wrote while Redis was away (its leases follow at the next sync)."""
+        pipe = self.redis.pipeline(transaction=False)
+        now = time.time()
+        for sid in list(self._dirty_sessions):
+            rec = self.local.get_session_now(sid)
+            left = self.local.expiry(sid)
+            if rec is not None and left:
+                pipe.set(self._skey(sid), _encode_session(rec, now + left), px=max(1, int(left * 1000)))
+        for url, c in self.local.circuits().items():
+            if c.state == "open" and c.until > now:
+                pipe.hset(self.prefix + "circuits", url, orjson.dumps([c.until, c.reason]))
+        drains = self.local.drains()
+        for url in list(self._dirty_drains):
+            if url in drains:
+                pipe.hset(self.prefix + "drain", url, drains[url])
+            else:
+                pipe.hdel(self.prefix + "drain", url)
+        await pipe.execute()
+        self._dirty_sessions.clear()
+        self._dirty_drains.clear()
+
+    def healthy(self) -> bool:
+        return self.up
+
+    def describe(self) -> dict:
+        out: dict = {"kind": self.kind, "healthy": self.up, "shared": True, "gateway_id": self.id,
+                     "gateways": self.gateways, "outages": self.outages}
+        if not self.up:
+            out["error"] = self.error
+            out["down_for_s"] = round(time.time() - (self.down_since or time.time()), 1)
+            out["serving_on"] = "local state"
+        return out
+
+    # --- write-behind -----------------------------------------------------------------------
+
+    def _enqueue(self, op: tuple) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+            self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="redis-writer")
+        if len(self._queue) >= MAX_PENDING:
+            del self._queue[: len(self._queue) // 2]
+        self._queue.append(op)
+        self._wake.set()
+
+    async def _write_loop(self) -> None:
+        assert self._wake is not None
+        while not self._closing:
+            await self._wake.wait()
+            self._wake.clear()
+            ops, self._queue = self._queue, []
+            if not ops:
+                continue
+            if not self.up:
+                self._mark_dirty(ops)
+                continue
+            await self._flush(ops)
+
+    async def _flush(self, ops: list[tuple]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for op in ops:
+            if op[0] == "set":
+                pipe.set(op[1], op[2], px=op[3])
+            elif op[0] == "hset":
+                pipe.hset(op[1], op[2], op[3])
+            elif op[0] == "hdel":
+                pipe.hdel(op[1], op[2])
+        try:
+            await pipe.execute()
+        except ERRORS as e:
+            self._down(e)
+            self._mark_dirty(ops)
+
+    def _mark_dirty(self, ops: list[tuple]) -> None:
+        plen = len(self.prefix + "sess:")
+        for op in ops:
+            if op[0] == "set":
+                self._dirty_sessions.add(op[1][plen:])
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        if self.up:
+            try:
+                raw = await self.redis.get(self._skey(session_id))
+            except ERRORS as e:
+                self._down(e)
+            else:
+                if raw is not None:
+                    rec, expires_at = _decode_session(raw)
+                    left = expires_at - time.time()
+                    if left > 0:
+                        self.local.put_session_now(session_id, rec, left)  # kept for an outage
+                        return rec
+                    return None
+        # Down, or not in Redis yet (written behind a moment ago, or during an outage): local copy.
+        return self.local.get_session_now(session_id)
+
+    async def put_session(self, session_id: str, record: SessionRecord, ttl: float) -> None:
+        self.local.put_session_now(session_id, record, ttl)
+        if self.up:
+            self._enqueue(("set", self._skey(session_id), _encode_session(record, time.time() + ttl),
+                           max(1, int(ttl * 1000))))
+        else:
+            self._dirty_sessions.add(session_id)
+
+    async def list_sessions(self, limit: int = 100) -> dict[str, SessionRecord]:
+        if not self.up:
+            return await self.local.list_sessions(limit)
+        out: dict[str, SessionRecord] = {}
+        plen = len(self.prefix + "sess:")
+        try:
+            keys = []
+            async for k in self.redis.scan_iter(match=self.prefix + "sess:*", count=1000):
+                keys.append(k)
+                if len(keys) >= limit:
+                    break
+            if keys:
+                for k, raw in zip(keys, await self.redis.mget(keys), strict=True):
+                    if raw is not None:
+                        out[k.decode("utf-8", "replace")[plen:]] = _decode_session(raw)[0]
+        except ERRORS as e:
+            self._down(e)
+            return await self.local.list_sessions(limit)
+        return out
+
+    # --- circuits and drains ----------------------------------------------------------------
+
+    async def get_circuit(self, replica: str) -> CircuitRecord | None:
+        if self.up:
+            try:
+                raw = await self.redis.hget(self.prefix + "circuits", replica)
+            except ERRORS as e:
+                self._down(e)
+            else:
+                if raw is None:
+                    return None
+                until, reason = orjson.loads(raw)
+                return CircuitRecord("open" if until > time.time() else "closed", until, reason)
+        return await self.local.get_circuit(replica)
+
+    async def put_circuit(self, replica: str, record: CircuitRecord) -> None:
+        await self.local.put_circuit(replica, record)
+        if self.up:
+            if record.state == "open":
+                self._enqueue(("hset", self.prefix + "circuits", replica, orjson.dumps([record.until, record.reason])))
+            else:
+                self._enqueue(("hdel", self.prefix + "circuits", replica))
+
+    async def put_drain(self, replica: str, state: str | None) -> None:
+        await self.local.put_drain(replica, state)
+        if self.up:
+            try:
+                if state is None:
+                    await self.redis.hdel(self.prefix + "drain", replica)
+                else:
+                    await self.redis.hset(self.prefix + "drain", replica, state)
+                return
+            except ERRORS as e:
+                self._down(e)
+        self._dirty_drains.add(replica)
+
+    # --- counters and the sync tick ---------------------------------------------------------
+
+    async def incr_window(self, key: str, amount: int, window: float) -> int:
+        if self.up:
+            idx = int(time.time() // window)
+            try:
+                return int(await self._incr_script(keys=[f"{self.prefix}ctr:{key}:{idx}"],
+                                                   args=[amount, int(window * 2000)]))
+            except ERRORS as e:
+                self._down(e)
+        return await self.local.incr_window(key, amount, window)
+
+    async def sync(self, inflight: dict[str, int], counters: list[CounterDelta]) -> SharedView | None:
+        if not self.up:
+            return None
+        args: list = [self.prefix, self.id, int(self.lease_ttl * 1000), len(inflight)]
+        for url, n in inflight.items():
+            args += (url, n)
+        args.append(len(counters))
+        for name, delta, ttl_ms in counters:
+            args += (name, delta, ttl_ms)
+        try:
+            flat, totals, circuits, drains, gateways, _now = await self._sync_script(args=args)
+        except ERRORS as e:
+            self._down(e)
+            return None
+        view = SharedView(gateways=int(gateways))
+        self.gateways = view.gateways
+        for i in range(0, len(flat), 2):
+            view.inflight[flat[i].decode()] = int(flat[i + 1])
+        view.counters = [int(t) for t in totals]
+        wall = time.time()
+        for i in range(0, len(circuits), 2):
+            until, reason = orjson.loads(circuits[i + 1])
+            if until > wall:
+                view.circuits[circuits[i].decode()] = CircuitRecord("open", until, reason)
+        for i in range(0, len(drains), 2):
+            view.drains[drains[i].decode()] = drains[i + 1].decode()
+        return view
+
+    async def aclose(self) -> None:
+        self._closing = True
+        ops, self._queue = self._queue, []
+        if ops and self.up:
+            await self._flush(ops)
+        for t in (self._writer, self._prober):
+            if t is not None:
+                t.cancel()
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):
+                    pass
+        if self.up:
+            try:  # leave now rather than when the lease runs out
+                await self.redis.delete(f"{self.prefix}gw:{self.id}")
+                await self.redis.zrem(self.prefix + "gws", self.id)
+            except ERRORS:
+                pass
+        await self.redis.aclose()

@@ -1,0 +1,147 @@
+"""The background sync between this gateway's replicas and the shared store.
+
+Every `interval` (50 ms) one call to StateStore.sync publishes this gateway's in-flight
+counts and counter deltas and reads the other gateways' view, which is then applied to the
+Replica objects: remote_inflight (least_inflight balances across gateways), circuits opened
+elsewhere (force_open), drains started elsewhere. Nothing here runs on the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from switchyard.state.base import CounterDelta, SharedView, StateStore
+
+if TYPE_CHECKING:
+    from switchyard.pools.pool import ReplicaRegistry
+    from switchyard.pools.replica import Replica
+
+log = logging.getLogger("switchyard.state.sync")
+
+
+class CounterSource(Protocol):
+    """Something that keeps counters in shared windows (auth.RateLimiter)."""
+
+    def take_deltas(self) -> list[CounterDelta]: ...
+
+    def apply_totals(self, deltas: list[CounterDelta], totals: list[int] | None) -> None:
+        """totals[i] is the shared total after deltas[i]; None: the sync failed, keep the deltas."""
+        ...
+
+
+class StateSync:
+    def __init__(self, registry: ReplicaRegistry, state: StateStore, interval: float = 0.05):
+        self.registry = registry
+        self.state = state
+        self.interval = interval
+        self.sources: list[CounterSource] = []
+        self.generation = 0  # completed ticks
+        self.last_ok: float = 0.0
+        self._task: asyncio.Task | None = None
+        self._local_drain: dict[str, int] = {}  # url -> generation when this gateway changed its drain state
+        self._remote_zeroed = True
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        if self.state.shared:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="state-sync")
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:  # a bug here must not stop sharing for good
+                log.exception("state sync failed")
+            await asyncio.sleep(self.interval)
+
+    async def tick(self) -> None:
+        inflight = {url: r.inflight for url, r in self.registry.by_url.items() if r.inflight > 0}
+        per_source = [(s, s.take_deltas()) for s in self.sources]
+        deltas = [d for _, ds in per_source for d in ds]
+        view = await self.state.sync(inflight, deltas)
+        i = 0
+        for src, ds in per_source:
+            src.apply_totals(ds, None if view is None else view.counters[i:i + len(ds)])
+            i += len(ds)
+        if view is None:
+            if not self._remote_zeroed:  # shared store away: local counts are all we know
+                for r in self.registry.by_url.values():
+                    self._set_remote(r, 0)
+                self._remote_zeroed = True
+        else:
+            self.apply(view)
+            self._remote_zeroed = False
+            self.last_ok = time.time()
+        self.generation += 1
+
+    def _set_remote(self, r: Replica, n: int) -> None:
+        freed = r.remote_inflight - n
+        r.remote_inflight = n
+        if freed > 0:  # slots freed elsewhere: let requests queued here try again
+            for pool in r.pools:
+                for _ in range(min(freed, len(pool.waiters))):
+                    pool.wake_one()
+
+    def apply(self, view: SharedView) -> None:
+        now, wall = time.monotonic(), time.time()
+        for url, r in self.registry.by_url.items():
+            self._set_remote(r, view.inflight.get(url, 0))
+            c = view.circuits.get(url)
+            if c is not None:
+                until = now + (c.until - wall)
+                br = r.breaker
+                local_until = br.opened_at + br.cooldown if br.state == "open" else 0.0
+                if until > local_until + 0.05:
+                    if br.state == "closed":
+                        log.warning("replica %s ejected by another gateway: %s", r.name, c.reason)
+                    br.force_open(until, c.reason, now)
+            if self._local_drain.get(url, -10) >= self.generation - 1:
+                continue  # changed here a moment ago: the store may not reflect it in this view yet
+            d = view.drains.get(url)
+            r.draining = d is not None
+            r.drained = d == "drained"
+
+    # --- replica drain (admin API) ----------------------------------------------------------
+
+    async def drain(self, r: Replica, timeout: float) -> bool:
+        """No new requests to `r`; wait until no gateway has one in flight there; then mark it drained."""
+        r.draining, r.drained = True, False
+        self._local_drain[r.url] = self.generation
+        await self.state.put_drain(r.url, "draining")
+        start = self.generation
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            # Remote counts are fresh only after a tick that began after the drain was published.
+            fresh = not self.running or self.generation >= start + 2
+            if fresh and r.inflight + r.remote_inflight == 0:
+                r.drained = True
+                self._local_drain[r.url] = self.generation
+                await self.state.put_drain(r.url, "drained")
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+
+    async def undrain(self, r: Replica) -> None:
+        r.draining = r.drained = False
+        self._local_drain[r.url] = self.generation
+        await self.state.put_drain(r.url, None)
+
+    def describe(self) -> dict:
+        return {"interval_s": self.interval, "running": self.running, "ticks": self.generation,
+                "last_ok_s_ago": round(time.time() - self.last_ok, 3) if self.last_ok else None}
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
