@@ -251,6 +251,7 @@ class Api:
             headers["x-switchyard-attempts"] = str(answer.attempts)
         if decision.session_id:
             await self.gateway.remember_replica(decision, lp, answer.replica.url)
+            await self.gateway.state.flush()  # the next turn may come through another gateway
         if answer.stream is None:
             now = time.perf_counter()
             overhead = (answer.t_sent - t_routed) + (t_routed - t0) + (now - answer.t_first)

@@ -66,6 +66,10 @@ class StateStore(Protocol):
         """Add `amount` to a counter that resets every `window` seconds; return the new total."""
         ...
 
+    async def flush(self) -> None:
+        """Return when this gateway's writes so far are visible to the other gateways."""
+        ...
+
     async def sync(self, inflight: dict[str, int], counters: list[CounterDelta]) -> SharedView | None:
         """Publish this gateway's in-flight counts (as an expiring lease) and counter deltas; read
         everyone else's. None when there is nothing shared or the store is unreachable."""

@@ -88,6 +88,9 @@ class MemoryStore:
         self._windows[key] = (start, total)
         return total
 
+    async def flush(self) -> None:
+        return None
+
     async def sync(self, inflight: dict[str, int], counters: list[CounterDelta]) -> SharedView | None:
         return None  # nothing is shared: local counts are the whole truth
 

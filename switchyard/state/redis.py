@@ -112,6 +112,7 @@ class RedisStore:
         self.prefix = prefix
         self.lease_ttl = lease_ttl
         self.probe_interval = probe_interval
+        self.timeout = timeout
         self.id = gateway_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         # No retries and short timeouts: a dead Redis costs one failed call, then the store is down.
         self.redis = aioredis.Redis.from_url(
@@ -128,6 +129,7 @@ class RedisStore:
         self.gateways = 1
         self._queue: list[tuple] = []
         self._wake: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None  # set when every queued write has been sent
         self._writer: asyncio.Task | None = None
         self._prober: asyncio.Task | None = None
         self._dirty_sessions: set[str] = set()
@@ -205,10 +207,12 @@ class RedisStore:
     def _enqueue(self, op: tuple) -> None:
         if self._wake is None:
             self._wake = asyncio.Event()
+            self._idle = asyncio.Event()
             self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="redis-writer")
         if len(self._queue) >= MAX_PENDING:
             del self._queue[: len(self._queue) // 2]
         self._queue.append(op)
+        self._idle.clear()  # type: ignore[union-attr]
         self._wake.set()
 
     async def _write_loop(self) -> None:
@@ -217,12 +221,25 @@ class RedisStore:
             await self._wake.wait()
             self._wake.clear()
             ops, self._queue = self._queue, []
-            if not ops:
-                continue
-            if not self.up:
-                self._mark_dirty(ops)
-                continue
-            await self._flush(ops)
+            if ops:
+                if self.up:
+                    await self._flush(ops)
+                else:
+                    self._mark_dirty(ops)
+            if not self._queue:
+                self._idle.set()  # type: ignore[union-attr]
+
+    async def flush(self) -> None:
+        """Wait (briefly) until this gateway's session writes reached Redis: called before a response
+        goes out, so the client's next request, through any gateway, sees them. The write began when
+        the decision was made, so it is usually done by now and this costs nothing."""
+        idle = self._idle
+        if idle is None or idle.is_set() or not self.up:
+            return
+        try:
+            await asyncio.wait_for(idle.wait(), self.timeout)
+        except TimeoutError:
+            pass
 
     async def _flush(self, ops: list[tuple]) -> None:
         pipe = self.redis.pipeline(transaction=False)
