@@ -157,6 +157,9 @@ class RedisStore:
         while not self._closing:
             await asyncio.sleep(self.probe_interval)
             try:
+                # Connections opened before the outage are dead or hold unread replies: start afresh,
+                # or the first commands after recovery would fail one by one and flap the store.
+                await self.redis.connection_pool.disconnect()
                 await self.redis.ping()
                 await self._resync()
             except ERRORS as e:
