@@ -40,6 +40,9 @@ def serve(
         help="SIGTERM: seconds at most to keep serving with readiness 503 before closing the listener")] = 5.0,
     lease_ttl: Annotated[float, typer.Option(
         help="--redis: seconds a dead gateway's in-flight counts linger before they expire")] = 3.0,
+    ui: Annotated[bool, typer.Option(help="Serve the dashboard and policy editor at /ui")] = True,
+    reports: Annotated[Path | None, typer.Option(
+        help="Folder of replay reports (`switchyard replay --out`) the UI lists")] = None,
 ) -> None:
     import uvicorn
 
@@ -50,7 +53,7 @@ def serve(
     config = GatewayConfig(
         policies=list(policy), max_body_bytes=int(max_body_mb * 1024 * 1024), watch=watch,
         health_checks=health_checks, record=str(record) if record else None, redis_url=redis,
-        admin_key=admin_key or None,
+        admin_key=admin_key or None, ui=ui, reports_dir=str(reports) if reports else None,
     )
     if auth:
         from switchyard.auth import open_keystore
@@ -71,6 +74,8 @@ def serve(
         raise typer.Exit(1) from None
     names = [lp.name for lp in app.state.gateway.policies()]
     typer.echo(f"switchyard: serving policies {', '.join(names)} on http://{host}:{port}/v1 (model 'auto' = {names[0]})")
+    if ui:
+        typer.echo(f"switchyard: dashboard and policy editor on http://{host}:{port}/ui")
     from switchyard.api.admin import DrainingServer
 
     uv = uvicorn.Config(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,8 @@ class GatewayConfig:
     keystore: Any = None  # auth.KeyStore: API keys required when set (switchyard/auth.py)
     admin_key: str | None = None  # mounts the admin API (switchyard/api/admin.py)
     sync_interval: float = 0.05  # shared-state sync tick, seconds (with --redis)
+    ui: bool = True  # the browser UI at /ui (switchyard/api/ui.py)
+    reports_dir: str | None = None  # replay reports shown by the UI
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -138,6 +141,9 @@ class Api:
         self.active = 0  # requests being served (streams included): the SIGTERM drain waits on it
         self.admitted = 0
         self.draining = False
+        # The UI's recent decisions: (time, decision, pool, replica, status, seconds, overhead); the page
+        # reads it, the request path only appends (bounded, never waits).
+        self.recent: deque[tuple] = deque(maxlen=200)
 
     async def read_json(self, request: Request) -> Any:
         limit = self.config.max_body_bytes
@@ -229,6 +235,7 @@ class Api:
         except errors.APIError as e:
             dt = time.perf_counter() - t0
             self.metrics.observe(decision.policy, decision.pool, "-", decision.rule, e.status, dt, dt)
+            self.recent.append((time.time(), decision, decision.pool, "-", e.status, dt, dt))
             return e.response(headers)
         finally:
             watcher.cancel()
@@ -258,6 +265,8 @@ class Api:
             headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
             self.metrics.observe(decision.policy, answer.pool, answer.replica.name, decision.rule,
                                  answer.status, now - t0, overhead)
+            self.recent.append((time.time(), decision, answer.pool, answer.replica.name, answer.status,
+                                now - t0, overhead))
             if key is not None and answer.status < 400:
                 self.auth.account_body(key, answer.body, _prompt_estimate(request))
             return Response(answer.body, answer.status, headers=headers, media_type=answer.content_type)
@@ -279,8 +288,9 @@ class Api:
             if tap is not None:
                 self.auth.account(key, *tap.tokens())
             code = answer.status if outcome == "ok" else (499 if outcome == "client_gone" else 502)
-            self.metrics.observe(decision.policy, answer.pool, answer.replica.name, decision.rule,
-                                 code, time.perf_counter() - t0, overhead)
+            dt = time.perf_counter() - t0
+            self.metrics.observe(decision.policy, answer.pool, answer.replica.name, decision.rule, code, dt, overhead)
+            self.recent.append((time.time(), decision, answer.pool, answer.replica.name, code, dt, overhead))
 
         return StreamRelay(upstream, answer.first, answer.status, raw_headers, done, answer.replica.name)
 
@@ -505,6 +515,11 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
         from switchyard.api.admin import install_admin
 
         install_admin(app, api, sync, config.admin_key)
+
+    if config.ui:  # the browser UI (issue 10): dashboard, policy editor, replay reports
+        from switchyard.api.ui import ui_router
+
+        app.include_router(ui_router(api, config.reports_dir))
 
     @app.get("/metrics")
     async def prometheus() -> Response:

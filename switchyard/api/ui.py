@@ -1,0 +1,217 @@
+"""The /ui routes: the page, its data (polled once a second), the policy editor, replay reports.
+
+    GET  /ui                         the page (static; it asks /ui/api/session whether to log in)
+    GET  /ui/static/{file}           its CSS and JS
+    GET  /ui/api/session             {"auth": open|admin|locked, "ok": bool}
+    POST /ui/api/login {"key"}       admin key -> session cookie;  POST /ui/api/logout
+    GET  /ui/api/live?window=60      pools, replicas, split, series, classifier, recent decisions
+    GET  /ui/api/policies            the running policies with their files' text
+    GET  /ui/api/schema              the policy JSON Schema (+ rule predicate names) for completion
+    POST /ui/api/policies/validate   {"name", "text"} -> {"ok", "issues": [{"line", "reason"}]}
+    POST /ui/api/policies/preview    {"name", "text", "request", "headers"} -> decisions, rule trace
+    POST /ui/api/policies/apply      {"name", "text"} -> 200 applied | 422 issues (old policy stays)
+    GET  /ui/api/reports             replay reports under --reports DIR
+    GET  /ui/reports/{id}/{file}     a report's HTML or image
+
+Everything but the page and its static files needs the admin key when the gateway has one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import FileResponse, RedirectResponse, Response
+
+from switchyard.api import errors
+from switchyard.ui import STATIC
+from switchyard.ui.access import COOKIE, UiAccess
+from switchyard.ui.editor import PolicyEditor, issue_dicts, schema_hints
+from switchyard.ui.live import LiveSampler
+from switchyard.ui.reports import list_reports, report_file
+
+if TYPE_CHECKING:
+    from switchyard.api.app import Api
+
+STATIC_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
+                ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
+MAX_EDIT_BYTES = 1 << 20
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status, media_type="application/json",
+                    headers={"cache-control": "no-store"})
+
+
+def _static(name: str) -> Response:
+    p = (STATIC / name).resolve()
+    if p.parent != STATIC or p.suffix not in STATIC_TYPES or not p.is_file():
+        raise errors.not_found(f"no UI file {name!r}", None, "not_found")
+    return Response(p.read_bytes(), media_type=STATIC_TYPES[p.suffix], headers={"cache-control": "no-cache"})
+
+
+def _loopback(request: Request) -> bool:
+    host = request.client.host if request.client else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def ui_router(api: Api, reports_dir: str | Path | None = None) -> APIRouter:
+    access = UiAccess(api.config.admin_key, api.config.keystore is not None)
+    sampler = LiveSampler(api)
+    editor = PolicyEditor(api.gateway)
+    reports = Path(reports_dir).expanduser() if reports_dir else None
+
+    @asynccontextmanager
+    async def lifespan(_app: Any):
+        sampler.start()
+        try:
+            yield
+        finally:
+            await sampler.aclose()
+            await editor.aclose()
+
+    async def require(request: Request) -> None:
+        if access.allowed(request.headers, request.cookies):
+            return
+        if access.mode == "locked":
+            raise errors.APIError(403, "the UI needs an admin key when API keys are on: serve with --admin-key",
+                                  "invalid_request_error", None, "ui_locked")
+        raise errors.APIError(401, "the UI needs the admin key: log in on /ui or send 'Authorization: Bearer "
+                              "ADMIN_KEY'", "invalid_request_error", None, "invalid_admin_key")
+
+    async def body_of(request: Request) -> dict:
+        # JSON only: a cross-site form cannot send it without a CORS preflight we never answer.
+        if not request.headers.get("content-type", "").startswith("application/json"):
+            raise errors.bad_request("send the body as application/json")
+        raw = await request.body()
+        if len(raw) > MAX_EDIT_BYTES:
+            raise errors.too_large(MAX_EDIT_BYTES)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise errors.bad_request(f"could not parse the JSON body: {e}") from None
+        if not isinstance(body, dict):
+            raise errors.bad_request("the body must be a JSON object")
+        return body
+
+    def edit_args(body: dict) -> tuple[str, str]:
+        name, text = body.get("name"), body.get("text")
+        if not isinstance(name, str) or not isinstance(text, str):
+            raise errors.bad_request("send {\"name\": POLICY, \"text\": YAML}")
+        return name, text
+
+    page = APIRouter(lifespan=lifespan)
+    data = APIRouter(prefix="/ui", dependencies=[Depends(require)])
+
+    @page.get("/ui", include_in_schema=False)
+    async def index() -> Response:
+        return _static("index.html")
+
+    @page.get("/ui/", include_in_schema=False)
+    async def index_slash() -> Response:
+        return RedirectResponse("/ui", 308)
+
+    @page.get("/ui/static/{name}", include_in_schema=False)
+    async def static(name: str) -> Response:
+        return _static(name)
+
+    @page.get("/ui/api/session")
+    async def session(request: Request) -> Response:
+        return _json({"auth": access.mode, "ok": access.allowed(request.headers, request.cookies)})
+
+    @page.post("/ui/api/login")
+    async def login(request: Request) -> Response:
+        body = await body_of(request)
+        key = body.get("key")
+        if access.mode != "admin" or not isinstance(key, str) or not access.login(key):
+            return _json({"ok": False, "error": "wrong admin key" if access.mode == "admin" else
+                          f"no login: the UI is {access.mode}"}, 401 if access.mode == "admin" else 400)
+        resp = _json({"ok": True})
+        resp.set_cookie(COOKIE, access.token, httponly=True, samesite="strict", path="/ui")
+        return resp
+
+    @page.post("/ui/api/logout")
+    async def logout() -> Response:
+        resp = _json({"ok": True})
+        resp.delete_cookie(COOKIE, path="/ui")
+        return resp
+
+    @data.get("/api/live")
+    async def live(window: float = 60.0) -> Response:
+        return _json(sampler.snapshot(min(max(window, 5.0), 300.0)))
+
+    @data.get("/api/policies")
+    async def policies() -> Response:
+        out = []
+        store = api.gateway.store
+        for lp in api.gateway.policies():
+            try:
+                text = lp.path.read_text(encoding="utf-8")
+            except OSError as e:
+                text = f"# cannot read {lp.path}: {e}\n"
+            st = store.status.get(lp.name) if store else None
+            out.append({"name": lp.name, "file": str(lp.path), "text": text,
+                        "pools": list(lp.pools), "rules": [r.name for r in lp.compiled.rules],
+                        "last_reload": None if st is None else {"ok": st.ok, "at": st.at, "error": st.error or None}})
+        return _json({"policies": out})
+
+    @data.get("/api/schema")
+    async def schema() -> Response:
+        return _json(schema_hints())
+
+    @data.post("/api/policies/validate")
+    async def validate(request: Request) -> Response:
+        name, text = edit_args(await body_of(request))
+        spec, issues = editor.validate(name, text)
+        summary = None if spec is None else {"name": spec.name or name, "pools": list(spec.pools),
+                                             "routes": [r.name for r in spec.routes]}
+        return _json({"ok": spec is not None, "issues": issue_dicts(issues), "summary": summary})
+
+    @data.post("/api/policies/preview")
+    async def preview(request: Request) -> Response:
+        body = await body_of(request)
+        name, text = edit_args(body)
+        req = body.get("request")
+        if not isinstance(req, dict):
+            raise errors.bad_request("'request' must be a chat or completions request object")
+        req = req if "model" in req else {**req, "model": "auto"}
+        from switchyard.api.app import validate as validate_request
+
+        kind = "completions" if "prompt" in req and "messages" not in req else "chat"
+        validate_request(req, kind)
+        raw_headers = body.get("headers") or {}
+        if not isinstance(raw_headers, dict):
+            raise errors.bad_request("'headers' must be an object of NAME: VALUE")
+        headers = {str(k).lower(): str(v) for k, v in raw_headers.items()}
+        return _json(await editor.preview(name, text, req, headers))
+
+    @data.post("/api/policies/apply")
+    async def apply(request: Request) -> Response:
+        if access.mode == "open" and not _loopback(request):
+            raise errors.APIError(403, "without an admin key, policies can be applied from this host only; "
+                                  "serve with --admin-key to edit from elsewhere", "invalid_request_error",
+                                  None, "ui_apply_loopback_only")
+        name, text = edit_args(await body_of(request))
+        status, out = await editor.apply(name, text)
+        return _json(out, status)
+
+    @data.get("/api/reports")
+    async def reports_list() -> Response:
+        return _json({"dir": str(reports) if reports else None, "reports": list_reports(reports)})
+
+    @data.get("/reports/{rid}/{name}")
+    async def report(rid: str, name: str) -> Response:
+        p = report_file(reports, rid, name)
+        if p is None:
+            raise errors.not_found(f"no report file {rid}/{name}", None, "not_found")
+        return FileResponse(p, headers={"cache-control": "no-cache"})
+
+    page.include_router(data)
+    return page

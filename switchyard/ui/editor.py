@@ -1,0 +1,218 @@
+"""The policy editor's server side: validate as you type, preview a request, apply an edit.
+
+Validation is the loader's own (`parse_policy`: the errors of `switchyard policy check`,
+with their lines) plus what the gateway would refuse when serving the file (a planning
+policy's replica counts, a policy name another file uses, an ONNX classifier that will not
+load). Apply writes the file and goes through `PolicyStore.reload_file`, the hot-reload
+path the file watcher uses: an edit that fails never replaces the running policy, and the
+file is put back as it was so the disk keeps matching what serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from switchyard.classify.base import NO_LABEL, Classifier, Label
+from switchyard.classify.features import Features, extract
+from switchyard.policy.loader import PolicyError, PolicyIssue, parse_policy
+from switchyard.policy.rules import KNOWN_KEYS, CompiledPolicy, compile_policy
+from switchyard.policy.schema import PolicySpec
+
+if TYPE_CHECKING:
+    from switchyard.gateway import Gateway, LoadedPolicy
+
+_ISSUE = re.compile(r"^(?P<file>.*?):(?P<line>\d+): (?P<reason>.*)$")
+CLASSIFIER_TIMEOUT_S = 10.0
+
+
+def issue_dicts(issues: list[PolicyIssue]) -> list[dict[str, Any]]:
+    return [{"line": i.line, "reason": i.reason} for i in issues]
+
+
+def issues_from_text(error: str) -> list[dict[str, Any]]:
+    """A ReloadStatus error ("file:line: reason" lines) back into issues."""
+    out = []
+    for line in error.splitlines():
+        m = _ISSUE.match(line)
+        out.append({"line": int(m["line"]), "reason": m["reason"]} if m else {"line": 1, "reason": line})
+    return out
+
+
+def schema_hints() -> dict[str, Any]:
+    """The JSON Schema of `switchyard policy schema` plus the rule predicates (a `when` is free-form in it)."""
+    schema = PolicySpec.model_json_schema()
+    return {"schema": schema, "predicates": sorted(KNOWN_KEYS) + ["header.NAME"]}
+
+
+class PolicyEditor:
+    def __init__(self, gateway: Gateway):
+        self.gateway = gateway
+        self._lock = asyncio.Lock()  # one apply at a time: each one reads, writes and reloads a file
+        self._classifiers: dict[tuple[str, str], Classifier] = {}
+
+    def find(self, name: str) -> LoadedPolicy | None:
+        return next((lp for lp in self.gateway.policies() if lp.name == name), None)
+
+    # --- validate -------------------------------------------------------------------------
+
+    def validate(self, name: str, text: str) -> tuple[PolicySpec | None, list[PolicyIssue]]:
+        lp = self.find(name)
+        path = lp.path if lp is not None else Path(f"{name}.yaml")
+        try:
+            spec = parse_policy(text, str(path), default_name=path.stem)
+        except PolicyError as e:
+            return None, e.issues
+        issues = self._serve_problems(spec, path, text, name)
+        return (spec if not issues else None), issues
+
+    def _serve_problems(self, spec: PolicySpec, path: Path, text: str, name: str) -> list[PolicyIssue]:
+        issues = []
+        lines = text.splitlines()
+        for pname, ps in spec.pools.items():
+            if isinstance(ps.replicas, int):
+                issues.append(PolicyIssue(str(path), _key_line(lines, pname), (
+                    f"pool {pname!r} lists a replica count ({ps.replicas}), not URLs: this is a planning "
+                    "policy; run `switchyard plan --emit DIR` and serve the policy it writes")))
+        new_name = spec.name or path.stem
+        if new_name != name and self.find(new_name) is not None:
+            issues.append(PolicyIssue(str(path), _key_line(lines, "name"),
+                                      f"policy name {new_name!r} is used by another file"))
+        if spec.classifier.kind == "onnx":
+            try:
+                self._classifier(spec, path)
+            except PolicyError as e:
+                issues.extend(e.issues)
+        return issues
+
+    def _classifier(self, spec: PolicySpec, path: Path) -> Classifier:
+        """Built as the gateway builds it, cached per classifier block (typing must not reload a model)."""
+        key = (spec.classifier.model_dump_json(), str(path.parent))
+        clf = self._classifiers.get(key)
+        if clf is None:
+            clf = self.gateway._build_classifier(spec, path)
+            if len(self._classifiers) >= 8:
+                self._classifiers.pop(next(iter(self._classifiers)))
+            self._classifiers[key] = clf
+        return clf
+
+    # --- preview --------------------------------------------------------------------------
+
+    async def preview(self, name: str, text: str, body: dict, headers: dict[str, str]) -> dict[str, Any]:
+        """The decision for `body` under the edited text and under the running policy (no session state)."""
+        spec, issues = self.validate(name, text)
+        features = extract(body, headers)
+        out: dict[str, Any] = {"features": {
+            "tools": features.tools, "turns": features.turns, "messages": features.messages,
+            "tool_result": features.tool_result, "prompt_tokens": features.prompt_tokens, "model": features.model,
+        }, "issues": issue_dicts(issues)}
+        sid = _session_id(body, headers)
+        if spec is not None:
+            lp = self.find(name)
+            path = lp.path if lp is not None else Path(f"{name}.yaml")
+            clf: Classifier | None = None
+            if spec.classifier.kind != "none":
+                if lp is not None and lp.spec.classifier == spec.classifier:
+                    clf = lp.classifier
+                else:
+                    try:
+                        clf = self._classifier(spec, path)
+                    except PolicyError as e:
+                        out["issues"] = issue_dicts(e.issues)
+                        return out
+            out["edited"] = await self._decide(compile_policy(spec), clf, features, body, sid)
+        lp = self.find(name)
+        if lp is not None:
+            running = await self._decide(lp.compiled, lp.classifier if lp.spec.classifier.kind != "none" else None,
+                                         features, body, sid)
+            pool = lp.pools.get(running["pool"])
+            running["replicas"] = [r.snapshot() for r in pool.replicas] if pool else []
+            running["upstream_model"] = pool.model if pool else None
+            out["running"] = running
+        return out
+
+    async def _decide(self, compiled: CompiledPolicy, clf: Classifier | None, f: Features, body: dict,
+                      sid: str | None) -> dict[str, Any]:
+        label: Label = NO_LABEL
+        if clf is not None:
+            try:
+                label = await asyncio.wait_for(clf.classify(f, body), CLASSIFIER_TIMEOUT_S)
+            except Exception as e:  # as the gateway does: a failing classifier fails open
+                cspec = compiled.spec.classifier
+                label = Label(cspec.failure_label, 0.0, "fail-open", 0.0)
+                trace_err = f"{type(e).__name__}: {e}"
+            else:
+                trace_err = None
+        else:
+            trace_err = None
+        trace = []
+        for rule in compiled.rules:
+            hit = rule.matches(f, label)
+            trace.append({"rule": rule.name, "match": hit, "when": rule.reason()})
+            if hit:
+                break
+        d = compiled.evaluate(f, label, sid).to_dict()
+        d["trace"] = trace
+        d["classifier_error"] = trace_err
+        d["classifier_ms"] = round(label.ms, 3) if label.name else None
+        return d
+
+    # --- apply ----------------------------------------------------------------------------
+
+    async def apply(self, name: str, text: str) -> tuple[int, dict[str, Any]]:
+        async with self._lock:
+            lp = self.find(name)
+            if lp is None:
+                return 404, {"ok": False, "issues": [{"line": 0, "reason": f"no running policy named {name!r}"}]}
+            spec, issues = self.validate(name, text)
+            if spec is None:
+                return 422, {"ok": False, "policy": name, "issues": issue_dicts(issues),
+                             "message": "not applied: the running policy stays"}
+            store = self.gateway.store
+            assert store is not None
+            path = lp.path
+            old = path.read_text(encoding="utf-8")
+            _write_atomic(path, text)
+            st = store.reload_file(path)
+            if not st.ok:
+                _write_atomic(path, old)  # the disk keeps matching the policy that serves
+                return 422, {"ok": False, "policy": name, "issues": issues_from_text(st.error),
+                             "message": "not applied: the running policy stays"}
+            new_name = store.files.get(path.resolve(), name)
+            return 200, {"ok": True, "policy": new_name, "file": str(path), "at": st.at,
+                         "message": f"applied: policy {new_name} reloaded from {path}"}
+
+    async def aclose(self) -> None:
+        for clf in self._classifiers.values():
+            await clf.aclose()
+        self._classifiers.clear()
+
+
+def _key_line(lines: list[str], key: str) -> int:
+    rx = re.compile(rf"^\s*{re.escape(key)}\s*:")
+    return next((i for i, line in enumerate(lines, 1) if rx.match(line)), 1)
+
+
+def _session_id(body: dict, headers: dict[str, str]) -> str | None:
+    from switchyard.api.app import session_id_of
+
+    return session_id_of(body, headers)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Replace the file in one rename, keeping its mode: the watcher never reads half a policy."""
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

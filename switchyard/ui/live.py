@@ -1,0 +1,256 @@
+"""What the dashboard shows, read from the gateway's own state and metrics.
+
+A background task samples the Prometheus counters and histograms once a second into a
+bounded history (no request-path cost: it reads what the request path already counts);
+rates and splits are differences between samples. Per-replica latency percentiles come
+from the Api's ring buffer of recent decisions (the histograms are per pool only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from switchyard.api.app import Api
+
+HISTORY_S = 300  # seconds of samples kept: the charts' span
+RATE_S = 5.0  # requests/s are averaged over this many seconds
+RECENT_SHOWN = 50
+
+
+@dataclass
+class Sample:
+    t: float
+    pools: dict[str, float] = field(default_factory=dict)  # "policy/pool" -> requests so far
+    rules: dict[str, float] = field(default_factory=dict)  # "policy/rule"
+    replicas: dict[str, float] = field(default_factory=dict)  # "policy/pool/replica"
+    errors: dict[str, float] = field(default_factory=dict)  # "policy/pool" -> answers >= 500
+    latency: dict[str, list[float]] = field(default_factory=dict)  # pool -> cumulative bucket counts
+    classifier: dict[str, list[float]] = field(default_factory=dict)  # kind -> cumulative bucket counts
+    fail_open: dict[str, float] = field(default_factory=dict)  # policy -> count
+    rejected: float = 0.0
+
+
+def _counter_totals(metric: Any) -> Iterable[tuple[dict[str, str], float]]:
+    for fam in metric.collect():
+        for s in fam.samples:
+            if s.name.endswith("_total"):
+                yield s.labels, s.value
+
+
+def _buckets(metric: Any, label: str) -> tuple[list[float], dict[str, list[float]]]:
+    """Histogram -> (upper bounds, {label value: cumulative counts per bound})."""
+    pairs: dict[str, list[tuple[float, float]]] = {}
+    for fam in metric.collect():
+        for s in fam.samples:
+            if s.name.endswith("_bucket"):
+                pairs.setdefault(s.labels[label], []).append((float(s.labels["le"]), s.value))
+    bounds: list[float] = []
+    out: dict[str, list[float]] = {}
+    for key, ps in pairs.items():
+        ps.sort()
+        bounds = [le for le, _ in ps]
+        out[key] = [c for _, c in ps]
+    return bounds, out
+
+
+def quantile(q: float, bounds: list[float], counts: list[float]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative bucket counts (linear within a bucket)."""
+    if not counts or counts[-1] <= 0:
+        return None
+    rank = q * counts[-1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in zip(bounds, counts, strict=False):
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            span = c - prev_c
+            return prev_le + (le - prev_le) * ((rank - prev_c) / span if span > 0 else 1.0)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _diff(new: dict[str, float], old: dict[str, float]) -> dict[str, float]:
+    return {k: v - old.get(k, 0.0) for k, v in new.items() if v - old.get(k, 0.0) > 0}
+
+
+def _diff_buckets(new: list[float], old: list[float] | None) -> list[float]:
+    if not old:
+        return new
+    return [a - b for a, b in zip(new, old, strict=False)]
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 2)
+
+
+class LiveSampler:
+    def __init__(self, api: Api):
+        self.api = api
+        self.samples: deque[Sample] = deque(maxlen=HISTORY_S + 1)
+        self.lat_bounds: list[float] = []
+        self.clf_bounds: list[float] = []
+        self._task: asyncio.Task | None = None
+
+    # --- sampling -----------------------------------------------------------------------
+
+    def sample(self) -> Sample:
+        m = self.api.metrics
+        s = Sample(time.time())
+        for labels, v in _counter_totals(m.requests):
+            pk = f"{labels['policy']}/{labels['pool']}"
+            s.pools[pk] = s.pools.get(pk, 0.0) + v
+            rk = f"{labels['policy']}/{labels['rule']}"
+            s.rules[rk] = s.rules.get(rk, 0.0) + v
+            xk = f"{pk}/{labels['replica']}"
+            s.replicas[xk] = s.replicas.get(xk, 0.0) + v
+            if labels["code"].isdigit() and int(labels["code"]) >= 500:
+                s.errors[pk] = s.errors.get(pk, 0.0) + v
+        for labels, v in _counter_totals(m.classifier_fail_open):
+            s.fail_open[labels["policy"]] = v
+        s.rejected = sum(v for _, v in _counter_totals(m.rejected))
+        self.lat_bounds, s.latency = _buckets(m.latency, "pool")
+        clf_bounds, s.classifier = _buckets(m.classifier_latency, "kind")
+        if clf_bounds:
+            self.clf_bounds = clf_bounds
+        return s
+
+    def start(self) -> None:
+        self.samples.append(self.sample())
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="ui-sampler")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                self.samples.append(self.sample())
+            except Exception:  # a metrics hiccup must not end the dashboard's history
+                continue
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    # --- the page's data ----------------------------------------------------------------
+
+    def _ago(self, seconds: float, now: float) -> Sample:
+        """The oldest sample no older than `seconds` (the first one when history is shorter)."""
+        for s in self.samples:
+            if now - s.t <= seconds + 0.5:
+                return s
+        return self.samples[-1]
+
+    def snapshot(self, window: float = 60.0) -> dict[str, Any]:
+        api = self.api
+        now = time.time()
+        cur = self.sample()  # now, so numbers are current between two background samples
+        if not self.samples:
+            self.samples.append(cur)
+        base = self.samples[0]
+        rate_from = self._ago(RATE_S, now)
+        win_from = self._ago(window, now)
+        dt_rate = max(cur.t - rate_from.t, 1e-3)
+        rps_pool = {k: v / dt_rate for k, v in _diff(cur.pools, rate_from.pools).items()}
+        rps_rep = {k: v / dt_rate for k, v in _diff(cur.replicas, rate_from.replicas).items()}
+        recent = [e for e in list(api.recent) if now - e[0] <= window]
+        rep_lat: dict[str, list[float]] = {}
+        for _t, d, pool, replica, _code, seconds, _ovh in recent:
+            rep_lat.setdefault(f"{d.policy}/{pool}/{replica}", []).append(seconds)
+
+        policies = []
+        for lp in api.gateway.policies():
+            st = api.gateway.store.status.get(lp.name) if api.gateway.store else None
+            pools = []
+            for name, pool in lp.pools.items():
+                key = f"{lp.name}/{name}"
+                snap = pool.snapshot()
+                lat = _diff_buckets(cur.latency.get(name, []), win_from.latency.get(name))
+                for r in snap["replicas"]:
+                    rk = f"{key}/{r['name']}"
+                    lats = rep_lat.get(rk, [])
+                    r["rps"] = round(rps_rep.get(rk, 0.0), 2)
+                    r["count"] = int(cur.replicas.get(rk, 0.0))
+                    r["p50_ms"] = _ms(_pct(lats, 0.5))
+                    r["p99_ms"] = _ms(_pct(lats, 0.99))
+                pools.append({
+                    "key": key, "name": name, **snap,
+                    "total": len(snap["replicas"]),
+                    "count": int(cur.pools.get(key, 0.0)),
+                    "errors": int(cur.errors.get(key, 0.0)),
+                    "rps": round(rps_pool.get(key, 0.0), 2),
+                    "p50_ms": _ms(quantile(0.5, self.lat_bounds, lat)),
+                    "p99_ms": _ms(quantile(0.99, self.lat_bounds, lat)),
+                })
+            policies.append({
+                "name": lp.name, "file": str(lp.path), "classifier": lp.spec.classifier.kind,
+                "last_reload": None if st is None else {"ok": st.ok, "at": st.at, "error": st.error or None},
+                "pools": pools,
+            })
+
+        classifier = []
+        for kind, counts in sorted(cur.classifier.items()):
+            win = _diff_buckets(counts, win_from.classifier.get(kind))
+            classifier.append({
+                "kind": kind, "count": int(counts[-1]) if counts else 0, "window": int(win[-1]) if win else 0,
+                "p50_ms": _ms(quantile(0.5, self.clf_bounds, win)),
+                "p99_ms": _ms(quantile(0.99, self.clf_bounds, win)),
+            })
+        return {
+            "now": now,
+            "uptime_s": round(now - api.started, 1),
+            "window_s": window,
+            "status": api.health()["status"],
+            "policies": policies,
+            "split": {
+                "window": {"pools": _diff(cur.pools, win_from.pools), "rules": _diff(cur.rules, win_from.rules)},
+                "total": {"pools": cur.pools, "rules": cur.rules},
+            },
+            "series": self._series(),
+            "classifier": classifier,
+            "fail_open": {"total": cur.fail_open, "window": _diff(cur.fail_open, win_from.fail_open)},
+            "rejected": int(cur.rejected),
+            "since": base.t,
+            "recent": [_decision(e) for e in list(api.recent)[-RECENT_SHOWN:][::-1]],
+        }
+
+    def _series(self) -> dict[str, Any]:
+        """Requests/s per pool and per rule for each second of the history."""
+        samples = list(self.samples)
+        t: list[float] = []
+        pools: dict[str, list[float]] = {}
+        rules: dict[str, list[float]] = {}
+        for i, (a, b) in enumerate(zip(samples, samples[1:], strict=False)):
+            dt = max(b.t - a.t, 1e-3)
+            t.append(round(b.t, 2))
+            for src, dst in ((_diff(b.pools, a.pools), pools), (_diff(b.rules, a.rules), rules)):
+                for k in src:
+                    dst.setdefault(k, [0.0] * i)
+                for k, series in dst.items():
+                    series.append(round(src.get(k, 0.0) / dt, 3))
+        return {"t": t, "pools": pools, "rules": rules}
+
+
+def _decision(e: tuple) -> dict[str, Any]:
+    t, d, pool, replica, code, seconds, overhead = e
+    return {
+        "t": t, "policy": d.policy, "pool": pool, "routed_pool": d.pool, "rule": d.rule, "reason": d.reason,
+        "label": d.label.name or None, "confidence": round(d.label.confidence, 3) if d.label.name else None,
+        "classifier": d.label.kind, "classifier_ms": round(d.label.ms, 3) if d.label.name else None,
+        "replica": replica, "status": code, "latency_ms": round(seconds * 1000.0, 2),
+        "overhead_ms": round(overhead * 1000.0, 3), "session": d.session_id,
+    }
