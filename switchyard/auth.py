@@ -214,29 +214,40 @@ class RateLimiter:
     def add(self, key_id: str, kind: str, n: int, now: float) -> None:
         self._window(key_id, kind, int(now // WINDOW)).pending += n
 
-    def take_deltas(self) -> list[CounterDelta]:
+    def take_deltas(self) -> tuple[list[CounterDelta], list[str]]:
         idx = int(time.time() // WINDOW)
         out: list[CounterDelta] = []
         for (key_id, kind), w in list(self._w.items()):
             if w.idx < idx - 1:
                 del self._w[(key_id, kind)]
                 continue
-            w.sending, w.pending = w.pending, 0
-            # Delta 0 still reads the total: other gateways may be spending this key too.
-            out.append((f"{key_id}:{kind}:{w.idx}", w.sending, int(WINDOW * 2000)))
-        return out
+            if w.pending:
+                w.sending, w.pending = w.pending, 0
+                out.append((f"rl:{w.idx}", f"{key_id}:{kind}", w.sending, int(WINDOW * 2000)))
+        # Read back the whole minute: every key's totals, those spent only elsewhere included.
+        return out, [f"rl:{idx}"]
 
-    def apply_totals(self, deltas: list[CounterDelta], totals: list[int] | None) -> None:
-        for i, (name, _, _) in enumerate(deltas):
-            key_id, kind, idx = name.rsplit(":", 2)
+    def apply_totals(self, deltas: list[CounterDelta], totals: dict[str, dict[str, int]] | None) -> None:
+        if totals is None:  # not shared (memory store or Redis away): ours stay local
+            for bucket, fld, _, _ in deltas:
+                key_id, kind = fld.rsplit(":", 1)
+                w = self._w.get((key_id, kind))
+                if w is not None and f"rl:{w.idx}" == bucket:
+                    w.pending += w.sending
+                    w.sending = 0
+            return
+        for bucket, fields in totals.items():
+            idx = int(bucket.rsplit(":", 1)[1])
+            for fld, total in fields.items():
+                key_id, kind = fld.rsplit(":", 1)
+                w = self._window(key_id, kind, idx)
+                w.shared = total
+                w.sending = 0
+        for _, fld, _, _ in deltas:  # a window that just ended: nothing to read back
+            key_id, kind = fld.rsplit(":", 1)
             w = self._w.get((key_id, kind))
-            if w is None or w.idx != int(idx):
-                continue
-            if totals is None:  # not shared (memory store or Redis away): ours stay local
-                w.pending += w.sending
-            else:
-                w.shared = totals[i]
-            w.sending = 0
+            if w is not None:
+                w.sending = 0
 
 
 # --- usage from upstream answers ------------------------------------------------------------

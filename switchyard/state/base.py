@@ -36,12 +36,13 @@ class SharedView:
     inflight: dict[str, int] = field(default_factory=dict)  # replica url -> requests in flight elsewhere
     circuits: dict[str, CircuitRecord] = field(default_factory=dict)  # replica url -> open circuit
     drains: dict[str, str] = field(default_factory=dict)  # replica url -> draining | drained
-    counters: list[int] = field(default_factory=list)  # totals of the counters passed to sync, in order
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)  # bucket -> field -> shared total
     gateways: int = 1  # live gateways sharing this store, this one included
 
 
-# A counter update for sync(): (name, amount to add, expiry in ms). Amount 0 reads the total.
-CounterDelta = tuple[str, int, int]
+# A counter update for sync(): (bucket, field, amount to add, the bucket's expiry in ms). A bucket
+# holds the counters of one time window (e.g. every API key's requests in one minute).
+CounterDelta = tuple[str, str, int, int]
 
 
 class StateStore(Protocol):
@@ -70,9 +71,11 @@ class StateStore(Protocol):
         """Return when this gateway's writes so far are visible to the other gateways."""
         ...
 
-    async def sync(self, inflight: dict[str, int], counters: list[CounterDelta]) -> SharedView | None:
+    async def sync(self, inflight: dict[str, int], counters: list[CounterDelta],
+                   buckets: list[str]) -> SharedView | None:
         """Publish this gateway's in-flight counts (as an expiring lease) and counter deltas; read
-        everyone else's. None when there is nothing shared or the store is unreachable."""
+        everyone else's, and the totals of every counter in `buckets`. None when there is nothing
+        shared or the store is unreachable."""
         ...
 
     def healthy(self) -> bool: ...

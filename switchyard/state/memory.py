@@ -91,7 +91,8 @@ class MemoryStore:
     async def flush(self) -> None:
         return None
 
-    async def sync(self, inflight: dict[str, int], counters: list[CounterDelta]) -> SharedView | None:
+    async def sync(self, inflight: dict[str, int], counters: list[CounterDelta],
+                   buckets: list[str]) -> SharedView | None:
         return None  # nothing is shared: local counts are the whole truth
 
     def healthy(self) -> bool:

@@ -7,7 +7,8 @@ What is shared and how:
   expires after `lease_ttl`) and reads the sum of everyone else's, in one Lua call per sync
   tick (state/sync.py); a gateway that dies stops renewing and its counts vanish with the lease;
 - circuits and drains: hashes keyed by replica URL, read back by the same Lua call;
-- rate-limit counters: windowed INCRBY in the same Lua call (atomic per counter).
+- rate-limit counters: one hash per time window (HINCRBY per key), added to and read back
+  whole in the same Lua call, so every gateway learns every key's total each tick.
 
 Outage: every command has a short socket timeout and no retry. The first failure marks the
 store down; from then on nothing touches Redis on the request path (the local MemoryStore
@@ -57,17 +58,15 @@ end
 redis.call('ZADD', p .. 'gws', now + lease, me)
 redis.call('ZREMRANGEBYSCORE', p .. 'gws', '-inf', now)
 local m = tonumber(ARGV[i]); i = i + 1
-local totals = {}
 for j = 1, m do
-  local k = p .. 'ctr:' .. ARGV[i]
-  local d, ttl = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]); i = i + 3
-  if d ~= 0 then
-    totals[j] = redis.call('INCRBY', k, d)
-    redis.call('PEXPIRE', k, ttl)
-  else
-    totals[j] = tonumber(redis.call('GET', k) or '0')
-  end
+  local b = p .. 'ctr:' .. ARGV[i]
+  redis.call('HINCRBY', b, ARGV[i + 1], ARGV[i + 2])
+  redis.call('PEXPIRE', b, ARGV[i + 3])
+  i = i + 4
 end
+local nb = tonumber(ARGV[i]); i = i + 1
+local totals = {}
+for j = 1, nb do totals[j] = redis.call('HGETALL', p .. 'ctr:' .. ARGV[i]); i = i + 1 end
 local gws = redis.call('ZRANGE', p .. 'gws', 0, -1)
 local sums, order = {}, {}
 for _, g in ipairs(gws) do
@@ -360,15 +359,18 @@ class RedisStore:
                 self._down(e)
         return await self.local.incr_window(key, amount, window)
 
-    async def sync(self, inflight: dict[str, int], counters: list[CounterDelta]) -> SharedView | None:
+    async def sync(self, inflight: dict[str, int], counters: list[CounterDelta],
+                   buckets: list[str]) -> SharedView | None:
         if not self.up:
             return None
         args: list = [self.prefix, self.id, int(self.lease_ttl * 1000), len(inflight)]
         for url, n in inflight.items():
             args += (url, n)
         args.append(len(counters))
-        for name, delta, ttl_ms in counters:
-            args += (name, delta, ttl_ms)
+        for c in counters:
+            args += c
+        args.append(len(buckets))
+        args += buckets
         try:
             flat, totals, circuits, drains, gateways, _now = await self._sync_script(args=args)
         except ERRORS as e:
@@ -378,7 +380,8 @@ class RedisStore:
         self.gateways = view.gateways
         for i in range(0, len(flat), 2):
             view.inflight[flat[i].decode()] = int(flat[i + 1])
-        view.counters = [int(t) for t in totals]
+        for bucket, flat_b in zip(buckets, totals, strict=True):
+            view.counters[bucket] = {flat_b[j].decode(): int(flat_b[j + 1]) for j in range(0, len(flat_b), 2)}
         wall = time.time()
         for i in range(0, len(circuits), 2):
             until, reason = orjson.loads(circuits[i + 1])

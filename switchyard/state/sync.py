@@ -25,10 +25,12 @@ log = logging.getLogger("switchyard.state.sync")
 class CounterSource(Protocol):
     """Something that keeps counters in shared windows (auth.RateLimiter)."""
 
-    def take_deltas(self) -> list[CounterDelta]: ...
+    def take_deltas(self) -> tuple[list[CounterDelta], list[str]]:
+        """What to add, and which buckets to read back."""
+        ...
 
-    def apply_totals(self, deltas: list[CounterDelta], totals: list[int] | None) -> None:
-        """totals[i] is the shared total after deltas[i]; None: the sync failed, keep the deltas."""
+    def apply_totals(self, deltas: list[CounterDelta], totals: dict[str, dict[str, int]] | None) -> None:
+        """Shared totals per bucket and field; None: the sync failed (or nothing is shared), keep the deltas."""
         ...
 
 
@@ -62,13 +64,12 @@ class StateSync:
 
     async def tick(self) -> None:
         inflight = {url: r.inflight for url, r in self.registry.by_url.items() if r.inflight > 0}
-        per_source = [(s, s.take_deltas()) for s in self.sources]
-        deltas = [d for _, ds in per_source for d in ds]
-        view = await self.state.sync(inflight, deltas)
-        i = 0
-        for src, ds in per_source:
-            src.apply_totals(ds, None if view is None else view.counters[i:i + len(ds)])
-            i += len(ds)
+        per_source = [(s, *s.take_deltas()) for s in self.sources]
+        deltas = [d for _, ds, _ in per_source for d in ds]
+        buckets = [b for _, _, bs in per_source for b in bs]
+        view = await self.state.sync(inflight, deltas, buckets)
+        for src, ds, _ in per_source:
+            src.apply_totals(ds, None if view is None else view.counters)
         if view is None:
             if not self._remote_zeroed:  # shared store away: local counts are all we know
                 for r in self.registry.by_url.values():
