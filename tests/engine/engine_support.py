@@ -1,0 +1,139 @@
+"""Shared helpers for the engine tests: the real model, a real server process, HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+# Small KV cache: several servers may run at once on a CI machine.
+SERVER_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "8", "--collective", "ring"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            raw = r.read()
+            return r.status, (json.loads(raw) if raw[:1] in (b"{", b"[") else raw.decode())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def post(url: str, body: Any, timeout: float = 120.0) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def stream(url: str, body: dict[str, Any], timeout: float = 120.0) -> list[dict[str, Any]]:
+    """POST with stream=true; the parsed SSE data objects, up to [DONE]."""
+    req = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    out = []
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            if line == b"data: [DONE]":
+                break
+            out.append(json.loads(line[6:]))
+    return out
+
+
+class EngineServer:
+    """`switchyard engine serve` as a child process; stopped (and its ranks with it) on close."""
+
+    def __init__(self, model: Path, log: Path, tp: int = 1, extra: list[str] | None = None,
+                 env: dict[str, str] | None = None, timeout: float = 150.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        cmd = [sys.executable, "-m", "switchyard.cli", "engine", "serve", "--model", str(model), "--tp", str(tp),
+               "--port", str(self.port), *(extra or [])]
+        self._logf = log.open("w")
+        self.proc = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     env={**os.environ, **(env or {})}, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"engine exited with {self.proc.returncode}:\n{self.output()}")
+            with contextlib.suppress(OSError):
+                status, _ = get(self.url + "/health", timeout=2)
+                if status == 200:
+                    break
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"engine not ready in {timeout}s:\n{self.output()}")
+            time.sleep(0.2)
+
+    def output(self) -> str:
+        self._logf.flush()
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def rank_pids(self) -> list[int]:
+        """The rank processes a TP>1 supervisor started (its children)."""
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._logf.close()
+
+
+def smollm2_path() -> Path:
+    from switchyard.engine import registry
+
+    return registry.pull("smollm2-135m")
+
+
+def hf_reference(path: Path) -> tuple[Any, Any]:
+    """transformers' own reading of the same GGUF file: (LlamaForCausalLM, tokenizer).
+
+    `from_pretrained(gguf_file=)` needs `accelerate`, which this environment lacks, so we do what
+    it does underneath: the config and tokenizer from the GGUF, and transformers' GGUF
+    dequantizer (load_gguf_checkpoint) for the weights.
+    """
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    with torch.device("meta"):  # no random init: every weight comes from the file
+        model = LlamaForCausalLM(cfg).eval()
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    model.model.rotary_emb = LlamaRotaryEmbedding(cfg)  # its buffers are not in the file
+    model.to(torch.float32)
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model, tok

@@ -1,0 +1,164 @@
+"""The OpenAI-compatible server: continuous batching, streaming, errors, tools, metrics."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+from engine_support import EngineServer, get, post, stream
+
+PROMPTS = ["What is the capital of France?", "Name three fruits.", "Count from one to five.",
+           "What color is the sky?", "Say hello in Spanish.", "What is 2 + 2?", "Write a short greeting.",
+           "Describe a cat in one sentence."]
+
+
+def _body(prompt: str, **kw: object) -> dict:
+    return {"model": "smollm2-135m", "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            "max_tokens": 24, **kw}
+
+
+def test_eight_concurrent_streams_equal_each_alone(server_tp1: EngineServer) -> None:
+    url = server_tp1.url + "/v1/chat/completions"
+    alone = []
+    for p in PROMPTS:
+        status, body = post(url, _body(p))
+        assert status == 200, body
+        alone.append(body["choices"][0]["message"]["content"])
+
+    def streamed(p: str) -> tuple[str, str | None, dict]:
+        chunks = stream(url, _body(p, stream_options={"include_usage": True}))
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
+        return text, finish, chunks[-1].get("usage") or {}
+
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(streamed, PROMPTS))
+    for p, a, (t, finish, usage) in zip(PROMPTS, alone, together, strict=True):
+        assert t == a, p
+        assert finish in ("stop", "length")
+        assert usage["completion_tokens"] >= 1 and usage["prompt_tokens"] > 10
+    assert any("Paris" in a for a in alone)
+
+
+def _is_openai_error(status: int, body: dict, code: int = 400) -> None:
+    assert status == code, body
+    err = body["error"]
+    assert set(err) >= {"message", "type", "param", "code"} and err["message"]
+
+
+def test_bad_requests_get_openai_400s(server_tp1: EngineServer) -> None:
+    url = server_tp1.url + "/v1/chat/completions"
+    cases = [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+        (_body("hi", temperature=5), "temperature"),
+        (_body("hi", temperature="hot"), "temperature"),
+        (_body("hi", top_p=0), "top_p"),
+        (_body("hi", max_tokens=0), "max_tokens"),
+        (_body("hi", n=2), "n"),
+        (_body("hi", top_logprobs=3), "top_logprobs"),
+        (_body("hi", stop=[1, 2]), "stop"),
+        (_body("hi", max_tokens=5000), "max_tokens"),
+        (_body("hello " * 1100), "messages"),
+    ]
+    for body, param in cases:
+        status, resp = post(url, body)
+        _is_openai_error(status, resp)
+        assert resp["error"]["param"] == param, (body, resp)
+    status, resp = post(url, _body("hello " * 1100))
+    assert resp["error"]["code"] == "context_length_exceeded"
+    status, resp = post(url, b"{not json")
+    _is_openai_error(status, resp)
+    status, resp = post(server_tp1.url + "/v1/completions", {"prompt": ""})
+    _is_openai_error(status, resp)
+    status, resp = post(server_tp1.url + "/v1/completions", {"prompt": [999999]})
+    _is_openai_error(status, resp)
+    # The server still serves after all that.
+    status, resp = post(url, _body("What is the capital of France?"))
+    assert status == 200 and "Paris" in resp["choices"][0]["message"]["content"]
+
+
+def test_tools_rendered_and_parsed(server_tp1: EngineServer) -> None:
+    from switchyard.engine.tools import parse_tool_calls, render_tool_messages
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}}}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "18C, sunny"}]
+    rendered = render_tool_messages(msgs, tools)
+    assert rendered[0]["role"] == "system" and "<tools>" in rendered[0]["content"]
+    assert json.loads(rendered[0]["content"].split("<tools>\n")[1].split("\n</tools>")[0]) == tools[0]["function"]
+    call = rendered[2]["content"]
+    assert call.startswith("<tool_call>") and json.loads(call[len("<tool_call>"):-len("</tool_call>")]) == {
+        "name": "get_weather", "arguments": {"city": "Paris"}}
+    assert rendered[3]["content"] == "<tool_response>\n18C, sunny\n</tool_response>"
+
+    content, calls = parse_tool_calls('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
+                                      '"Rome"}}\n</tool_call>')
+    assert content == "Sure." and calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome"}
+    bad = '<tool_call>\n{"name": "get_weather", "arguments": {city: Rome}\n</tool_call>'
+    assert parse_tool_calls(bad) == (bad, [])
+    assert parse_tool_calls('<tool_call>["not", "an", "object"]</tool_call>')[1] == []
+
+    # Through the server: the prompt carries the tools; whatever the model says comes back as
+    # either well-formed tool_calls or text, never a 500.
+    status, tok = post(server_tp1.url + "/v1/chat/completions",
+                       {**_body("What is the weather in Paris? Use the tool.", max_tokens=40), "tools": tools})
+    assert status == 200, tok
+    choice = tok["choices"][0]
+    if choice["finish_reason"] == "tool_calls":
+        for c in choice["message"]["tool_calls"]:
+            assert c["type"] == "function" and isinstance(json.loads(c["function"]["arguments"]), dict)
+    else:
+        assert isinstance(choice["message"]["content"], str)
+    assert tok["usage"]["prompt_tokens"] > 100  # the tool block is in the prompt
+    chunks = stream(server_tp1.url + "/v1/chat/completions",
+                    {**_body("What is the weather in Paris? Use the tool.", max_tokens=40), "tools": tools})
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+
+
+def test_sampling_seed_stop_and_logprobs(server_tp1: EngineServer) -> None:
+    url = server_tp1.url + "/v1/chat/completions"
+    b = _body("Tell me a story about a dragon.", temperature=0.9, top_p=0.9, seed=1234, max_tokens=16)
+    s1, r1 = post(url, b)
+    s2, r2 = post(url, b)
+    assert s1 == s2 == 200
+    assert r1["choices"][0]["message"]["content"] == r2["choices"][0]["message"]["content"]
+    plain = post(server_tp1.url + "/v1/completions",
+                 {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})[1]
+    text = plain["choices"][0]["text"]
+    assert "." in text
+    status, r = post(server_tp1.url + "/v1/completions",
+                     {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stop": ["."]})
+    assert status == 200 and r["choices"][0]["text"] == text.split(".")[0]
+    assert r["choices"][0]["finish_reason"] == "stop"
+    status, r = post(url, _body("What is the capital of France?", logprobs=True, top_logprobs=3, max_tokens=5))
+    lp = r["choices"][0]["logprobs"]["content"]
+    assert len(lp) == r["usage"]["completion_tokens"]
+    for entry in lp:
+        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 3
+        assert entry["top_logprobs"][0]["logprob"] >= entry["logprob"] - 1e-6
+    status, r = post(server_tp1.url + "/v1/completions",
+                     {"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0, "logprobs": 2})
+    assert status == 200 and len(r["choices"][0]["logprobs"]["tokens"]) == 3
+
+
+def test_models_health_metrics(server_tp1: EngineServer) -> None:
+    status, models = get(server_tp1.url + "/v1/models")
+    assert status == 200 and models["data"][0]["max_model_len"] == 1024
+    status, health = get(server_tp1.url + "/health")
+    assert status == 200 and health["status"] == "ok"
+    post(server_tp1.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    status, text = get(server_tp1.url + "/metrics")
+    assert status == 200
+    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("vllm:") and "{" in line}
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert name in values
+    assert 0.0 <= values["vllm:kv_cache_usage_perc"] <= 1.0
+    assert values["vllm:generation_tokens_total"] >= 1
