@@ -165,3 +165,24 @@ def test_recorder_writes_a_replayable_trace(tmp_path: Path) -> None:
     assert errors == [] and len(cases) == 50 and rec.written == 50 and rec.dropped == 0
     assert cases[7].session_id == "s1" and cases[7].body["messages"][0]["content"] == "hi 7"
     assert cases[0].kind == "none" and "model" not in cases[0].body and "stream" not in cases[0].body
+
+
+def test_cluster_throughput_of_the_split(tmp_path: Path) -> None:
+    # spark8: 3 large replicas at rate 2 + 2 small at rate 20, against 4 large replicas.
+    cluster, plan = ROOT / "deploy" / "clusters" / "spark8.yaml", ROOT / "policies" / "spark8.yaml"
+    if not cluster.exists() or not plan.exists():
+        pytest.skip("no spark8 example in this checkout")
+    out = tmp_path / "o"
+    res = runner.invoke(app, ["replay", "tooluse-92", "--dry-run", "-p", str(_policy(tmp_path)), "--cluster",
+                              str(cluster), "--plan-policy", str(plan), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    totals = json.loads((out / "report.json").read_text())["runs"][0]["totals"]
+    f = totals["large_share"]
+    assert 0 < f < 1
+    want = min(3 * 2.0 / f, 2 * 20.0 / (1 - f)) / (4 * 2.0)
+    assert abs(totals["throughput"]["ratio"] - round(want, 4)) < 1e-9
+    assert f"{want:.2f}x" in res.output
+    # Without rates in the replayed policy the report says why there is no figure.
+    res = runner.invoke(app, ["replay", "tooluse-92", "--dry-run", "-p", str(_policy(tmp_path)), "--cluster",
+                              str(cluster)])
+    assert res.exit_code == 0 and "rate" in res.output
