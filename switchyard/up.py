@@ -29,9 +29,13 @@ class _Child:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        from switchyard.engine.launch import die_with_parent_term
+
         f = self.log.open("wb")
-        # A new session: Ctrl-C reaches `up` only, which then stops the children in order.
-        self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        # A new session: Ctrl-C reaches `up` only, which then stops the children in order;
+        # if `up` itself is killed, the children get SIGTERM rather than living on.
+        self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=die_with_parent_term)
         f.close()
 
     def alive(self) -> bool:

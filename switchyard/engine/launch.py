@@ -29,10 +29,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it if the supervisor dies (Linux)."""
+def _die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Runs in the child before exec: signal it if its parent dies (Linux PR_SET_PDEATHSIG)."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)
+
+
+def die_with_parent_term() -> None:
+    _die_with_parent(signal.SIGTERM)
 
 
 def supervise(argv: list[str], tp: int, grace_s: float = 3.0) -> int:

@@ -1,0 +1,58 @@
+"""`switchyard up` end to end: replicas (TP=1 and TP=3) + gateway from a copy of
+policies/default.yaml on free ports; the OpenAI SDK asks about France; SIGTERM stops it all."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine_support import ROOT, free_port
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_up_end_to_end(gguf_path: Path, tmp_path: Path) -> None:
+    from openai import OpenAI
+
+    small, large, gw = free_port(), free_port(), free_port()
+    text = (ROOT / "policies" / "default.yaml").read_text()
+    assert "127.0.0.1:8101/v1" in text and "127.0.0.1:8201/v1" in text
+    text = text.replace("127.0.0.1:8101/v1", f"127.0.0.1:{small}/v1").replace("127.0.0.1:8201/v1",
+                                                                              f"127.0.0.1:{large}/v1")
+    # Keep the test's KV caches small; everything else as shipped.
+    text = text.replace('"--max-model-len", "2048"', '"--max-model-len", "512"')
+    policy = tmp_path / "default.yaml"
+    policy.write_text(text)
+    log = (tmp_path / "up.out").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "switchyard.cli", "up", "--policy", str(policy), "--port",
+                             str(gw), "--log-dir", str(tmp_path / "logs")], cwd=ROOT, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 200
+        while "Switchyard is up" not in (tmp_path / "up.out").read_text():
+            assert proc.poll() is None, (tmp_path / "up.out").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "up.out").read_text()
+            time.sleep(0.5)
+        assert f"http://127.0.0.1:{gw}/v1" in (tmp_path / "up.out").read_text()
+        client = OpenAI(base_url=f"http://127.0.0.1:{gw}/v1", api_key="none", timeout=120)
+        reply = client.chat.completions.create(
+            model="auto", messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0, max_tokens=30)
+        assert "Paris" in reply.choices[0].message.content
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, (tmp_path / "up.out").read_text()
+        for port in (small, large, gw):
+            assert not _listening(port), f"port {port} still open after up stopped"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
