@@ -157,6 +157,7 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=300, help="Requests timed one by one for the baseline")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads for the baseline")
     ap.add_argument("--json", type=Path, help="Also write the figures here")
+    ap.add_argument("--card", type=Path, help="Write the figures into this model card's `## Benchmark` section")
     args = ap.parse_args()
 
     with bfcl_zip() as zf:
@@ -190,6 +191,39 @@ def main() -> None:
               f"CPU-time ratio at p50 {res['speedup_cpu_p50']:.0f}x")
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
+    if args.card:
+        write_card(args.card, res, args)
+
+
+def write_card(card: Path, res: dict, args: argparse.Namespace) -> None:
+    import platform
+
+    o, lat = res["onnx"], res["onnx"]["latency"]
+    lines = [
+        "## Benchmark",
+        "",
+        f"`python bench/classifier.py --threads {args.threads}` on {platform.machine()}, {os.cpu_count()} CPUs "
+        f"(taskset: {len(os.sched_getaffinity(0))} usable), load average {os.getloadavg()[0]:.2f}, "
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}. Per request, one at a time.",
+        "",
+        "| | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms | held-out accuracy |",
+        "|---|---|---|---|---|---|",
+        f"| features + ONNX ({lat['n']} requests) | {lat['p50_ms']:.4f} | {lat['p99_ms']:.4f} | "
+        f"{lat['cpu_p50_ms']:.4f} | {lat['cpu_p99_ms']:.4f} | {o['held_out_accuracy']:.4f} |",
+    ]
+    if "embedding" in res:
+        b, bl = res["embedding"], res["embedding"]["latency"]
+        lines.append(
+            f"| all-MiniLM-L6-v2 + LR ({bl['n']} requests, {b['torch_threads']} torch threads) | {bl['p50_ms']:.3f} | "
+            f"{bl['p99_ms']:.3f} | {bl['cpu_p50_ms']:.3f} | {bl['cpu_p99_ms']:.3f} | {b['held_out_accuracy']:.4f} "
+            f"({b['held_out_accuracy_with_numeric']:.4f} with the numeric features) |"
+        )
+        lines += ["", f"ONNX is {res['speedup_p50']:.0f}x faster at p50, {res['speedup_p99']:.0f}x at p99."]
+    text = card.read_text(encoding="utf-8")
+    head, sep, rest = text.partition("## Benchmark")
+    tail = rest[rest.find("\n## ") + 1 :] if sep and "\n## " in rest else ""
+    card.write_text(head.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n\n" + tail, encoding="utf-8")
+    print(f"wrote the figures into {card}")
 
 
 if __name__ == "__main__":

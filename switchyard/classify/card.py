@@ -61,9 +61,14 @@ ONNX vs scikit-learn `predict_proba` on the held-out rows: max |difference| {r.p
 
 ## Latency
 
-Features + vectorize + onnxruntime, one request at a time, over the held-out requests on the
-training machine: p50 {r.latency_us['p50']:.1f} us, p99 {r.latency_us['p99']:.1f} us.
-`python bench/classifier.py` compares it with a sentence-embedding baseline.
+Features + vectorize + onnxruntime, one request at a time, over the held-out requests, measured
+while training ({r.latency_us.get('cpus', 0):.0f} CPUs, load average {r.latency_us.get('load_avg_1m', 0):.2f}; on a
+shared machine p99 mostly measures other processes): p50 {r.latency_us['p50']:.1f} us, p99 {r.latency_us['p99']:.1f} us.
+
+## Benchmark
+
+Not run for this build yet: `python bench/classifier.py --card {r.path.with_suffix('.md')}` measures
+the classifier against a sentence-embedding baseline and writes its figures here.
 
 ## Limits
 

@@ -8,6 +8,7 @@ text ops: no tokeniser to drift, no locale to be missing, probabilities equal pr
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from collections import Counter
@@ -81,6 +82,11 @@ def to_onnx(pipe: Any, spec: FeatureSpec) -> bytes:
     if OUTPUT not in names:
         raise RuntimeError(f"skl2onnx produced outputs {names}, expected {OUTPUT!r}")
     model.doc_string = "switchyard request classifier; see the sidecar .json beside this file"
+    # Byte-identical rebuilds: skl2onnx names the graph with a random uuid and lists opsets in set order.
+    model.graph.name = "switchyard_request_classifier"
+    opsets = sorted(model.opset_import, key=lambda o: o.domain)
+    del model.opset_import[:]
+    model.opset_import.extend(opsets)
     return model.SerializeToString()
 
 
@@ -124,7 +130,8 @@ def _latency(clf: Any, examples: list[Example]) -> dict[str, float]:
     finally:
         gc.unfreeze()
     us = np.array(times) * 1e6
-    return {"p50": float(np.percentile(us, 50)), "p99": float(np.percentile(us, 99))}
+    return {"p50": float(np.percentile(us, 50)), "p99": float(np.percentile(us, 99)),
+            "cpus": float(os.cpu_count() or 1), "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def train(
@@ -192,6 +199,6 @@ def train(
     parity = float(np.abs(onnx_p - skl_p).max())
     lat = _latency(clf, test_ex)
     trained["onnx_vs_sklearn_max_abs_diff"] = float(f"{parity:.3g}")
-    trained["latency_us_features_plus_onnx"] = {k: round(v, 1) for k, v in lat.items()}
+    trained["latency_us_features_plus_onnx"] = {k: round(v, 2) for k, v in lat.items()}
     write_meta(out, ModelMeta(list(LABELS), spec, INPUT, OUTPUT, sha256_bytes(onnx_bytes), trained))
     return TrainResult(out, len(train_ex), len(test_ex), acc, confusion, per_cat, parity, lat, trained)
