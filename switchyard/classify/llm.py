@@ -147,7 +147,9 @@ class LLMClassifier:
             self.consecutive_failures += 1
             if self.consecutive_failures >= self.breaker_failures:
                 self.open_until = time.monotonic() + self.breaker_cooldown
-        return Label(self.failure_label, 0.0, "fail-open", (time.perf_counter() - t0) * 1000.0)
+        # Confidence 1.0: on_failure is the policy's decision, not a guess; with 0.0 a rule like
+        # `{label: complex, confidence: ">= 0.6"}` would skip it and send the request to the small pool.
+        return Label(self.failure_label, 1.0, "fail-open", (time.perf_counter() - t0) * 1000.0)
 
     async def classify(self, features: Features, body: dict) -> Label:
         t0 = time.perf_counter()

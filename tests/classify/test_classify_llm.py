@@ -16,6 +16,8 @@ from procs import Proc, free_port, http_get
 from switchyard.classify.build import build_classifier
 from switchyard.classify.features import extract
 from switchyard.classify.llm import CallPool, LLMClassifier
+from switchyard.policy.loader import parse_policy
+from switchyard.policy.rules import compile_policy
 from switchyard.policy.schema import ClassifierSpec
 
 HERE = Path(__file__).parent
@@ -98,10 +100,18 @@ async def test_dead_port_fails_open_within_budget() -> None:
     t0 = time.perf_counter()
     lab = await clf.classify(FEATURES, BODY)
     elapsed = time.perf_counter() - t0
-    assert (lab.name, lab.kind, lab.confidence) == ("complex", "fail-open", 0.0)
+    assert (lab.name, lab.kind, lab.confidence) == ("complex", "fail-open", 1.0)
     assert elapsed < 0.2 + 0.15
     assert clf.fail_open_count == 1 and clf.error_count == 1
     assert "Connect" in (clf.last_error or "")
+    # A fail-open label is a firm decision: a confidence-gated rule still sends it to the large pool.
+    policy = compile_policy(parse_policy(
+        "version: 1\npools:\n  small: {model: s, replicas: [{url: 'http://127.0.0.1:9/v1'}]}\n"
+        "  large: {model: l, replicas: [{url: 'http://127.0.0.1:10/v1'}]}\nroutes:\n"
+        "  - {name: hard, when: {label: complex, confidence: '>= 0.6'}, pool: large}\n"
+        "  - {name: default, pool: small}\n"
+    ))
+    assert policy.evaluate(FEATURES, lab).pool == "large"
 
 
 async def test_slow_pool_fails_open_at_the_budget_then_breaker_skips(label_server) -> None:
