@@ -83,9 +83,9 @@ def train(
         except OutcomesError as e:
             _die(str(e))
         examples = [
-            Example(cid, cid, "small fails" if fails else "small ok", LABELS.index("complex" if fails else "simple"),
+            Example(cid, cid, cat or "(no category)", LABELS.index("complex" if fails else "simple"),
                     extract(body), held_out(cid), body)
-            for cid, body, fails in cases
+            for cid, body, fails, cat in cases
         ]
         source = {"data": f"outcomes {outcomes.name}", "target": f"pool {small_pool!r} answered wrongly"
                   + (f" and {large_pool!r} rightly" if require_large_correct else ""),
@@ -129,7 +129,7 @@ def evaluate(
             rows = label_cases(read_outcomes(outcomes), small_pool)
         except OutcomesError as e:
             _die(str(e))
-        cases = [(b, "complex" if f else "simple", "outcomes") for cid, b, f in rows if all_cases or held_out(cid)]
+        cases = [(b, "complex" if f else "simple", c) for cid, b, f, c in rows if all_cases or held_out(cid)]
     if not cases:
         _die("no cases to score")
     labels = list(clf.labels)

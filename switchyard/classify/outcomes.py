@@ -6,8 +6,10 @@ The outcomes file (written by `switchyard replay`) is JSON Lines, one line per (
      "prompt_tokens": 310, "completion_tokens": 22,
      "request": {"model": "...", "messages": [...], "tools": [...]}}
 
-`id`, `pool`, `correct` and `request` (the OpenAI chat body as sent) are required; the rest is
-kept for reports. A case is labelled `complex` when the small pool got it wrong (optionally: only
+`id`, `pool`, `correct` and `request` (the OpenAI chat body as sent) are required; `category`
+(optional) groups the per-category report; other keys (switchyard replay also writes tier, kind,
+status, error, rule, label, confidence) are ignored. The file is appended to by several runs: when
+a (case, pool) pair appears twice, the later line wins. A case is labelled `complex` when the small pool got it wrong (optionally: only
 when the large pool got it right, since sending a case both fail to the large pool buys nothing),
 `simple` when the small pool got it right. Cases without a small-pool line are skipped.
 """
@@ -36,6 +38,7 @@ class Outcome:
     latency_ms: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    category: str = ""
 
 
 def read_outcomes(path: Path) -> list[Outcome]:
@@ -69,6 +72,7 @@ def read_outcomes(path: Path) -> list[Outcome]:
                 d.get("latency_ms"),
                 d.get("prompt_tokens"),
                 d.get("completion_tokens"),
+                str(d.get("category") or ""),
             )
         )
     return out
@@ -76,24 +80,24 @@ def read_outcomes(path: Path) -> list[Outcome]:
 
 def label_cases(
     outcomes: list[Outcome], small_pool: str = "small", large_pool: str = "large", require_large_correct: bool = False
-) -> list[tuple[str, dict[str, Any], bool]]:
-    """(id, request, small_fails) per case, in file order."""
+) -> list[tuple[str, dict[str, Any], bool, str]]:
+    """(id, request, small_fails, category) per case, in first-seen order; later lines win."""
     pools = sorted({o.pool for o in outcomes})
     if small_pool not in pools:
         raise OutcomesError(f"no outcomes for the small pool {small_pool!r}; pools in the file: {pools}")
     large = {o.id: o.correct for o in outcomes if o.pool == large_pool}
     if require_large_correct and not large:
         raise OutcomesError(f"--require-large-correct: no outcomes for the large pool {large_pool!r}; pools: {pools}")
-    seen: set[str] = set()
-    cases = []
+    small: dict[str, Outcome] = {}
     for o in outcomes:
-        if o.pool != small_pool or o.id in seen:
-            continue
-        seen.add(o.id)
+        if o.pool == small_pool:
+            small[o.id] = o  # dicts keep first-insertion order; the value is the last line
+    cases = []
+    for cid, o in small.items():
         fails = not o.correct
         if require_large_correct and fails:
-            fails = large.get(o.id, False)
-        cases.append((o.id, o.request, fails))
+            fails = large.get(cid, False)
+        cases.append((cid, o.request, fails, o.category))
     return cases
 
 

@@ -111,3 +111,22 @@ def test_eval_on_bfcl_held_out_prints_accuracy() -> None:
     assert r.exit_code == 0, r.output
     recorded = json.loads(SHIPPED.with_suffix(".json").read_text())["trained"]["held_out_accuracy"]
     assert f"accuracy {recorded:.4f}" in r.output
+
+
+def test_outcomes_later_line_wins_and_large_requirement(tmp_path: Path) -> None:
+    from switchyard.classify.outcomes import label_cases, read_outcomes
+
+    req = {"messages": [{"role": "user", "content": "hi"}]}
+    lines = [
+        {"id": "a", "pool": "small", "correct": True, "request": req, "category": "simple_python"},
+        {"id": "b", "pool": "small", "correct": False, "request": req},
+        {"id": "b", "pool": "large", "correct": False, "request": req},
+        {"id": "a", "pool": "small", "correct": False, "request": req, "category": "simple_python"},  # re-run
+        {"id": "a", "pool": "large", "correct": True, "request": req},
+    ]
+    path = tmp_path / "o.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    rows = read_outcomes(path)
+    assert [(i, f, c) for i, _, f, c in label_cases(rows)] == [("a", True, "simple_python"), ("b", True, "")]
+    # Both pools fail on b: sending it to the large pool buys nothing.
+    assert [(i, f) for i, _, f, _ in label_cases(rows, require_large_correct=True)] == [("a", True), ("b", False)]
