@@ -95,12 +95,25 @@ def make_ui_cluster(tmp: Path, *extra: str) -> UiCluster:
     reports = tmp / "reports"
     reports.mkdir(exist_ok=True)
     try:
-        gw, url = start_gateway(tmp, [policy], "--reports", str(reports), *extra)
+        gw, url = start_gateway(tmp, [policy], "--reports", str(reports), "--drain-grace", "0", *extra)
     except Exception:
         for p, _ in ups.values():
             p.stop()
         raise
     return UiCluster(tmp, ups, gw, url, policy, reports)
+
+
+def start_lone_gateway(tmp: Path, *extra: str) -> tuple[Proc, str, Path, Path]:
+    """A gateway in front of ports nothing listens on, health checks off: for what needs no traffic."""
+    from procs import free_port
+
+    dead = {n: (None, f"http://127.0.0.1:{free_port()}") for n in ("s0", "s1", "l0")}
+    policy = write_policy(tmp, dead)  # type: ignore[arg-type]
+    reports = tmp / "reports"
+    reports.mkdir(exist_ok=True)
+    gw, url = start_gateway(tmp, [policy], "--no-health-checks", "--drain-grace", "0", "--reports", str(reports),
+                            *extra)
+    return gw, url, policy, reports
 
 
 def stop(c: UiCluster) -> None:
@@ -117,7 +130,8 @@ def ui_cluster(tmp_path: Path) -> Iterator[UiCluster]:
 
 
 def replay_report(policy: Path, out: Path) -> None:
-    """A real replay report: the shipped 92-case suite through the policy, routing only."""
+    """A real replay report: the shipped 92-case suite through the policy, routing only (a child process:
+    the replay runs its own event loop, and Playwright's sync API holds this thread's)."""
     res = subprocess.run([sys.executable, "-m", "switchyard.cli", "replay", "tooluse-92", "--dry-run", "-p",
                           str(policy), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr

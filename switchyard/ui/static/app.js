@@ -247,6 +247,7 @@ const Policies = (() => {
 
   editor.onchange = () => {
     clearTimeout(timer);
+    $("#apply-result").textContent = "";
     $("#validity").className = "validity";
     $("#validity").textContent = "checking…";
     timer = setTimeout(validate, 250);
@@ -272,7 +273,7 @@ const Policies = (() => {
     const trace = d.trace.map((t) => `<tr class="${t.match ? "hit" : ""}"><td>${t.match ? "MATCH" : "no"}</td>
       <td>${esc(t.rule)}</td><td>${esc(t.when)}</td></tr>`).join("");
     return `<div class="card" data-decision="${title}"><h4>${title}</h4>
-      <div>pool <b class="pool">${esc(d.pool)}</b> · rule <b class="rule">${esc(d.rule)}</b></div>
+      <div>pool <b class="d-pool">${esc(d.pool)}</b> · rule <b class="d-rule">${esc(d.rule)}</b></div>
       <div class="muted">${esc(d.reason)}</div>
       <div>label ${d.label ? `${esc(d.label)} ${fmt(d.confidence, 3)} (${esc(d.classifier)})` : "–"}
         ${d.classifier_error ? `<span class="error">classifier failed: ${esc(d.classifier_error)}</span>` : ""}</div>

@@ -274,7 +274,7 @@ class PolicyEditor {
 
   drawPopup() {
     this.popup.innerHTML = this.items.map((s, i) =>
-      `<li class="${i === this.sel ? "sel" : ""}" data-i="${i}">${YamlEditor.esc(s.key)}<small>${YamlEditor.esc(s.doc.slice(0, 70))}</small></li>`
+      `<li class="${i === this.sel ? "sel" : ""}" data-i="${i}" data-key="${YamlEditor.esc(s.key)}">${YamlEditor.esc(s.key)}<small>${YamlEditor.esc(s.doc.slice(0, 70))}</small></li>`
     ).join("");
     this.popup.querySelectorAll("li").forEach((li) =>
       li.addEventListener("mousedown", (ev) => { ev.preventDefault(); this.accept(this.items[+li.dataset.i]); }));
