@@ -44,15 +44,16 @@ def outcome_line(case: Case, result: CaseResult, model: str) -> dict[str, Any]:
 
 
 def append_outcomes(path: str | Path, cases: list[Case], results: list[CaseResult], model: str) -> int:
-    """Append the outcome of every scored case that got an answer or an error. Skipped cases
-    and unscored ones (no `expected`: `correct` would be null) are left out."""
+    """Append the outcome of every scored case that got an answer. Cases without one (the
+    gateway unreachable, an HTTP error, a timeout) are left out, so that an outage is never
+    read as "this pool answers wrong"; unscored cases (`correct` null) are left out too."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     by_id = {c.id: c for c in cases}
     n = 0
     with p.open("ab") as f:
         for r in results:
-            if r.status in ("skipped", "missing", "routed") or r.pool is None or r.correct is None:
+            if r.status != "ok" or r.pool is None or r.correct is None:
                 continue
             f.write(orjson.dumps(outcome_line(by_id[r.id], r, model)) + b"\n")
             n += 1
