@@ -36,7 +36,7 @@ def _write_outcomes(path: Path, cases: list[Case]) -> None:
 
 def test_train_from_outcomes_learns_small_model_failures(tmp_path: Path, bfcl_cases: list[Case]) -> None:
     pytest.importorskip("sklearn")
-    cases = bfcl_cases[::4]
+    cases = bfcl_cases[::6]
     outcomes = tmp_path / "outcomes.jsonl"
     _write_outcomes(outcomes, cases)
     out = tmp_path / "mine.onnx"
