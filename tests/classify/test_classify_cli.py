@@ -41,7 +41,7 @@ def test_train_from_outcomes_learns_small_model_failures(tmp_path: Path, bfcl_ca
     _write_outcomes(outcomes, cases)
     out = tmp_path / "mine.onnx"
     r = runner.invoke(classifier_app, ["train", "--outcomes", str(outcomes), "--out", str(out),
-                                       "--hash-dim", "1024"])
+                                       "--hash-dim", "512"])
     assert r.exit_code == 0, r.output
     assert "held-out accuracy" in r.output and out.with_suffix(".md").exists()
     meta = json.loads(out.with_suffix(".json").read_text())

@@ -120,7 +120,7 @@ _body = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(_body)
 def test_any_body_shape_gives_sane_features_and_a_finite_row(body: dict) -> None:
     f = extract(body)
