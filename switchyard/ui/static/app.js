@@ -22,8 +22,12 @@ async function call(path, body) {
 
 // --- login ---------------------------------------------------------------------------------
 
+let authMode = "open";
+
 function showLogin(msg) {
   $("#app").hidden = true;
+  $("#tabs").hidden = true;
+  $("#logout").hidden = true;
   $("#login").hidden = false;
   if (msg) $("#login-error").textContent = msg;
   $("#admin-key").focus();
@@ -36,7 +40,7 @@ async function boot() {
       no admin key: the UI stays locked. Serve with <code>--admin-key</code> to use it.</div>`);
     return;
   }
-  $("#logout").hidden = data.auth !== "admin";
+  authMode = data.auth;
   if (!data.ok) { showLogin(); return; }
   start();
 }
@@ -64,6 +68,8 @@ let started = false;
 function start() {
   $("#login").hidden = true;
   $("#app").hidden = false;
+  $("#tabs").hidden = false;
+  $("#logout").hidden = authMode !== "admin";
   if (!started) {
     started = true;
     window.addEventListener("hashchange", showTab);
