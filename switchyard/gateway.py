@@ -163,7 +163,7 @@ class Gateway:
             label = await lp.classifier.classify(f, body)
         except Exception as e:  # a classifier bug must not fail the request: fail open, say so
             log.exception("classifier failed: %s", e)
-            label = Label(cspec.failure_label, 0.0, "fail-open", (time.perf_counter() - t0) * 1000)
+            label = Label(cspec.failure_label, 1.0, "fail-open", (time.perf_counter() - t0) * 1000)
         if cspec.escalate_only and rec is not None and rec.label in cspec.labels and label.name in cspec.labels:
             if cspec.labels.index(label.name) < cspec.labels.index(rec.label):
                 return Label(rec.label, rec.confidence, "session", label.ms)
