@@ -101,6 +101,8 @@ class LiveSampler:
     def __init__(self, api: Api):
         self.api = api
         self.samples: deque[Sample] = deque(maxlen=HISTORY_S + 1)
+        # Requests/s per pool and per rule between consecutive samples, computed once when sampled.
+        self.steps: deque[tuple[float, dict[str, float], dict[str, float]]] = deque(maxlen=HISTORY_S)
         self.lat_bounds: list[float] = []
         self.clf_bounds: list[float] = []
         self._task: asyncio.Task | None = None
@@ -128,15 +130,23 @@ class LiveSampler:
             self.clf_bounds = clf_bounds
         return s
 
+    def push(self, s: Sample) -> None:
+        if self.samples:
+            a = self.samples[-1]
+            dt = max(s.t - a.t, 1e-3)
+            self.steps.append((round(s.t, 2), {k: round(v / dt, 3) for k, v in _diff(s.pools, a.pools).items()},
+                               {k: round(v / dt, 3) for k, v in _diff(s.rules, a.rules).items()}))
+        self.samples.append(s)
+
     def start(self) -> None:
-        self.samples.append(self.sample())
+        self.push(self.sample())
         self._task = asyncio.get_running_loop().create_task(self._run(), name="ui-sampler")
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(1.0)
             try:
-                self.samples.append(self.sample())
+                self.push(self.sample())
             except Exception:  # a metrics hiccup must not end the dashboard's history
                 continue
 
@@ -160,7 +170,7 @@ class LiveSampler:
         now = time.time()
         cur = self.sample()  # now, so numbers are current between two background samples
         if not self.samples:
-            self.samples.append(cur)
+            self.push(cur)
         base = self.samples[0]
         rate_from = self._ago(RATE_S, now)
         win_from = self._ago(window, now)
@@ -230,19 +240,14 @@ class LiveSampler:
 
     def _series(self) -> dict[str, Any]:
         """Requests/s per pool and per rule for each second of the history."""
-        samples = list(self.samples)
-        t: list[float] = []
-        pools: dict[str, list[float]] = {}
-        rules: dict[str, list[float]] = {}
-        for i, (a, b) in enumerate(zip(samples, samples[1:], strict=False)):
-            dt = max(b.t - a.t, 1e-3)
-            t.append(round(b.t, 2))
-            for src, dst in ((_diff(b.pools, a.pools), pools), (_diff(b.rules, a.rules), rules)):
-                for k in src:
-                    dst.setdefault(k, [0.0] * i)
-                for k, series in dst.items():
-                    series.append(round(src.get(k, 0.0) / dt, 3))
-        return {"t": t, "pools": pools, "rules": rules}
+        steps = list(self.steps)
+        pool_keys = sorted({k for _, p, _ in steps for k in p})
+        rule_keys = sorted({k for _, _, r in steps for k in r})
+        return {
+            "t": [t for t, _, _ in steps],
+            "pools": {k: [p.get(k, 0.0) for _, p, _ in steps] for k in pool_keys},
+            "rules": {k: [r.get(k, 0.0) for _, _, r in steps] for k in rule_keys},
+        }
 
 
 def _decision(e: tuple) -> dict[str, Any]:
