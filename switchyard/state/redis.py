@@ -233,6 +233,9 @@ class RedisStore:
                         await self._flush(ops)
                     else:
                         self._mark_dirty(ops)
+            except Exception:  # a bug must not stop every later write
+                log.exception("Redis write-behind failed")
+                self._mark_dirty(ops)
             finally:
                 self._done_seq = upto
                 batch.set_result(None)

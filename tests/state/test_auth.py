@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import orjson
 import pytest
-from conftest import Shared, chat, post_many, wait_for
+from conftest import Shared, chat, health, post_many, wait_for
 from procs import ROOT, Proc, http_get
 
 from switchyard.auth import RedisKeyStore, StreamTap, make_key, usage_tokens
@@ -198,3 +198,28 @@ def test_usage_parsing_from_a_stream_tail() -> None:
     tap = StreamTap(_Resp([b"data: {}\n\n" * 4, b"data: [DONE]\n\n"]), b"data: {}\n\n", 10)
     asyncio.run(drain(tap))
     assert tap.tokens() == (10 + 5, True)
+
+
+def test_keys_file_without_redis(shared: Shared, tmp_path) -> None:
+    """One gateway, no Redis: keys in a file (hashes only, mode 600), limits counted locally."""
+    from procs import start_gateway
+
+    keys_file = tmp_path / "keys.json"
+    r = cli("create", "--name", "solo", "--rpm", "2", "--keys-file", str(keys_file))
+    assert r.returncode == 0, r.stderr
+    key = r.stdout.strip()
+    assert key not in keys_file.read_text() and oct(keys_file.stat().st_mode & 0o777) == "0o600"
+    gw, url = start_gateway(tmp_path, [shared.policy_b], "--auth", "--keys-file", str(keys_file), name="gw-file")
+    try:
+        if time.time() % 60 > 57:
+            time.sleep(60 - time.time() % 60 + 0.2)
+        assert _post(url, chat(), key)[0] == 200
+        assert _post(url, chat(), key)[0] == 200
+        st, h, body = _post(url, chat(), key)
+        assert st == 429 and "Retry-After" in h and body["error"]["code"] == "rate_limit_exceeded"
+        assert _post(url, chat(), "sk-sy-wrong")[0] == 401
+        assert health(url)["auth"] == {"enabled": True, "store": str(keys_file), "keys": 1}
+        assert cli("revoke", "solo", "--keys-file", str(keys_file)).returncode == 0
+        wait_for(lambda: _post(url, chat(), key)[0] == 401, 3, 0.1, "the revoked key to be refused")
+    finally:
+        gw.stop()
