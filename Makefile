@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up serve test lint bench clean
+.PHONY: up serve test sysdeps lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,12 @@ up: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/switchyard serve --policy policies/example.yaml
 
-test: $(STAMP)
+# System programs the tests drive for real: redis-server (state tests), Chromium (UI tests).
+sysdeps:
+	@command -v redis-server >/dev/null || (apt-get update -q && apt-get install -y -q redis-server)
+	@[ -x /usr/bin/chromium ] || (apt-get update -q && apt-get install -y -q chromium)
+
+test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
