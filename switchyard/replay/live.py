@@ -8,6 +8,7 @@ stops: cases not yet sent are marked skipped and everything done so far is kept.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -81,6 +82,7 @@ class LiveClient:
         self.retries = max(0, retries)
         self.extra_body = extra_body or {}
         self.unreachable: str | None = None
+        self.interrupted: str | None = None
 
     async def _post(self, client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]) -> tuple[httpx.Response | None, str, int]:
         """(response, error, retries used)."""
@@ -158,6 +160,8 @@ class LiveClient:
         forced_pool: str | None = None,
         on_done: Callable[[CaseResult], None] | None = None,
     ) -> list[CaseResult]:
+        """Every case's result, in case order. SIGINT/SIGTERM stop the run: requests in flight
+        are cancelled, the rest marked skipped, and what was answered is kept."""
         sem = asyncio.Semaphore(self.concurrency)
         limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
         timeout = httpx.Timeout(self.timeout, connect=min(5.0, self.timeout))
@@ -170,4 +174,42 @@ class LiveClient:
                     on_done(res)
                 return res
 
-            return list(await asyncio.gather(*(one(c) for c in cases)))
+            tasks = [asyncio.create_task(one(c)) for c in cases]
+            installed = _on_signals(lambda name: self._interrupt(name, tasks))
+            try:
+                done = await asyncio.gather(*tasks, return_exceptions=True)
+            finally:
+                _remove_signals(installed)
+        out: list[CaseResult] = []
+        for case, r in zip(cases, done, strict=True):
+            if isinstance(r, CaseResult):
+                out.append(r)
+            elif isinstance(r, asyncio.CancelledError):
+                out.append(CaseResult(case.id, case.category, case.tier, case.kind, pool=forced_pool,
+                                      status="skipped", error=f"not answered: {self.interrupted or 'cancelled'}"))
+            else:
+                raise r
+        return out
+
+    def _interrupt(self, signame: str, tasks: list[asyncio.Task[CaseResult]]) -> None:
+        self.interrupted = f"interrupted by {signame}"
+        for t in tasks:
+            t.cancel()
+
+
+def _on_signals(handler: Callable[[str], None]) -> list[signal.Signals]:
+    installed = []
+    try:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, handler, sig.name)
+            installed.append(sig)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+        pass
+    return installed
+
+
+def _remove_signals(installed: list[signal.Signals]) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in installed:
+        loop.remove_signal_handler(sig)

@@ -31,9 +31,11 @@ async def run_live(
     t0 = time.perf_counter()
     results = await client.run(cases, model, forced_pool, on_done)
     run = RunResult(name, "live", results, policy_file, large_pool, wall_s=time.perf_counter() - t0)
+    done = sum(r.status == "ok" for r in results)
     if client.unreachable:
-        done = sum(r.status == "ok" for r in results)
         run.aborted = f"gateway unreachable ({client.unreachable}); {done} of {len(cases)} cases answered"
+    elif client.interrupted:
+        run.aborted = f"{client.interrupted}; {done} of {len(cases)} cases answered"
     return run
 
 

@@ -7,6 +7,10 @@ one case in three. The policy sends cases with several tools to the large pool.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -150,3 +154,28 @@ def test_retries_counted_and_timeouts(tmp_path: Path, upstream) -> None:
     rep = _report(tmp_path / "t")["runs"][0]
     assert all(c["status"] == "error" and "timed out" in c["error"] for c in rep["cases"])
     assert rep["totals"]["errors"] == 2 and rep["totals"]["score"] == 0.0
+
+
+def test_sigterm_keeps_partial_results(tmp_path: Path, upstream) -> None:
+    cases = load_category("simple_python", limit=20)
+    slow = upstream(cases, delay=1.0)
+    out = tmp_path / "o"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "switchyard.cli", "replay", "bfcl:simple_python:20", "--gateway", slow,
+         "--concurrency", "1", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        time.sleep(4.0)
+        proc.send_signal(signal.SIGTERM)
+        text, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, text
+    assert "interrupted by SIGTERM" in text
+    rep = _report(out)["runs"][0]
+    statuses = [c["status"] for c in rep["cases"]]
+    assert len(statuses) == 20 and set(statuses) <= {"ok", "skipped"} and "skipped" in statuses
+    assert rep["totals"]["correct"] == statuses.count("ok")  # answered cases are all right
