@@ -47,7 +47,7 @@ def engine_serve(
     served_model_name: str = typer.Option("", help="Name in /v1/models (default: --model)"),
     max_num_seqs: int = typer.Option(16, help="Sequences decoded together (KV slots)"),
     max_model_len: int = typer.Option(2048, help="Context length per sequence"),
-    dtype: str = typer.Option("float32", help="float32 | bfloat16"),
+    dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | int4 (auto: int4 for 4-bit GGUF files)"),
     threads: int = typer.Option(0, help="Torch threads per rank (0: cores / local ranks)"),
     collective_timeout: float = typer.Option(10.0, help="Seconds before a stuck collective fails the replica"),
     device: str = typer.Option("cpu", help="cpu | cuda"),
@@ -60,8 +60,12 @@ def engine_serve(
 
     if collective not in ("ring", "oneshot", "auto"):
         raise typer.BadParameter("--collective must be ring, oneshot or auto")
-    if dtype not in ("float32", "bfloat16"):
-        raise typer.BadParameter("--dtype must be float32 or bfloat16")
+    if dtype not in ("auto", "float32", "bfloat16", "int4"):
+        raise typer.BadParameter("--dtype must be auto, float32, bfloat16 or int4")
+    if device != "cpu":
+        typer.echo("error: this build's model runs on CPU only (--device cpu); the GPU one-shot collective "
+                   "lives in switchyard.engine.comm", err=True)
+        raise typer.Exit(2)
     env_rank = launch.rank_from_env()
     try:
         path = registry.resolve(model)

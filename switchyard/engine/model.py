@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from switchyard.engine.comm import CollectiveBackend
 from switchyard.engine.config import ModelConfig
+from switchyard.engine.linear import make_linear
 from switchyard.engine.weights import Shard
 
 
@@ -48,17 +49,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class Layer:
-    __slots__ = ("ln1", "ln2", "qkv", "qkv_bias", "o", "gate_up", "down", "q_norm", "k_norm")
+    __slots__ = ("ln1", "ln2", "qkv", "o", "gate_up", "down", "q_norm", "k_norm")
 
-    def __init__(self, w: dict[str, torch.Tensor], p: str, dtype: torch.dtype) -> None:
+    def __init__(self, w: dict[str, torch.Tensor], p: str, dtype: torch.dtype, fmt: str) -> None:
         self.ln1 = w[p + "input_layernorm.weight"].to(dtype)
         self.ln2 = w[p + "post_attention_layernorm.weight"].to(dtype)
-        self.qkv = torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]).to(dtype).contiguous()
         bias = [w.get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
-        self.qkv_bias = torch.cat(bias).to(dtype) if bias[0] is not None else None  # type: ignore[arg-type]
-        self.o = w[p + "self_attn.o_proj.weight"].to(dtype).contiguous()
-        self.gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]).to(dtype).contiguous()
-        self.down = w[p + "mlp.down_proj.weight"].to(dtype).contiguous()
+        self.qkv = make_linear(torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
+                               torch.cat(bias) if bias[0] is not None else None, fmt)  # type: ignore[arg-type]
+        self.o = make_linear(w[p + "self_attn.o_proj.weight"], None, fmt)
+        self.gate_up = make_linear(torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]), None, fmt)
+        self.down = make_linear(w[p + "mlp.down_proj.weight"], None, fmt)
         qn, kn = w.get(p + "self_attn.q_norm.weight"), w.get(p + "self_attn.k_norm.weight")
         self.q_norm = qn.to(dtype) if qn is not None else None
         self.k_norm = kn.to(dtype) if kn is not None else None
@@ -69,7 +70,10 @@ class TPModel:
 
     def __init__(self, config: ModelConfig, shard: Shard, weights: dict[str, torch.Tensor],
                  comm: CollectiveBackend, max_slots: int, max_len: int,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype | str = torch.float32) -> None:
+        # "int4": int4 projection weights with bfloat16 activations; else a dense dtype.
+        fmt = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+        dtype = torch.bfloat16 if fmt == "int4" else getattr(torch, fmt)
         self.c = config
         self.shard = shard
         self.comm = comm
@@ -79,15 +83,15 @@ class TPModel:
         self.embed = weights["embed_tokens.weight"].to(dtype).contiguous()
         self.lm_head = weights["lm_head.weight"].to(dtype).contiguous() if "lm_head.weight" in weights else self.embed
         self.norm = weights["norm.weight"].to(dtype)
-        self.layers = [Layer(weights, f"layers.{i}.", dtype) for i in range(config.num_layers)]
+        self.layers = [Layer(weights, f"layers.{i}.", dtype, fmt) for i in range(config.num_layers)]
         self.max_slots, self.max_len = max_slots, max_len
         shape = (config.num_layers, max_slots, self.kv_heads, max_len, self.hd)
-        self.k_cache = torch.zeros(shape, dtype=dtype)
-        self.v_cache = torch.zeros(shape, dtype=dtype)
+        self.k_cache = torch.zeros(shape, dtype=torch.float32)
+        self.v_cache = torch.zeros(shape, dtype=torch.float32)
         inv = rope_inv_freq(config, weights.get("rope_freqs"))
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        self.cos, self.sin = emb.cos(), emb.sin()
         self._q_size = self.heads * self.hd
         self._kv_size = self.kv_heads * self.hd
 
@@ -113,45 +117,55 @@ class TPModel:
         x = self._embed(ids)
         cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
         eps = self.c.rms_eps
+        H, Hkv, D = self.heads, self.kv_heads, self.hd
         if T == 1:
-            L = int(ctx_lens.max())
-            # Attention mask over slot-indexed cache rows; idle slots see position 0 only (no NaN).
-            mask = torch.zeros(view_slots, L, dtype=torch.bool)
-            mask[:, 0] = True
-            mask[slots] = torch.arange(L).unsqueeze(0) < ctx_lens.unsqueeze(1)
-            mask = mask.view(view_slots, 1, 1, L)
+            S, L = view_slots, int(ctx_lens.max())
+            # Additive mask over slot-indexed cache rows; idle slots see position 0 (no NaN).
+            bias = torch.full((S, L), float("-inf"))
+            bias[:, 0] = 0.0
+            bias[slots] = torch.where(torch.arange(L).unsqueeze(0) < ctx_lens.unsqueeze(1), 0.0, float("-inf"))
+            bias = bias.view(S, 1, 1, L)
             pos_flat = positions[:, 0]
+            # The usual case, slots 0..B-1 in order: no scatter/gather around attention.
+            dense_slots = S == B and slots.tolist() == list(range(B))
+            scale = 1.0 / math.sqrt(D)
         for li, layer in enumerate(self.layers):
             h = _rms(x, layer.ln1, eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            qkv = layer.qkv(h).float()  # attention and the KV cache stay in float32
             q, k, v = qkv.split((self._q_size, self._kv_size, self._kv_size), dim=-1)
-            q = q.view(B, T, self.heads, self.hd)
-            k = k.view(B, T, self.kv_heads, self.hd)
-            v = v.view(B, T, self.kv_heads, self.hd)
+            q = q.view(B, T, H, D)
+            k = k.view(B, T, Hkv, D)
+            v = v.view(B, T, Hkv, D)
             if layer.q_norm is not None:
-                q = _rms(q, layer.q_norm, eps)
-                k = _rms(k, layer.k_norm, eps)
+                q = _rms(q, layer.q_norm.float(), eps)
+                k = _rms(k, layer.k_norm.float(), eps)
             q = _rotate(q, cos, sin)
             k = _rotate(k, cos, sin)
             kc, vc = self.k_cache[li], self.v_cache[li]
             if T == 1:
                 kc[slots, :, pos_flat] = k[:, 0]
                 vc[slots, :, pos_flat] = v[:, 0]
-                qs = q.new_zeros(view_slots, self.heads, 1, self.hd)
-                qs[slots] = q.transpose(1, 2)
-                o = F.scaled_dot_product_attention(qs, kc[:view_slots, :, :L], vc[:view_slots, :, :L],
-                                                   attn_mask=mask, enable_gqa=True)
-                o = o[slots].transpose(1, 2).reshape(B, T, self._q_size)
+                qh = q[:, 0] * scale
+                if not dense_slots:
+                    qs = qh.new_zeros(S, H, D)
+                    qs[slots] = qh
+                    qh = qs
+                scores = torch.matmul(qh.view(S, Hkv, H // Hkv, D), kc[:S, :, :L].transpose(-1, -2))
+                probs = torch.softmax(scores + bias, dim=-1)
+                o = torch.matmul(probs, vc[:S, :, :L]).view(S, H * D)
+                if not dense_slots:
+                    o = o[slots]
+                o = o.view(B, T, H * D).to(self.dtype)
             else:
                 kt, vt = k.transpose(1, 2), v.transpose(1, 2)
                 kc[slots, :, :T] = kt
                 vc[slots, :, :T] = vt
                 o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=True, enable_gqa=True)
-                o = o.transpose(1, 2).reshape(B, T, self._q_size)
-            x = x + self.comm.all_reduce(F.linear(o, layer.o))
+                o = o.transpose(1, 2).reshape(B, T, self._q_size).to(self.dtype)
+            x = x + self.comm.all_reduce(layer.o(o))
             h = _rms(x, layer.ln2, eps)
-            gu = F.linear(h, layer.gate_up)
+            gu = layer.gate_up(h)
             g, u = gu.chunk(2, dim=-1)
-            x = x + self.comm.all_reduce(F.linear(F.silu(g) * u, layer.down))
+            x = x + self.comm.all_reduce(layer.down(F.silu(g) * u))
         last = x[torch.arange(B), lens - 1]
         return F.linear(_rms(last, self.norm, eps), self.lm_head).float()

@@ -37,7 +37,7 @@ class RunnerOptions:
     collective: str = "auto"
     max_num_seqs: int = 16
     max_model_len: int = 2048
-    dtype: str = "float32"
+    dtype: str = "auto"
     threads: int = 0
     collective_timeout_s: float = 10.0
     device: str = "cpu"
@@ -51,6 +51,21 @@ def pick_threads(tp: int, requested: int = 0) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", tp))
     return max(1, cores // max(1, local))
+
+
+def resolve_dtype(requested: str, src: Any) -> str:
+    """`auto`: int4 weights (bfloat16 activations) when the file itself is 4-bit and the CPU
+    int4 kernel exists; float32 otherwise."""
+    if requested != "auto":
+        return requested
+    from switchyard.engine.linear import int4_supported
+    from switchyard.engine.weights import GGUFSource
+
+    if isinstance(src, GGUFSource) and int4_supported():
+        kinds = {t.tensor_type.name for t in src.reader.tensors if t.name.endswith("ffn_up.weight")}
+        if kinds and all(k.startswith("Q4") for k in kinds):
+            return "int4"
+    return "float32"
 
 
 class Runner:
@@ -92,9 +107,10 @@ class Runner:
             self.comm, self.collective_info = make_backend(self.opts.collective, self.rank, self.world,
                                                            self.group, cpu_group, device)
         self.config = cfg
+        self.opts.dtype = resolve_dtype(self.opts.dtype, src)
         self.model = TPModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
                              max_slots=self.opts.max_num_seqs, max_len=max_len,
-                             dtype=getattr(torch, self.opts.dtype))
+                             dtype=self.opts.dtype)
         del weights
         self.load_seconds = time.monotonic() - start
         if self.world > 1:

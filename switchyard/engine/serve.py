@@ -43,6 +43,7 @@ def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
             state.collective = runner.collective_info
             state.max_model_len = runner.opts.max_model_len
             state.load_seconds = runner.load_seconds
+            state.dtype = runner.opts.dtype
             sched = Scheduler(runner, state.tokenizer, runner.opts.max_num_seqs, runner.opts.max_model_len)
             state.scheduler = sched
             state.phase = "ready"

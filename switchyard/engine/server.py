@@ -45,6 +45,7 @@ class EngineState:
     max_model_len: int = 0
     started: float = field(default_factory=time.time)
     load_seconds: float = 0.0
+    dtype: str = ""
 
     @property
     def ready(self) -> bool:
@@ -118,7 +119,7 @@ def build_app(state: EngineState) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         body = {"status": "ok" if state.ready else state.phase, "model": state.model_name, "tp": state.tp,
-                "collective": state.collective, "uptime_s": round(time.time() - state.started, 1)}
+                "dtype": state.dtype, "collective": state.collective, "uptime_s": round(time.time() - state.started, 1)}
         s = state.scheduler
         if s is not None and s.failed:
             body["status"] = "failed"

@@ -17,7 +17,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small KV cache: several servers may run at once on a CI machine.
-SERVER_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "8", "--collective", "ring"]
+SERVER_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "8", "--collective", "ring", "--dtype", "float32"]
 
 
 def free_port() -> int:

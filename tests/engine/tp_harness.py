@@ -24,7 +24,7 @@ PROMPTS = [[5, 17, 99, 3, 42], [7, 7, 200, 13, 1, 90, 61, 8, 250]]
 def run_model(model_dir: Path, out: Path, collective: str) -> None:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     r = Runner(RunnerOptions(model_path=model_dir, tp=world, collective=collective, max_num_seqs=4,
-                             max_model_len=64, threads=1), rank, world)
+                             max_model_len=64, threads=1, dtype="float32"), rank, world)
     r.setup()
     if rank != 0:
         r.follow()

@@ -1,0 +1,143 @@
+"""Engine decode benchmark on this machine, ours vs transformers `generate` on the same GGUF.
+
+  python bench/engine.py [--tokens 64] [--batch 16] [--dtype float32] [--threads 0]
+
+Prints decode tokens/s at batch 1 and the aggregate at batch N for our engine (the real
+scheduler and runner, in-process, no HTTP) and for transformers, the ratios, and time to
+first token. Greedy, EOS ignored so every run generates exactly --tokens tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+
+def _prompt_ids(tok, i: int = 0) -> list[int]:  # type: ignore[no-untyped-def]
+    topics = ["a robot", "the sea", "a city at night", "a lost key", "winter", "a library", "a dragon",
+              "the moon", "a train", "a garden", "a clock", "a storm", "a violin", "a desert", "a bridge",
+              "a cat"]
+    return tok.encode(tok.render([{"role": "user", "content": f"Write a long story about {topics[i % 16]}."}]))
+
+
+def ours(path: Path, dtype: str, threads: int, tokens: int, batch: int) -> dict[str, float]:
+    from switchyard.engine.runner import Runner, RunnerOptions
+    from switchyard.engine.sampling import SamplingParams
+    from switchyard.engine.scheduler import Scheduler, Sequence
+    from switchyard.engine.serve import _tokenizer
+
+    runner = Runner(RunnerOptions(model_path=path, tp=1, max_num_seqs=max(batch, 1), max_model_len=512,
+                                  dtype=dtype, threads=threads), 0, 1)
+    runner.setup()
+    tok = _tokenizer(runner)
+    sched = Scheduler(runner, tok, max(batch, 1), 512)
+    loop = threading.Thread(target=sched.loop, daemon=True)
+    loop.start()
+
+    def run(n: int) -> tuple[float, list[float], list[float]]:
+        done = threading.Semaphore(0)
+        first: list[float] = []
+        firsts: dict[int, float] = {}
+
+        def sink_for(k: int):  # type: ignore[no-untyped-def]
+            def sink(ev: dict) -> None:
+                if ev["type"] == "delta" and k not in firsts:
+                    firsts[k] = time.perf_counter()
+                if ev["type"] in ("finish", "error"):
+                    done.release()
+            return sink
+
+        start = time.perf_counter()
+        for k in range(n):
+            sched.submit(Sequence(prompt=_prompt_ids(tok, k), sink=sink_for(k),
+                                  params=SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)))
+        for _ in range(n):
+            done.acquire()
+        total = time.perf_counter() - start
+        first = [firsts[k] - start for k in range(n)]
+        return total, first, []
+
+    run(1)  # warm-up
+    t1, f1, _ = run(1)
+    tb, fb, _ = run(batch)
+    sched.stop()
+    loop.join(5)
+    # Decode rate excludes the prefill (time to first token).
+    return {"b1_tok_s": (tokens - 1) / (t1 - f1[0]), "ttft_b1_ms": f1[0] * 1000,
+            "bN_tok_s": batch * (tokens - 1) / (tb - max(fb)), "ttft_bN_ms": statistics.median(fb) * 1000,
+            "bN_total_tok_s": batch * tokens / tb}
+
+
+def transformers_ref(path: Path, threads: int, tokens: int, batch: int) -> dict[str, float]:
+    from transformers import AutoConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from switchyard.engine.tokenizer import from_gguf
+    from switchyard.engine.weights import GGUFSource
+
+    cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg).eval()
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    model.load_state_dict(tensors, strict=False, assign=True)
+    model.tie_weights()
+    model.model.rotary_emb = LlamaRotaryEmbedding(cfg)
+    model.to(torch.float32)
+    tok = from_gguf(GGUFSource(path).reader)
+
+    def gen(n: int) -> tuple[float, float]:
+        prompts = [_prompt_ids(tok, k) for k in range(n)]
+        L = max(map(len, prompts))
+        ids = torch.tensor([[2] * (L - len(p)) + p for p in prompts])  # left-pad, as generate expects
+        mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts])
+        with torch.inference_mode():
+            t = time.perf_counter()
+            model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=2)
+            ttft = time.perf_counter() - t
+            t = time.perf_counter()
+            model.generate(ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
+                           do_sample=False, pad_token_id=2)
+            total = time.perf_counter() - t
+        return total, ttft
+
+    torch.set_num_threads(threads or torch.get_num_threads())
+    gen(1)
+    t1, f1 = gen(1)
+    tb, fb = gen(batch)
+    return {"b1_tok_s": (tokens - 1) / (t1 - f1), "ttft_b1_ms": f1 * 1000,
+            "bN_tok_s": batch * (tokens - 1) / (tb - fb), "bN_total_tok_s": batch * tokens / tb}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--skip-transformers", action="store_true")
+    a = ap.parse_args()
+    from switchyard.engine import registry
+
+    path = registry.pull("smollm2-135m")
+    o = ours(path, a.dtype, a.threads, a.tokens, a.batch)
+    print(f"ours ({a.dtype}):  batch 1 {o['b1_tok_s']:.1f} tok/s, TTFT {o['ttft_b1_ms']:.0f} ms | "
+          f"batch {a.batch} {o['bN_tok_s']:.1f} tok/s aggregate decode ({o['bN_total_tok_s']:.1f} incl. prefill), "
+          f"median TTFT {o['ttft_bN_ms']:.0f} ms")
+    print(f"ours: batch {a.batch} / batch 1 = {o['bN_tok_s'] / o['b1_tok_s']:.2f}x  (target >= 8x)")
+    if a.skip_transformers:
+        return
+    t = transformers_ref(path, a.threads, a.tokens, a.batch)
+    print(f"transformers (float32): batch 1 {t['b1_tok_s']:.1f} tok/s, TTFT {t['ttft_b1_ms']:.0f} ms | "
+          f"batch {a.batch} {t['bN_tok_s']:.1f} tok/s aggregate decode")
+    print(f"ours / transformers: batch 1 {o['b1_tok_s'] / t['b1_tok_s']:.2f}x (target >= 3x), "
+          f"batch {a.batch} {o['bN_tok_s'] / t['bN_tok_s']:.2f}x, TTFT {t['ttft_b1_ms'] / o['ttft_b1_ms']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
