@@ -2,9 +2,9 @@
 
 The data can also come from a wheel file given by path, or an unpacked `data/` folder
 (holding BFCL_v4_<category>.json and possible_answer/). Only single-turn categories are
-supported; multi-turn, memory, web-search, format-sensitivity and the Java/JavaScript
-categories (whose answers are strings in those languages' syntax) are refused with a
-clear "unsupported category" error.
+supported (Java and JavaScript ones too: arguments as literals, see langs.py); multi-turn,
+memory, web-search and format-sensitivity categories need BFCL's stateful harness and are
+refused with a clear "unsupported category" error.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.replay.cases import Case, TraceError, checker_for
+from switchyard.replay.langs import string_params
 from switchyard.replay.tools import to_openai_tools
 
 AST_CATEGORIES = (
@@ -31,10 +32,9 @@ AST_CATEGORIES = (
 )
 IRRELEVANCE_CATEGORIES = ("irrelevance", "live_irrelevance")
 RELEVANCE_CATEGORIES = ("live_relevance",)
-SUPPORTED = AST_CATEGORIES + IRRELEVANCE_CATEGORIES + RELEVANCE_CATEGORIES
+LANGUAGE_CATEGORIES = {"simple_java": "java", "simple_javascript": "javascript"}
+SUPPORTED = AST_CATEGORIES + tuple(LANGUAGE_CATEGORIES) + IRRELEVANCE_CATEGORIES + RELEVANCE_CATEGORIES
 UNSUPPORTED = (
-    "simple_java",
-    "simple_javascript",
     "multi_turn_base",
     "multi_turn_long_context",
     "multi_turn_miss_func",
@@ -131,7 +131,13 @@ def entry_to_case(entry: dict[str, Any], category: str, ground_truth: list[Any] 
     turns = entry.get("question") or []
     if len(turns) != 1:
         raise TraceError(f"{entry.get('id')}: {len(turns)} turns; only single-turn cases are supported")
-    tools, name_map, docs = to_openai_tools(entry.get("function") or [])
+    functions = entry.get("function") or []
+    language = LANGUAGE_CATEGORIES.get(category, "python")
+    if language == "python":
+        tools, name_map, docs = to_openai_tools(functions)
+    else:  # the model sees string parameters; the scorer keeps the typed docs
+        tools, name_map, _ = to_openai_tools(string_params(functions, language), hint="")
+        docs = {str(fn.get("name", "")): fn for fn in functions}
     if ground_truth is not None:
         ground_truth = _fix_empty_lists(ground_truth, docs)
     body: dict[str, Any] = {"messages": [dict(m) for m in turns[0]], "tools": tools}
@@ -152,6 +158,7 @@ def entry_to_case(entry: dict[str, Any], category: str, ground_truth: list[Any] 
         functions=docs,
         name_map=name_map,
         checker=checker_for(category, len(expected or [])),
+        language=language,
     )
 
 

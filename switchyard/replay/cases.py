@@ -51,6 +51,7 @@ class Case:
     # functions; "simple": exactly one call. Derived from the category, as BFCL does.
     checker: str = "simple"
     tier: str | None = None  # suites: "standard" | "hard"
+    language: str = "python"  # python | java | javascript (arguments as literals: langs.py)
 
     def request(self, model: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         body = copy.deepcopy(self.body)

@@ -15,7 +15,9 @@ The rules follow BFCL's ast_checker:
   removed; single quotes read as double quotes); lists element-wise (strings in them
   normalised); dicts key by key, one level deep, their optional keys may be missing;
 - parallel categories: as many calls as expected, matched in any order; multiple and
-  simple categories: exactly one call.
+  simple categories: exactly one call;
+- Java and JavaScript categories: every argument is a string, read as a literal of the
+  declared type first (langs.py); no int-for-float leniency there, as in BFCL.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from switchyard.replay.langs import JAVA_TYPES, JS_TYPES, convert, render
 
 TYPES: dict[str, type] = {
     "string": str,
@@ -38,7 +42,7 @@ TYPES: dict[str, type] = {
     "object": dict,
     "any": str,
 }
-_NESTED = ("array", "tuple", "list")
+_NESTED = ("array", "tuple", "list", "Array", "ArrayList")
 _STRIP = re.compile(r"[ ,./\-_*^]")
 
 Call = dict[str, dict[str, Any]]
@@ -94,10 +98,12 @@ def _dict_ok(value: dict, allowed: list[Any]) -> bool:
             continue
         good = True
         for k, v in value.items():
-            if k not in option or _std(v) not in [_std(a) for a in option[k]]:
+            # A few answers give a plain value instead of a list of them: read it as the one allowed.
+            allowed_k = option.get(k) if isinstance(option.get(k), list) else [option.get(k)]
+            if k not in option or _std(v) not in [_std(a) for a in allowed_k]:
                 good = False
                 break
-        if good and all(k in value or "" in vals for k, vals in option.items()):
+        if good and all(k in value or (isinstance(vals, list) and "" in vals) for k, vals in option.items()):
             return True
     return False
 
@@ -116,7 +122,7 @@ def _list_ok(value: list, allowed: list[Any]) -> bool:
     return any(isinstance(o, list) and got == [_std(x) for x in o] for o in allowed)
 
 
-def check_one(doc: dict[str, Any], call: Call, expected: Call) -> Verdict:
+def check_one(doc: dict[str, Any], call: Call, expected: Call, language: str = "python") -> Verdict:
     """One call against one expected call (a dict with a single function name)."""
     (name, allowed_by_param), = expected.items()
     if name not in call:
@@ -135,12 +141,17 @@ def check_one(doc: dict[str, Any], call: Call, expected: Call) -> Verdict:
         allowed = allowed_by_param[p]
         prop = props[p] if isinstance(props[p], dict) else {}
         type_name = prop.get("type") if isinstance(prop.get("type"), str) else "string"
-        declared = TYPES.get(type_name, str)
+        types = TYPES if language == "python" else (JAVA_TYPES if language == "java" else JS_TYPES)
+        declared = types.get(type_name, str)
         nested = None
         if type_name in _NESTED and isinstance(prop.get("items"), dict):
             inner = prop["items"].get("type")
-            nested = TYPES.get(inner, str) if isinstance(inner, str) else None
-        if declared is float and type(value) is int:
+            nested = types.get(inner, str) if isinstance(inner, str) else None
+        if language != "python":  # arguments are strings in the language's syntax
+            if not isinstance(value, str):
+                return Verdict(False, f"{name}: {p!r} must be a {language} literal in a string, got {value!r}")
+            value = convert(value, prop, language)
+        elif declared is float and type(value) is int:
             value = float(value)
         valid, is_variable = _type_ok(value, allowed, declared, nested)
         if not valid:
@@ -167,7 +178,7 @@ def check_one(doc: dict[str, Any], call: Call, expected: Call) -> Verdict:
 
 
 def check_calls(
-    docs: dict[str, dict[str, Any]], calls: list[Call], expected: list[Call], checker: str
+    docs: dict[str, dict[str, Any]], calls: list[Call], expected: list[Call], checker: str, language: str = "python"
 ) -> Verdict:
     """Score a whole answer. `checker`: simple | multiple | parallel (see cases.checker_for)."""
     if len(calls) != len(expected):
@@ -176,7 +187,7 @@ def check_calls(
         return OK
     if checker != "parallel":
         name = next(iter(expected[0]))
-        return check_one(docs.get(name, {}), calls[0], expected[0])
+        return check_one(docs.get(name, {}), calls[0], expected[0], language)
     used: set[int] = set()
     for i, exp in enumerate(expected):
         name = next(iter(exp))
@@ -184,7 +195,7 @@ def check_calls(
         for j, call in enumerate(calls):
             if j in used:
                 continue
-            last = check_one(docs.get(name, {}), call, exp)
+            last = check_one(docs.get(name, {}), call, exp, language)
             if last.correct:
                 used.add(j)
                 break
@@ -208,7 +219,7 @@ def score_case(case: Any, calls: list[Call] | None) -> Verdict | None:
         return OK if calls is None or calls else Verdict(False, "made no call")
     if calls is None:
         return Verdict(False, "tool call arguments are not valid JSON objects")
-    return check_calls(case.functions, calls, case.expected or [], case.checker)
+    return check_calls(case.functions, calls, case.expected or [], case.checker, case.language)
 
 
 def ground_truth_calls(case: Any) -> list[Call]:
@@ -223,12 +234,14 @@ def ground_truth_calls(case: Any) -> list[Call]:
     out: list[Call] = []
     for exp in case.expected or []:
         (name, allowed_by_param), = exp.items()
-        required = (case.functions.get(name, {}).get("parameters") or {}).get("required") or []
+        params = case.functions.get(name, {}).get("parameters") or {}
+        required = params.get("required") or []
+        props = params.get("properties") or {}
         args: dict[str, Any] = {}
         for p, allowed in allowed_by_param.items():
             picked = _first_value(allowed, optional=p not in required)
             if picked is not _ABSENT:
-                args[p] = picked
+                args[p] = picked if case.language == "python" else render(picked, props.get(p) or {}, case.language)
         out.append({name: args})
     return out
 

@@ -64,7 +64,9 @@ def _schema(prop: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def to_openai_tools(functions: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, str], dict]:
+def to_openai_tools(
+    functions: list[dict[str, Any]], hint: str = PYTHON_HINT
+) -> tuple[list[dict[str, Any]], dict[str, str], dict]:
     """(tools, legal -> original name, original name -> BFCL function doc) for a BFCL function list."""
     tools: list[dict[str, Any]] = []
     name_map: dict[str, str] = {}
@@ -87,7 +89,7 @@ def to_openai_tools(functions: list[dict[str, Any]]) -> tuple[list[dict[str, Any
         tools.append(
             {
                 "type": "function",
-                "function": {"name": name, "description": str(fn.get("description", "")) + PYTHON_HINT,
+                "function": {"name": name, "description": str(fn.get("description", "")) + hint,
                              "parameters": schema},
             }
         )

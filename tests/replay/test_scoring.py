@@ -134,7 +134,7 @@ def test_bfcl_types_become_json_schema() -> None:
     assert "'dict'" not in text and "'float'" not in text and "'tuple'" not in text
 
 
-@pytest.mark.parametrize("category", ["multi_turn_base", "memory", "web_search", "simple_java"])
+@pytest.mark.parametrize("category", ["multi_turn_base", "memory", "web_search", "format_sensitivity"])
 def test_unsupported_categories_say_so(category: str) -> None:
     assert category in UNSUPPORTED
     with pytest.raises(TraceError, match="unsupported category"):
@@ -144,3 +144,33 @@ def test_unsupported_categories_say_so(category: str) -> None:
 def test_unknown_category() -> None:
     with pytest.raises(TraceError, match="unknown BFCL category 'no_such_thing'"):
         load_category("no_such_thing")
+
+
+def test_java_and_javascript_arguments_are_literals() -> None:
+    from switchyard.replay.langs import read_literal
+
+    java = _first_with("simple_java", lambda c: any(
+        (p.get("type") == "Array") for f in c.functions.values() for p in f["parameters"]["properties"].values()))
+    assert all(p["type"] == "string" for t in java.body["tools"]
+               for p in t["function"]["parameters"]["properties"].values())
+    good = ground_truth_calls(java)
+    assert score_case(java, good).correct
+    name, args = next(iter(good[0].items()))
+    props = java.functions[name]["parameters"]["properties"]
+    arr = next(p for p in args if props[p]["type"] == "Array" and args[p].startswith("new"))
+    values = read_literal(args[arr])
+    for form in (f"new int[]{{{', '.join(map(str, values))}}}", f"Arrays.asList({', '.join(map(str, values))})"):
+        if all(isinstance(v, int) for v in values):
+            assert score_case(java, [{name: {**args, arr: form}}]).correct, form
+    assert not score_case(java, [{name: {**args, arr: "new int[]{}"}}]).correct
+    assert not score_case(java, [{name: {**args, arr: values}}]).correct  # not a string: wrong
+    js = _first_with("simple_javascript", lambda c: any(
+        p.get("type") == "Boolean" for f in c.functions.values() for p in f["parameters"]["properties"].values()))
+    name, args = next(iter(ground_truth_calls(js)[0].items()))
+    flag = next(p for p, q in js.functions[name]["parameters"]["properties"].items() if q["type"] == "Boolean")
+    truth = args[flag]
+    assert score_case(js, [{name: args}]).correct
+    flipped = "false" if truth == "true" else "true"
+    assert not score_case(js, [{name: {**args, flag: flipped}}]).correct
+    assert read_literal("{a: 1, 'b': [1, 2], c: {d: true}}") == {"a": 1, "b": [1, 2], "c": {"d": True}}
+    assert read_literal('new HashMap<String, Object>() {{ put("k", 5L); }}') == {"k": 5}
