@@ -132,6 +132,7 @@ class RedisStore:
         self._done_seq = 0  # writes sent (or given up on) so far
         self._batch: asyncio.Future | None = None  # resolves when the batch being sent is done
         self._reads: list[tuple[str, asyncio.Future]] = []  # session reads waiting for the next MGET
+        self._reading = 0  # session reads on the wire
         self._writer: asyncio.Task | None = None
         self._prober: asyncio.Task | None = None
         self._dirty_sessions: set[str] = set()
@@ -301,6 +302,7 @@ class RedisStore:
             asyncio.get_running_loop().create_task(self._mget(batch))
 
     async def _mget(self, batch: list[tuple[str, asyncio.Future]]) -> None:
+        self._reading += 1
         try:
             if len(batch) == 1:
                 values = [await self.redis.get(batch[0][0])]
@@ -316,14 +318,25 @@ class RedisStore:
                 if not fut.done():
                     fut.set_exception(RedisError(f"read abandoned: {type(e).__name__}"))
             raise
+        finally:
+            self._reading -= 1
         for (_, fut), v in zip(batch, values, strict=True):
             if not fut.done():
                 fut.set_result(v)
 
+    async def _get(self, key: str) -> bytes | None:
+        if self._reading:  # others are waiting on Redis already: join the next batch
+            return await self._read(key)
+        self._reading += 1  # alone: straight to Redis, no extra loop turn
+        try:
+            return await self.redis.get(key)
+        finally:
+            self._reading -= 1
+
     async def get_session(self, session_id: str) -> SessionRecord | None:
         if self.up:
             try:
-                raw = await self._read(self._skey(session_id))
+                raw = await self._get(self._skey(session_id))
             except ERRORS as e:
                 self._down(e)
             else:
