@@ -141,8 +141,12 @@ class FileKeyStore:
 class RedisKeyStore:
     def __init__(self, url: str, prefix: str = "switchyard:", timeout: float = 0.5):
         import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
 
-        self.redis = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        # Never on the request path except a first look-up of an unknown key (capped at 0.1 s).
+        self.redis = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                             retry=Retry(NoBackoff(), 0))
         self.hkey = prefix + "keys"
         self.vkey = prefix + "keys:version"
         self.where = f"redis {_redact(url)}"
@@ -387,7 +391,7 @@ class Auth:
             self._missed.clear()
         self._missed[digest] = now
         try:
-            rec = await asyncio.wait_for(self.store.lookup(digest), 0.25)
+            rec = await asyncio.wait_for(self.store.lookup(digest), 0.1)
         except Exception:
             return None
         if rec is not None:
