@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import orjson
 import pytest
-from conftest import Shared, chat, health, post_many, wait_for
 from procs import ROOT, Proc, http_get
+from statekit import Shared, chat, health, post_many, wait_for
 
 from switchyard.auth import RedisKeyStore, StreamTap, make_key, usage_tokens
 

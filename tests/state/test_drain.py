@@ -8,8 +8,8 @@ import signal
 import time
 
 import aiohttp
-from conftest import Shared, chat
 from procs import start_gateway
+from statekit import Shared, chat
 
 
 def test_sigterm_drain_under_load_loses_no_request(fresh: Shared, tmp_path) -> None:

@@ -9,8 +9,8 @@ import time
 import uuid
 
 import aiohttp
-from conftest import RedisServer, Shared, chat, health, wait_for
 from procs import http_get, start_gateway
+from statekit import RedisServer, Shared, chat, health, wait_for
 
 
 def _store_up_metric(url: str) -> float:

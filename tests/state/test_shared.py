@@ -7,8 +7,8 @@ import time
 import uuid
 
 import orjson
-from conftest import Shared, chat, health, post_many, replica, wait_for
 from procs import http_post
+from statekit import Shared, chat, health, post_many, replica, wait_for
 
 
 def _post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict, bytes]:
