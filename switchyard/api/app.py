@@ -7,6 +7,7 @@ relay. Only `model` is rewritten; every other field goes upstream untouched.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -203,6 +204,9 @@ class Api:
             body, lp, decision = await self.decide(request, kind)
             if key is not None:
                 self.auth.admit(key, body["model"], decision.policy, decision.pool, decision.rule == "direct")
+                if key.pools is not None and decision.fallbacks:  # no fallback into a pool the key may not use
+                    decision = dataclasses.replace(
+                        decision, fallbacks=tuple(p for p in decision.fallbacks if p in key.pools))
         except errors.APIError as e:
             self.metrics.rejected.labels(str(e.status)).inc()
             return e.response()
@@ -424,6 +428,7 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
     gateway.load(config.policies)
     metrics.attach_live(gateway.all_pools, lambda: (gateway.state.kind, gateway.state.healthy()))
     sync = api.sync = StateSync(gateway.registry, gateway.state, config.sync_interval)
+    metrics.registry.register(sync.collector())
     if config.keystore is not None:
         from switchyard.auth import Auth
 

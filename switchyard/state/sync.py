@@ -13,6 +13,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
 from switchyard.state.base import CounterDelta, SharedView, StateStore
 
 if TYPE_CHECKING:
@@ -135,6 +138,10 @@ class StateSync:
         self._local_drain[r.url] = self.generation
         await self.state.put_drain(r.url, None)
 
+    def collector(self) -> Collector:
+        """Prometheus gauges of the shared state, read at scrape time."""
+        return _SyncCollector(self)
+
     def describe(self) -> dict:
         return {"interval_s": self.interval, "running": self.running, "ticks": self.generation,
                 "last_ok_s_ago": round(time.time() - self.last_ok, 3) if self.last_ok else None}
@@ -146,3 +153,26 @@ class StateSync:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
+
+
+class _SyncCollector(Collector):
+    def __init__(self, sync: StateSync):
+        self.sync = sync
+
+    def collect(self):
+        d = self.sync.state.describe()
+        kind = d.get("kind", "?")
+        gws = GaugeMetricFamily("switchyard_state_gateways", "Live gateways sharing the state store (this one included)",
+                                labels=["kind"])
+        gws.add_metric([kind], float(d.get("gateways", 1)))
+        outages = GaugeMetricFamily("switchyard_state_outages", "Times the shared store became unreachable",
+                                    labels=["kind"])
+        outages.add_metric([kind], float(d.get("outages", 0)))
+        age = GaugeMetricFamily("switchyard_state_sync_age_seconds",
+                                "Seconds since the last successful sync with the shared store (-1: never)", labels=["kind"])
+        age.add_metric([kind], time.time() - self.sync.last_ok if self.sync.last_ok else -1.0)
+        remote = GaugeMetricFamily("switchyard_remote_inflight", "Requests in flight through other gateways",
+                                   labels=["replica"])
+        for r in self.sync.registry.by_url.values():
+            remote.add_metric([r.name], float(r.remote_inflight))
+        yield from (gws, outages, age, remote)

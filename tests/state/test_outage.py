@@ -96,6 +96,9 @@ def test_redis_outage_mid_load_fails_no_request_and_recovers(fresh: Shared, tmp_
         assert max(by_phase["frozen"]) < 1.0, max(by_phase["frozen"])
         st = health(url)["state"]
         assert st["healthy"] is True and st["outages"] == 2
+        text = http_get(url + "/metrics")[1].decode()
+        assert 'switchyard_state_outages{kind="redis"} 2.0' in text
+        assert 'switchyard_state_gateways{kind="redis"} 1.0' in text
         # The session decided during the outage reached the restarted (empty) Redis.
         wait_for(lambda: rs.client().get(f"switchyard:sess:shared\x00{marker}") is not None, 2,
                  what="the outage's session to be resynchronised")
