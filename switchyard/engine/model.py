@@ -36,10 +36,11 @@ def rope_inv_freq(c: ModelConfig, freqs_factor: torch.Tensor | None = None) -> t
     return inv.to(torch.float32)
 
 
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    # Like HF: normalize in float32, scale in the model dtype.
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.dtype | None = None) -> torch.Tensor:
+    # Like HF: normalize in float32, scale in the weight's dtype; `out` is the next matmul's input dtype.
     xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    y = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(w.dtype)
+    return y if out is None else y.to(out)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -52,17 +53,16 @@ class Layer:
     __slots__ = ("ln1", "ln2", "qkv", "o", "gate_up", "down", "q_norm", "k_norm")
 
     def __init__(self, w: dict[str, torch.Tensor], p: str, dtype: torch.dtype, fmt: str) -> None:
-        self.ln1 = w[p + "input_layernorm.weight"].to(dtype)
-        self.ln2 = w[p + "post_attention_layernorm.weight"].to(dtype)
+        self.ln1 = w[p + "input_layernorm.weight"]
+        self.ln2 = w[p + "post_attention_layernorm.weight"]
         bias = [w.get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
         self.qkv = make_linear(torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
                                torch.cat(bias) if bias[0] is not None else None, fmt)  # type: ignore[arg-type]
         self.o = make_linear(w[p + "self_attn.o_proj.weight"], None, fmt)
         self.gate_up = make_linear(torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]), None, fmt)
         self.down = make_linear(w[p + "mlp.down_proj.weight"], None, fmt)
-        qn, kn = w.get(p + "self_attn.q_norm.weight"), w.get(p + "self_attn.k_norm.weight")
-        self.q_norm = qn.to(dtype) if qn is not None else None
-        self.k_norm = kn.to(dtype) if kn is not None else None
+        self.q_norm = w.get(p + "self_attn.q_norm.weight")
+        self.k_norm = w.get(p + "self_attn.k_norm.weight")
 
 
 class TPModel:
@@ -80,9 +80,11 @@ class TPModel:
         self.dtype = dtype
         self.heads, self.kv_heads, self.hd = shard.heads, shard.kv_heads, config.head_dim
         self.vocab_lo, self.vocab_hi = shard.vocab_rows
-        self.embed = weights["embed_tokens.weight"].to(dtype).contiguous()
-        self.lm_head = weights["lm_head.weight"].to(dtype).contiguous() if "lm_head.weight" in weights else self.embed
-        self.norm = weights["norm.weight"].to(dtype)
+        # Embedding and LM head stay float32: bfloat16 logits (steps of 0.125 near 25) turn
+        # close calls into ties and flip greedy choices.
+        self.embed = weights["embed_tokens.weight"].contiguous()
+        self.lm_head = weights["lm_head.weight"].contiguous() if "lm_head.weight" in weights else self.embed
+        self.norm = weights["norm.weight"]
         self.layers = [Layer(weights, f"layers.{i}.", dtype, fmt) for i in range(config.num_layers)]
         self.max_slots, self.max_len = max_slots, max_len
         shape = (config.num_layers, max_slots, self.kv_heads, max_len, self.hd)
@@ -97,11 +99,11 @@ class TPModel:
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.shard.tp == 1:
-            return F.embedding(ids, self.embed)
+            return F.embedding(ids, self.embed).float()
         local = ids - self.vocab_lo
         inside = (local >= 0) & (local < self.vocab_hi - self.vocab_lo)
         x = F.embedding(local.clamp(0, self.vocab_hi - self.vocab_lo - 1), self.embed)
-        x = x * inside.unsqueeze(-1).to(x.dtype)
+        x = x.float() * inside.unsqueeze(-1)
         return self.comm.all_reduce(x)
 
     @torch.inference_mode()
@@ -130,15 +132,15 @@ class TPModel:
             dense_slots = S == B and slots.tolist() == list(range(B))
             scale = 1.0 / math.sqrt(D)
         for li, layer in enumerate(self.layers):
-            h = _rms(x, layer.ln1, eps)
+            h = _rms(x, layer.ln1, eps, self.dtype)
             qkv = layer.qkv(h).float()  # attention and the KV cache stay in float32
             q, k, v = qkv.split((self._q_size, self._kv_size, self._kv_size), dim=-1)
             q = q.view(B, T, H, D)
             k = k.view(B, T, Hkv, D)
             v = v.view(B, T, Hkv, D)
             if layer.q_norm is not None:
-                q = _rms(q, layer.q_norm.float(), eps)
-                k = _rms(k, layer.k_norm.float(), eps)
+                q = _rms(q, layer.q_norm, eps)
+                k = _rms(k, layer.k_norm, eps)
             q = _rotate(q, cos, sin)
             k = _rotate(k, cos, sin)
             kc, vc = self.k_cache[li], self.v_cache[li]
@@ -162,10 +164,10 @@ class TPModel:
                 vc[slots, :, :T] = vt
                 o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=True, enable_gqa=True)
                 o = o.transpose(1, 2).reshape(B, T, self._q_size).to(self.dtype)
-            x = x + self.comm.all_reduce(layer.o(o))
-            h = _rms(x, layer.ln2, eps)
+            x = x + self.comm.all_reduce(layer.o(o)).float()
+            h = _rms(x, layer.ln2, eps, self.dtype)
             gu = layer.gate_up(h)
             g, u = gu.chunk(2, dim=-1)
-            x = x + self.comm.all_reduce(layer.down(F.silu(g) * u))
+            x = x + self.comm.all_reduce(layer.down(F.silu(g) * u)).float()
         last = x[torch.arange(B), lens - 1]
-        return F.linear(_rms(last, self.norm, eps), self.lm_head).float()
+        return F.linear(_rms(last, self.norm, eps, self.lm_head.dtype), self.lm_head).float()
