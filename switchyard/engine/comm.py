@@ -226,14 +226,15 @@ def latency_sweep(ring: RingBackend, one: OneShotBackend, device: torch.device,
 
 
 def crossover_from(rows: list[dict[str, float]]) -> int:
-    """The largest size up to which oneshot is at least as fast as ring at every size."""
-    best = 0
-    for row in rows:
-        if row["oneshot_us"] <= row["ring_us"]:
-            best = int(row["bytes"])
-        else:
-            break
-    return best
+    """The size up to which oneshot should be used: the threshold that minimises the summed
+    relative latency over the sweep (one noisy point cannot move it far). 0: never oneshot."""
+    best_t, best_cost = 0, float("inf")
+    for t in [0] + [int(r["bytes"]) for r in rows]:
+        cost = sum((r["oneshot_us"] if r["bytes"] <= t else r["ring_us"]) / min(r["oneshot_us"], r["ring_us"])
+                   for r in rows)
+        if cost < best_cost - 1e-9:
+            best_t, best_cost = t, cost
+    return best_t
 
 
 def make_backend(kind: str, rank: int, world: int, group: dist.ProcessGroup | None,

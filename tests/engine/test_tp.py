@@ -15,7 +15,7 @@ import torch
 from engine_support import ROOT, SERVER_ARGS, EngineServer, free_port, get, post
 
 HARNESS = Path(__file__).resolve().parent / "tp_harness.py"
-PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
 
 
 def _ranks(world: int, args: list[str], timeout: float = 120.0) -> None:
