@@ -47,6 +47,7 @@ def engine_serve(
     served_model_name: str = typer.Option("", help="Name in /v1/models (default: --model)"),
     max_num_seqs: int = typer.Option(16, help="Sequences decoded together (KV slots)"),
     max_model_len: int = typer.Option(2048, help="Context length per sequence"),
+    max_waiting: int = typer.Option(256, help="Requests that may wait for a slot; beyond it: 429"),
     dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | int4 (auto: int4 for 4-bit GGUF files)"),
     threads: int = typer.Option(0, help="Torch threads per rank (0: cores / local ranks)"),
     collective_timeout: float = typer.Option(10.0, help="Seconds before a stuck collective fails the replica"),
@@ -83,5 +84,5 @@ def engine_serve(
         typer.echo(f"error: --tp {tp} but WORLD_SIZE={world}", err=True)
         raise typer.Exit(2)
     opts = {"collective": collective, "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
-            "dtype": dtype, "threads": threads, "collective_timeout_s": collective_timeout, "device": device}
+            "max_waiting": max_waiting, "dtype": dtype, "threads": threads, "collective_timeout_s": collective_timeout, "device": device}
     raise typer.Exit(launch.run_rank(path, served_model_name or model, rank, world, host, port, opts))

@@ -37,6 +37,7 @@ class RunnerOptions:
     collective: str = "auto"
     max_num_seqs: int = 16
     max_model_len: int = 2048
+    max_waiting: int = 256
     dtype: str = "auto"
     threads: int = 0
     collective_timeout_s: float = 10.0
