@@ -164,9 +164,11 @@ class Gateway:
         except Exception as e:  # a classifier bug must not fail the request: fail open, say so
             log.exception("classifier failed: %s", e)
             label = Label(cspec.failure_label, 1.0, "fail-open", (time.perf_counter() - t0) * 1000)
-        if cspec.escalate_only and rec is not None and rec.label in cspec.labels and label.name in cspec.labels:
-            if cspec.labels.index(label.name) < cspec.labels.index(rec.label):
-                return Label(rec.label, rec.confidence, "session", label.ms)
+        if (
+            cspec.escalate_only and rec is not None and rec.label in cspec.labels and label.name in cspec.labels
+            and cspec.labels.index(label.name) < cspec.labels.index(rec.label)
+        ):
+            return Label(rec.label, rec.confidence, "session", label.ms)
         return label
 
     async def remember_replica(self, decision: RouteDecision, lp: LoadedPolicy, replica_url: str) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHIPPED
+from classifykit import SHIPPED
 from typer.testing import CliRunner
 
 from switchyard.classify.bfcl import Case

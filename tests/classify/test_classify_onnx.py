@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, SHIPPED
+from classifykit import ROOT, SHIPPED
 
 from switchyard.classify.base import Label
 from switchyard.classify.bfcl import Case

@@ -9,7 +9,7 @@ import aiohttp
 import openai
 import orjson
 import pytest
-from conftest import make_cluster, stop_cluster
+from gwkit import make_cluster, stop_cluster
 from procs import http_get
 
 

@@ -7,7 +7,7 @@ import urllib.request
 from pathlib import Path
 
 import orjson
-from conftest import UiCluster, make_ui_cluster, start_lone_gateway, stop
+from uikit import UiCluster, make_ui_cluster, start_lone_gateway, stop
 from playwright.sync_api import expect
 from procs import http_get, http_post
 

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import orjson
-from conftest import HEALTH_INTERVAL, UiCluster, replay_report, start_lone_gateway
+from uikit import HEALTH_INTERVAL, UiCluster, replay_report, start_lone_gateway
 from playwright.sync_api import expect
 from procs import http_get
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import UiCluster, start_lone_gateway
+from uikit import UiCluster, start_lone_gateway
 from playwright.sync_api import expect
 from procs import http_get, http_post
 from typer.testing import CliRunner
