@@ -7,9 +7,9 @@ import urllib.request
 from pathlib import Path
 
 import orjson
-from uikit import UiCluster, make_ui_cluster, start_lone_gateway, stop
 from playwright.sync_api import expect
 from procs import http_get, http_post
+from uikit import UiCluster, make_ui_cluster, start_lone_gateway, stop
 
 ADMIN_KEY = "ui-test-admin-key-0123456789"
 

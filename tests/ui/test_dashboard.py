@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 import orjson
-from uikit import HEALTH_INTERVAL, UiCluster, replay_report, start_lone_gateway
 from playwright.sync_api import expect
 from procs import http_get
+from uikit import HEALTH_INTERVAL, UiCluster, replay_report, start_lone_gateway
 
 POLL_S = 1.0  # the page polls /ui/api/live once a second
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import orjson
 import pytest
-from uikit import UiCluster, start_lone_gateway
 from playwright.sync_api import expect
 from procs import http_get, http_post
 from typer.testing import CliRunner
+from uikit import UiCluster, start_lone_gateway
 
 from switchyard.cli import app as cli_app
 
