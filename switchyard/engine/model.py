@@ -17,6 +17,8 @@ from switchyard.engine.config import ModelConfig
 from switchyard.engine.linear import make_linear
 from switchyard.engine.weights import Shard
 
+_REFINE = 32  # logits recomputed exactly per row when the LM head runs in bfloat16
+
 
 def rope_inv_freq(c: ModelConfig, freqs_factor: torch.Tensor | None = None) -> torch.Tensor:
     d = c.head_dim
@@ -85,6 +87,7 @@ class TPModel:
         self.embed = weights["embed_tokens.weight"].contiguous()
         self.lm_head = weights["lm_head.weight"].contiguous() if "lm_head.weight" in weights else self.embed
         self.norm = weights["norm.weight"]
+        self.lm_head_lowp = self.lm_head.to(torch.bfloat16) if fmt == "int4" else None
         self.layers = [Layer(weights, f"layers.{i}.", dtype, fmt) for i in range(config.num_layers)]
         self.max_slots, self.max_len = max_slots, max_len
         shape = (config.num_layers, max_slots, self.kv_heads, max_len, self.hd)
@@ -170,4 +173,12 @@ class TPModel:
             g, u = gu.chunk(2, dim=-1)
             x = x + self.comm.all_reduce(layer.down(F.silu(g) * u)).float()
         last = x[torch.arange(B), lens - 1]
-        return F.linear(_rms(last, self.norm, eps, self.lm_head.dtype), self.lm_head).float()
+        h = _rms(last, self.norm, eps)
+        if self.lm_head_lowp is None:
+            return F.linear(h, self.lm_head)
+        # Low-precision logits for the whole vocabulary, then the best few recomputed in
+        # float32, so greedy choices and the top logprobs are exact.
+        logits = F.linear(h.to(self.lm_head_lowp.dtype), self.lm_head_lowp).float()
+        top = logits.topk(_REFINE, dim=-1).indices
+        exact = torch.bmm(self.lm_head[top], h.unsqueeze(-1)).squeeze(-1)
+        return logits.scatter_(1, top, exact)

@@ -28,6 +28,7 @@ log = logging.getLogger("switchyard.engine.runner")
 
 HEARTBEAT, STEP, STOP = 0, 1, 2
 _HEADER = 5  # kind, B, T, view_slots, reserved
+SMALL_STEP_TOKENS = 4  # steps with at most this many tokens run on one thread
 
 
 @dataclass
@@ -82,9 +83,16 @@ class Runner:
         self.model: TPModel | None = None
         self.source: Any = None
         self.load_seconds = 0.0
+        self.big_threads = self.small_threads = self._threads = 1
 
     def setup(self) -> None:
-        torch.set_num_threads(pick_threads(self.world, self.opts.threads))
+        # Small decode steps are memory- and dispatch-bound: extra OpenMP threads only add
+        # synchronisation (badly so on a busy machine). Large steps are compute-bound and use
+        # every core this rank has.
+        self.big_threads = pick_threads(self.world, self.opts.threads)
+        self.small_threads = 1 if self.opts.threads <= 0 else self.opts.threads
+        self._threads = self.big_threads
+        torch.set_num_threads(self.big_threads)
         device = torch.device(self.opts.device)
         start = time.monotonic()
         src = open_source(self.opts.model_path)
@@ -140,6 +148,10 @@ class Runner:
              ctx_lens: torch.Tensor, view_slots: int) -> torch.Tensor:
         """Run one forward on this rank; returns the full-vocab logits [B, vocab]."""
         assert self.model is not None and self.config is not None
+        want = self.small_threads if ids.numel() <= SMALL_STEP_TOKENS else self.big_threads
+        if want != self._threads:
+            torch.set_num_threads(want)
+            self._threads = want
         local = self.model.forward(ids, positions, slots, lens, ctx_lens, view_slots)
         full = self.comm.all_gather_last(local)
         return full[:, : self.config.vocab_size]
