@@ -21,6 +21,7 @@ PolicyOpt = Annotated[
 
 
 def serve(
+    ctx: typer.Context,
     policy: PolicyOpt = [Path("policies/example.yaml")],  # noqa: B006 - typer reads the default
     host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
@@ -43,12 +44,21 @@ def serve(
     ui: Annotated[bool, typer.Option(help="Serve the dashboard and policy editor at /ui")] = True,
     reports: Annotated[Path | None, typer.Option(
         help="Folder of replay reports (`switchyard replay --out`) the UI lists")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="Gateway config YAML: any of these options by name (redis: URL, port: 8000, policy: [...]); "
+             "options on the command line win")] = None,
 ) -> None:
     import uvicorn
 
     from switchyard.api.app import GatewayConfig, create_app
     from switchyard.policy.loader import PolicyError
 
+    if config is not None:
+        o = _config_file(ctx, config, {k: v for k, v in locals().items() if k not in ("ctx", "config")})
+        policy, host, port, redis, record = o["policy"], o["host"], o["port"], o["redis"], o["record"]
+        watch, health_checks, max_body_mb, log_level = o["watch"], o["health_checks"], o["max_body_mb"], o["log_level"]
+        access_log, auth, keys_file, admin_key = o["access_log"], o["auth"], o["keys_file"], o["admin_key"]
+        drain_grace, lease_ttl, ui, reports = o["drain_grace"], o["lease_ttl"], o["ui"], o["reports"]
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = GatewayConfig(
         policies=list(policy), max_body_bytes=int(max_body_mb * 1024 * 1024), watch=watch,
@@ -83,6 +93,36 @@ def serve(
         access_log=access_log, timeout_graceful_shutdown=30, lifespan="on",
     )
     DrainingServer(uv, app.state.api, drain_grace).run()
+
+
+def _config_file(ctx: typer.Context, path: Path, opts: dict) -> dict:
+    """Options from a YAML file, for those not given on the command line."""
+    import yaml
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        typer.echo(f"{path}: cannot read the gateway config: {e}", err=True)
+        raise typer.Exit(2) from None
+    if not isinstance(data, dict):
+        typer.echo(f"{path}: a gateway config is a mapping of option: value", err=True)
+        raise typer.Exit(2)
+    out = dict(opts)
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key == "policies":
+            key = "policy"
+        if key not in opts:
+            typer.echo(f"{path}: unknown option {raw_key!r}; known: {', '.join(sorted(opts))}", err=True)
+            raise typer.Exit(2)
+        source = ctx.get_parameter_source(key)  # typer may carry its own click: compare by name
+        if source is not None and source.name != "DEFAULT":
+            continue
+        if key == "policy":
+            value = [Path(path.parent / v) for v in ([value] if isinstance(value, str) else value)]
+        elif key in ("record", "keys_file", "reports") and value is not None:
+            value = Path(path.parent / value)
+        out[key] = value
+    return out
 
 
 @policy_app.command("check")
