@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import time
 from collections import deque
@@ -457,6 +458,10 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
         sync.start()
         if api.auth is not None:
             await api.auth.start()
+        # Everything loaded so far lives as long as the process: keep it out of the cyclic
+        # GC's generations, so full collections stay short (they showed up in p99).
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
