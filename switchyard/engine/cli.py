@@ -51,7 +51,7 @@ def engine_serve(
     dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | int4 (auto: int4 for 4-bit GGUF files)"),
     threads: int = typer.Option(0, help="Torch threads per rank (0: cores / local ranks)"),
     collective_timeout: float = typer.Option(10.0, help="Seconds before a stuck collective fails the replica"),
-    device: str = typer.Option("cpu", help="cpu | cuda"),
+    device: str = typer.Option("cpu", help="cpu (this build's model runs on CPU)"),
 ) -> None:
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),

@@ -108,10 +108,11 @@ def from_hf(path: Path) -> ModelConfig:
     hidden = int(raw["hidden_size"])
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
-    scaling = raw.get("rope_scaling") or {}
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else {})
     theta = raw.get("rope_theta")
     if theta is None:
-        theta = (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        theta = params.get("rope_theta", 10000.0)
     return ModelConfig(
         arch="llama" if mt == "mistral" else mt,
         vocab_size=int(raw["vocab_size"]),
