@@ -197,6 +197,7 @@ class Scheduler:
         for s in batch:
             self.stats["prompt_tokens"] += len(s.prompt)
         self.running.extend(batch)
+        self.running.sort(key=lambda s: s.slot)  # slots 0..B-1 in order: decode skips a scatter
         self._advance(batch, logits)
 
     def _decode(self) -> None:

@@ -162,3 +162,18 @@ def test_models_health_metrics(server_tp1: EngineServer) -> None:
         assert name in values
     assert 0.0 <= values["vllm:kv_cache_usage_perc"] <= 1.0
     assert values["vllm:generation_tokens_total"] >= 1
+
+
+def test_waiting_queue_is_bounded() -> None:
+    """The scheduler refuses work beyond its waiting queue (the server maps it to 429)."""
+    import pytest
+
+    from switchyard.engine.sampling import SamplingParams
+    from switchyard.engine.scheduler import QueueFull, Scheduler, Sequence
+
+    sched = Scheduler(runner=None, tokenizer=None, max_num_seqs=1, max_model_len=64, max_waiting=2)  # type: ignore[arg-type]
+    for _ in range(2):
+        sched.submit(Sequence(prompt=[1, 2], params=SamplingParams(), sink=lambda ev: None))
+    with pytest.raises(QueueFull):
+        sched.submit(Sequence(prompt=[1, 2], params=SamplingParams(), sink=lambda ev: None))
+    assert sched.num_waiting == 2
