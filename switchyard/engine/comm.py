@@ -20,7 +20,7 @@ log = logging.getLogger("switchyard.engine.comm")
 
 FORCE_FAIL_ENV = "SWITCHYARD_ONESHOT_FORCE_FAIL"
 # One-shot must never use NVLink multicast (NVLS); set before any symmetric-memory use.
-_GPU_ENV = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"}
+GPU_ENV = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"}
 
 
 class CollectiveBackend(Protocol):
@@ -91,8 +91,8 @@ class OneShotBackend(_Base):
         if buf is None:
             import torch.distributed._symmetric_memory as symm_mem
 
-            for k, v in _GPU_ENV.items():
-                os.environ.setdefault(k, v)
+            for k, v in GPU_ENV.items():
+                os.environ[k] = v
             numel = self._max_bytes // torch.tensor([], dtype=dtype).element_size()
             buf = symm_mem.empty(numel, dtype=dtype, device=self.device)
             symm_mem.rendezvous(buf, self._group_name)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from switchyard.engine.comm import CollectiveBackend, SingleRank, make_backend
+from switchyard.engine.comm import GPU_ENV, CollectiveBackend, SingleRank, make_backend
 from switchyard.engine.config import ModelConfig
 from switchyard.engine.model import TPModel
 from switchyard.engine.weights import Shard, load_shard, open_source
@@ -99,6 +99,10 @@ class Runner:
         self.source = src
         cfg = src.config
         cfg.check_tp(self.world)  # before any collective: every rank refuses the same way
+        if device.type == "cuda":
+            # Before NCCL starts: the one-shot path must never use NVLink multicast (NVLS).
+            for k, v in GPU_ENV.items():
+                os.environ[k] = v
         if self.world > 1:
             if not dist.is_initialized():
                 # Long timeout for start-up (ranks load at different speeds), short one for steps.
