@@ -1,0 +1,245 @@
+"""The tensor-parallel decoder on a GPU: bf16 weights and KV cache, SDPA attention,
+decode steps replayed as CUDA graphs.
+
+Same sharding, interface and numerics choices as model.TPModel (float32 residual stream,
+float32 embedding, exact float32 logits for the top candidates), different execution:
+
+- Decode runs in slot space: a step covers cache slots 0..S-1 (S = a batch bucket >= the
+  highest live slot + 1), so shapes depend only on (S, context bucket) and the step can be
+  captured once per bucket. Slots not in the step write their K/V into a spare cache column
+  (position max_len) that no query ever attends to, and their logits are dropped.
+- The step reads token ids, positions and context lengths from static device buffers and
+  writes logits into a static buffer: no host synchronisation inside a step, one small
+  host-to-device copy before it and one gather after it.
+- Prefill is eager (its shapes vary), causal SDPA (flash attention on GPU).
+
+It also runs on CPU (eagerly, graphs off), which is how CI checks it against TPModel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from switchyard.engine.comm import CollectiveBackend
+from switchyard.engine.config import ModelConfig
+from switchyard.engine.cuda_graphs import DecodeGraphs, batch_bucket, len_bucket
+from switchyard.engine.cuda_ops import Ops, rms_norm
+from switchyard.engine.model import rope_inv_freq
+from switchyard.engine.weights import Shard
+
+_REFINE = 32  # candidates per row whose logits are recomputed in float32
+# Decode attention has a padding mask; flash attention takes none. Memory-efficient
+# attention takes one and is capturable; math is the CPU path.
+_DECODE_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_PREFILL_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+class _Layer:
+    __slots__ = ("ln1", "ln2", "qkv", "qkv_b", "o", "gate_up", "down", "q_norm", "k_norm")
+
+    def __init__(self, w: dict[str, torch.Tensor], p: str, dev: torch.device, dt: torch.dtype) -> None:
+        def mat(*names: str) -> torch.Tensor:
+            parts = [w[p + n] for n in names]
+            t = parts[0] if len(parts) == 1 else torch.cat(parts)
+            return t.to(device=dev, dtype=dt).contiguous()
+
+        def vec(name: str) -> torch.Tensor | None:
+            t = w.get(p + name)
+            return None if t is None else t.to(device=dev, dtype=torch.float32)
+
+        self.ln1 = vec("input_layernorm.weight")
+        self.ln2 = vec("post_attention_layernorm.weight")
+        self.qkv = mat("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+        bias = [w.get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+        self.qkv_b = torch.cat(bias).to(device=dev, dtype=dt) if bias[0] is not None else None  # type: ignore[arg-type]
+        self.o = mat("self_attn.o_proj.weight")
+        self.gate_up = mat("mlp.gate_proj.weight", "mlp.up_proj.weight")
+        self.down = mat("mlp.down_proj.weight")
+        self.q_norm = vec("self_attn.q_norm.weight")
+        self.k_norm = vec("self_attn.k_norm.weight")
+
+
+class CudaModel:
+    """One rank's shard on a device, with the same forward() contract as TPModel."""
+
+    def __init__(self, config: ModelConfig, shard: Shard, weights: dict[str, torch.Tensor],
+                 comm: CollectiveBackend, max_slots: int, max_len: int,
+                 device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
+                 cuda_graphs: bool = True, compile_ops: bool | None = None) -> None:
+        dev = torch.device(device)
+        self.c, self.shard, self.comm, self.device, self.dtype = config, shard, comm, dev, dtype
+        self.heads, self.kv_heads, self.hd = shard.heads, shard.kv_heads, config.head_dim
+        self.vocab_lo, self.vocab_hi = shard.vocab_rows
+        self.embed = weights["embed_tokens.weight"].to(device=dev, dtype=torch.float32).contiguous()
+        head = weights.get("lm_head.weight")
+        self.lm_head = self.embed if head is None else head.to(device=dev, dtype=torch.float32).contiguous()
+        # Logits for the whole vocabulary at the matmul dtype, then the best few in float32
+        # (greedy choices and top logprobs as exact as the CPU engine's).
+        self.lm_head_lowp = None if dtype == torch.float32 else self.lm_head.to(dtype)
+        self.norm = weights["norm.weight"].to(device=dev, dtype=torch.float32)
+        self.layers = [_Layer(weights, f"layers.{i}.", dev, dtype) for i in range(config.num_layers)]
+        self.inv_freq = rope_inv_freq(config, weights.get("rope_freqs"))
+        self.ops = Ops(dev, compile_ops)
+        self.graphs = DecodeGraphs(self._decode_core, dev, cuda_graphs)
+        self.max_slots = self.max_len = 0
+        self.allocate_cache(max_slots, max_len)
+
+    # -- memory --------------------------------------------------------------------------
+
+    def allocate_cache(self, max_slots: int, max_len: int) -> None:
+        """(Re)allocate the KV cache and the static step buffers; drops captured graphs."""
+        dev, c = self.device, self.c
+        self.graphs.clear()
+        self.k_cache = self.v_cache = None  # free the old cache before allocating the new one
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        self.max_slots, self.max_len = max_slots, max_len
+        # One spare position (index max_len): where slots outside a decode step write.
+        shape = (c.num_layers, max_slots, self.kv_heads, max_len + 1, self.hd)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
+        freqs = torch.outer(torch.arange(max_len + 1, dtype=torch.float32), self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos, self.sin = emb.cos().to(dev), emb.sin().to(dev)
+        self.step_in = torch.zeros(3, max_slots, dtype=torch.int64, device=dev)  # ids, positions, ctx lens
+        self.step_out = torch.zeros(max_slots, self.vocab_hi - self.vocab_lo, dtype=torch.float32, device=dev)
+        self._slot_ids = torch.arange(max_slots, device=dev)
+        self._span_ids = torch.arange(max_len, device=dev)
+
+    def cache_bytes(self) -> int:
+        assert self.k_cache is not None
+        return 2 * self.k_cache.numel() * self.k_cache.element_size()
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes a batch-1 decode step must read: every projection, the norms, the low-precision
+        LM head, one embedding row and the refined LM-head rows."""
+        n = 0
+        for layer in self.layers:
+            for t in (layer.qkv, layer.o, layer.gate_up, layer.down, layer.ln1, layer.ln2, layer.qkv_b):
+                if t is not None:
+                    n += t.numel() * t.element_size()
+        head = self.lm_head_lowp if self.lm_head_lowp is not None else self.lm_head
+        n += head.numel() * head.element_size() + self.norm.numel() * 4
+        n += (1 + (_REFINE if self.lm_head_lowp is not None else 0)) * self.embed.shape[1] * 4
+        return n
+
+    def status(self) -> dict[str, Any]:
+        return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                "cuda_graphs": self.graphs.enabled, "graphs_captured": len(self.graphs.graphs),
+                "fused_ops": self.ops.status()}
+
+    # -- pieces --------------------------------------------------------------------------
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.shard.tp == 1:
+            return F.embedding(ids, self.embed)
+        local = ids - self.vocab_lo
+        inside = (local >= 0) & (local < self.vocab_hi - self.vocab_lo)
+        x = F.embedding(local.clamp(0, self.vocab_hi - self.vocab_lo - 1), self.embed) * inside.unsqueeze(-1)
+        return self.comm.all_reduce(x)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h: [N, hidden] float32 (normed) -> [N, local vocab] float32."""
+        if self.lm_head_lowp is None:
+            return F.linear(h, self.lm_head)
+        logits = F.linear(h.to(self.dtype), self.lm_head_lowp).float()
+        top = logits.topk(_REFINE, dim=-1).indices
+        exact = torch.bmm(self.lm_head[top], h.unsqueeze(-1)).squeeze(-1)
+        return logits.scatter_(1, top, exact)
+
+    def _qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor,
+             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qkv = F.linear(h, layer.qkv, layer.qkv_b)
+        return self.ops.rope_qkv(qkv, cos, sin, self.heads, self.kv_heads, self.hd, layer.q_norm,
+                                 layer.k_norm, self.c.rms_eps, self.dtype)
+
+    def _mlp_in(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.comm.all_reduce(F.linear(attn, layer.o))
+        return self.ops.add_rms(x, y, layer.ln2, self.c.rms_eps, self.dtype)
+
+    def _mlp_out(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_reduce(F.linear(self.ops.silu_mul(F.linear(h, layer.gate_up)), layer.down))
+
+    def _next_norm(self, li: int) -> tuple[torch.Tensor, torch.dtype]:
+        return (self.layers[li + 1].ln1, self.dtype) if li + 1 < len(self.layers) else (self.norm, torch.float32)
+
+    # -- decode (graph-capturable) ------------------------------------------------------
+
+    def _decode_core(self, S: int, L: int) -> None:
+        """One decode step over slots 0..S-1 attending over positions 0..L-1, from step_in
+        to step_out. No host synchronisation: this is what a CUDA graph records."""
+        ids, pos, ctx = self.step_in[0, :S], self.step_in[1, :S], self.step_in[2, :S]
+        H, Hkv, D = self.heads, self.kv_heads, self.hd
+        eps = self.c.rms_eps
+        x = self._embed(ids)
+        cos, sin = self.cos[pos], self.sin[pos]
+        # Additive mask; every row may see position 0 so that idle slots' softmax has no NaN.
+        valid = self._span_ids[:L].unsqueeze(0) < ctx.clamp(min=1).unsqueeze(1)
+        mask = torch.zeros(S, 1, 1, L, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~valid.view(S, 1, 1, L), float("-inf"))
+        rows = self._slot_ids[:S]
+        h = rms_norm(x, self.layers[0].ln1, eps, self.dtype)
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, h, cos, sin)
+            kc, vc = self.k_cache[li], self.v_cache[li]  # type: ignore[index]
+            kc[rows, :, pos] = k
+            vc[rows, :, pos] = v
+            with sdpa_kernel(_DECODE_SDPA):
+                o = F.scaled_dot_product_attention(q.view(S, Hkv, H // Hkv, D), kc[:S, :, :L], vc[:S, :, :L],
+                                                   attn_mask=mask)
+            x, h = self._mlp_in(layer, x, o.reshape(S, H * D))
+            w, dt = self._next_norm(li)
+            x, h = self.ops.add_rms(x, self._mlp_out(layer, h), w, eps, dt)
+        self.step_out[:S].copy_(self._logits(h))
+
+    # -- the TPModel contract -----------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                lens: torch.Tensor, ctx_lens: torch.Tensor, view_slots: int) -> torch.Tensor:
+        """Same arguments and result as TPModel.forward (logits of each row's last new token)."""
+        B, T = ids.shape
+        if T > 1:
+            return self._prefill(ids, positions, slots, lens)
+        S = batch_bucket(max(view_slots, int(slots.max()) + 1), self.max_slots)
+        L = len_bucket(int(ctx_lens.max()), self.max_len)
+        host = torch.zeros(3, S, dtype=torch.int64)
+        host[1].fill_(self.max_len)  # slots outside this step write to the spare column
+        cpu_slots = slots.cpu()
+        host[0, cpu_slots] = ids[:, 0].cpu()
+        host[1, cpu_slots] = positions[:, 0].cpu()
+        host[2, cpu_slots] = ctx_lens.cpu()
+        self.step_in[:, :S].copy_(host, non_blocking=True)
+        self.graphs.run(S, L)
+        return self.step_out[cpu_slots.to(self.device)]
+
+    def _prefill(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                 lens: torch.Tensor) -> torch.Tensor:
+        dev = self.device
+        B, T = ids.shape
+        H, Hkv, D = self.heads, self.kv_heads, self.hd
+        eps = self.c.rms_eps
+        ids, pos = ids.to(dev).reshape(-1), positions.to(dev).reshape(-1)
+        slots = slots.to(dev)
+        x = self._embed(ids)
+        cos, sin = self.cos[pos], self.sin[pos]
+        h = rms_norm(x, self.layers[0].ln1, eps, self.dtype)
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, h, cos, sin)
+            q = q.view(B, T, H, D).transpose(1, 2)
+            k = k.view(B, T, Hkv, D).transpose(1, 2)
+            v = v.view(B, T, Hkv, D).transpose(1, 2)
+            self.k_cache[li, slots, :, :T] = k  # type: ignore[index]
+            self.v_cache[li, slots, :, :T] = v  # type: ignore[index]
+            with sdpa_kernel(_PREFILL_SDPA):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
+            x, h = self._mlp_in(layer, x, o.transpose(1, 2).reshape(B * T, H * D))
+            w, dt = self._next_norm(li)
+            x, h = self.ops.add_rms(x, self._mlp_out(layer, h), w, eps, dt)
+        last = torch.arange(B, device=dev) * T + lens.to(dev) - 1
+        return self._logits(h[last])
+
