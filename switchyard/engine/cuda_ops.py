@@ -102,6 +102,14 @@ class Ops:
         if compile_ops is None:
             compile_ops = device.type == "cuda" and os.environ.get(NO_COMPILE_ENV, "") in ("", "0")
         self.compiled = compile_ops
+        if compile_ops:
+            # One compile per model shape and per size-1 specialisation; the default limit (8)
+            # is too small for two models in one process (the benchmark).
+            import torch._dynamo.config as dynamo_config
+
+            for knob in ("recompile_limit", "cache_size_limit"):
+                if hasattr(dynamo_config, knob):
+                    setattr(dynamo_config, knob, max(64, getattr(dynamo_config, knob)))
         self.add_rms = Fused(add_rms, compile_ops)
         self.rope_qkv = Fused(rope_qkv, compile_ops)
         self.silu_mul = Fused(silu_mul, compile_ops)

@@ -14,7 +14,9 @@ SMOLLM2_135M = ModelConfig(arch="llama", vocab_size=49152, hidden_size=576, inte
 LLAMA_8B = ModelConfig(arch="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
                        num_heads=32, num_kv_heads=8, head_dim=128, rms_eps=1e-5, rope_theta=500000.0,
                        max_position=131072, tie_embeddings=False, bos_token_id=128000, eos_token_ids=(128009,))
-SHAPES = {"smollm2-135m": SMOLLM2_135M, "llama-8b": LLAMA_8B}
+# "tiny": SmolLM2's widths with 2 layers, for smoke runs on CPU.
+SHAPES = {"smollm2-135m": SMOLLM2_135M, "llama-8b": LLAMA_8B,
+          "tiny": ModelConfig(**{**SMOLLM2_135M.__dict__, "num_layers": 2})}
 
 
 def weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
