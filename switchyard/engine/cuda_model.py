@@ -84,6 +84,10 @@ class CudaModel:
         self.layers = [_Layer(weights, f"layers.{i}.", dev, dtype) for i in range(config.num_layers)]
         self.inv_freq = rope_inv_freq(config, weights.get("rope_freqs"))
         self.ops = Ops(dev, compile_ops)
+        # Decode-step variants, measured on an H200 (bench/engine_cuda_probe.py): how K/V are
+        # written into the cache and which attention kernel reads it.
+        self.kv_write = "scatter"  # scatter | index
+        self.attn_impl = "sdpa"  # sdpa | bmm
         self.graphs = DecodeGraphs(self._decode_core, dev, cuda_graphs)
         self.max_slots = self.max_len = 0
         self.allocate_cache(max_slots, max_len)
@@ -182,15 +186,29 @@ class CudaModel:
         mask = torch.zeros(S, 1, 1, L, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~valid.view(S, 1, 1, L), float("-inf"))
         rows = self._slot_ids[:S]
+        G = H // Hkv
+        if self.attn_impl == "bmm":
+            bias = torch.zeros(S, 1, 1, L, dtype=torch.float32, device=self.device)
+            bias.masked_fill_(~valid.view(S, 1, 1, L), float("-inf"))
+        idx = pos.view(S, 1, 1, 1).expand(S, Hkv, 1, D)
         h = rms_norm(x, self.layers[0].ln1, eps, self.dtype)
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)
-            kc, vc = self.k_cache[li], self.v_cache[li]  # type: ignore[index]
-            kc[rows, :, pos] = k
-            vc[rows, :, pos] = v
-            with sdpa_kernel(_DECODE_SDPA):
-                o = F.scaled_dot_product_attention(q.view(S, Hkv, H // Hkv, D), kc[:S, :, :L], vc[:S, :, :L],
-                                                   attn_mask=mask)
+            kc, vc = self.k_cache[li, :S], self.v_cache[li, :S]  # type: ignore[index]
+            if self.kv_write == "scatter":  # one plain scatter kernel per tensor
+                kc.scatter_(2, idx, k.view(S, Hkv, 1, D))
+                vc.scatter_(2, idx, v.view(S, Hkv, 1, D))
+            else:
+                kc[rows, :, pos] = k
+                vc[rows, :, pos] = v
+            if self.attn_impl == "bmm":
+                s = torch.bmm(q.view(S * Hkv, G, D), kc[:, :, :L].reshape(S * Hkv, L, D).transpose(1, 2))
+                p = self.ops.masked_softmax(s.view(S, Hkv, G, L), bias, 1.0 / D ** 0.5, self.dtype)
+                o = torch.bmm(p.view(S * Hkv, G, L), vc[:, :, :L].reshape(S * Hkv, L, D))
+            else:
+                with sdpa_kernel(_DECODE_SDPA):
+                    o = F.scaled_dot_product_attention(q.view(S, Hkv, G, D), kc[:, :, :L], vc[:, :, :L],
+                                                       attn_mask=mask)
             x, h = self._mlp_in(layer, x, o.reshape(S, H * D))
             w, dt = self._next_norm(li)
             x, h = self.ops.add_rms(x, self._mlp_out(layer, h), w, eps, dt)

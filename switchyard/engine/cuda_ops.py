@@ -55,6 +55,11 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int
     return q.to(out), k.to(out), v
 
 
+def masked_softmax(scores: torch.Tensor, bias: torch.Tensor, scale: float, out: torch.dtype) -> torch.Tensor:
+    """Attention probabilities in float32 from raw scores and an additive mask, cast to `out`."""
+    return torch.softmax(scores.float() * scale + bias, dim=-1).to(out)
+
+
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     g, u = gu.chunk(2, dim=-1)
     return F.silu(g) * u
@@ -113,7 +118,8 @@ class Ops:
         self.add_rms = Fused(add_rms, compile_ops)
         self.rope_qkv = Fused(rope_qkv, compile_ops)
         self.silu_mul = Fused(silu_mul, compile_ops)
+        self.masked_softmax = Fused(masked_softmax, compile_ops)
 
     def status(self) -> dict[str, str]:
         return {f.name: ("compiled" if f.compiled is not None else f"eager{': ' + f.error if f.error else ''}")
-                for f in (self.add_rms, self.rope_qkv, self.silu_mul)}
+                for f in (self.add_rms, self.rope_qkv, self.silu_mul)}  # masked_softmax: bmm attention only
