@@ -26,14 +26,25 @@ from switchyard.engine.random_weights import SHAPES, random_weights  # noqa: E40
 from switchyard.engine.weights import Shard  # noqa: E402
 
 
-def replay_ms(m: CudaModel, n: int = 50) -> float:
-    g = next(iter(m.graphs.graphs.values()))
+def replay_ms(m: CudaModel, n: int = 50) -> tuple[float, float]:
+    """(GPU ms per step replaying back to back, host ms to launch one step's graphs)."""
+    parts = next(iter(m.graphs.graphs.values()))
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(n):
-        g.replay()
+        for g in parts:
+            g.replay()
     torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1000
+    gpu = (time.perf_counter() - t) / n * 1000
+    launch = []
+    for _ in range(10):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for g in parts:
+            g.replay()
+        launch.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    return gpu, sorted(launch)[5] * 1000
 
 
 def main() -> None:
@@ -54,18 +65,20 @@ def main() -> None:
         m = CudaModel(c, Shard(0, 1, c), w, SingleRank(), max_slots=64, max_len=2 * PROMPT, device=dev)
         del w
         compiled_ops = m.ops
-        for kv, attn, comp in (("index", "sdpa", True), ("scatter", "sdpa", True), ("scatter", "bmm", True),
-                               ("scatter", "sdpa", False), ("scatter", "bmm", False)):
-            m.kv_write, m.attn_impl = kv, attn
+        for kv, attn, comp, parts in (("scatter", "sdpa", True, 1), ("scatter", "bmm", True, 1),
+                                      ("scatter", "bmm", True, 2), ("scatter", "bmm", True, 4),
+                                      ("scatter", "bmm", True, 8), ("scatter", "bmm", False, 4)):
+            m.kv_write, m.attn_impl, m.graph_parts = kv, attn, parts
             m.ops = compiled_ops if comp else Ops(dev, compile_ops=False)
             m.graphs.clear()
             for b in (1, 64):
                 r = decode_rate(m, b, 32, c.vocab_size)
-                rep = replay_ms(m)
+                rep, launch = replay_ms(m)
                 m.graphs.clear()
-                log(f"{name:13} kv={kv:8} attn={attn:5} compiled={comp!s:5} b={b:<3} step {r['step_ms']:.3f} ms "
-                    f"({r['tok_s']:.0f} tok/s), graph replay alone {rep:.3f} ms")
-        m.kv_write, m.attn_impl, m.ops = "scatter", "sdpa", compiled_ops
+                log(f"{name:13} kv={kv:8} attn={attn:5} compiled={comp!s:5} parts={parts} b={b:<3} "
+                    f"step {r['step_ms']:.3f} ms ({r['tok_s']:.0f} tok/s), replay alone {rep:.3f} ms, "
+                    f"launch {launch:.3f} ms")
+        m.kv_write, m.attn_impl, m.ops, m.graph_parts = "scatter", "bmm", compiled_ops, 1
         decode_rate(m, 1, 4, c.vocab_size)
         m.graphs.enabled = False
         from torch.profiler import ProfilerActivity, profile

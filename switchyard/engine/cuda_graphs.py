@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -47,25 +47,28 @@ def len_bucket(n: int, max_len: int) -> int:
 class DecodeGraphs:
     """Capture-on-first-use cache of decode-step graphs sharing one memory pool."""
 
-    def __init__(self, step: Callable[[int, int], None], device: torch.device, enabled: bool,
+    def __init__(self, step: Callable[[int, int], Iterator[None]], device: torch.device, enabled: bool,
                  warmup: int = 2) -> None:
         self.step = step
         self.device = device
         self.enabled = enabled and device.type == "cuda" and torch.cuda.is_available()
         self.warmup = warmup
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # Each step may be several graphs (the step function yields between parts), replayed in order.
+        self.graphs: dict[tuple[int, int], list[torch.cuda.CUDAGraph]] = {}
         self.capture_seconds = 0.0
         self._pool: object | None = None
 
     def run(self, batch: int, span: int) -> None:
         if not self.enabled:
-            self.step(batch, span)
+            for _ in self.step(batch, span):
+                pass
             return
-        g = self.graphs.get((batch, span))
-        if g is None:
+        parts = self.graphs.get((batch, span))
+        if parts is None:
             self._capture(batch, span)  # its warm-up runs already produced this step's outputs
             return
-        g.replay()
+        for g in parts:
+            g.replay()
 
     def _capture(self, batch: int, span: int) -> None:
         # The step is idempotent for fixed inputs (it rewrites the same KV entries with the
@@ -76,19 +79,31 @@ class DecodeGraphs:
         side.wait_stream(cur)
         with torch.cuda.stream(side):
             for _ in range(self.warmup):
-                self.step(batch, span)
+                for _ in self.step(batch, span):
+                    pass
         cur.wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._pool):
-            self.step(batch, span)
-        if self._pool is None:
-            self._pool = g.pool()
-        g.replay()
-        self.graphs[(batch, span)] = g
+        # Tensors passed from one part to the next live in the generator's frame during
+        # capture and in the shared pool afterwards; parts always replay in capture order.
+        parts: list[torch.cuda.CUDAGraph] = []
+        gen = self.step(batch, span)
+        done = False
+        while not done:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self._pool):
+                try:
+                    next(gen)
+                except StopIteration:
+                    done = True
+            if self._pool is None:
+                self._pool = g.pool()
+            parts.append(g)
+        for g in parts:
+            g.replay()
+        self.graphs[(batch, span)] = parts
         took = time.perf_counter() - start
         self.capture_seconds += took
-        log.info("captured decode graph batch=%d span=%d in %.2fs (%d graphs)", batch, span, took,
-                 len(self.graphs))
+        log.info("captured decode graph batch=%d span=%d (%d parts) in %.2fs (%d buckets)", batch, span,
+                 len(parts), took, len(self.graphs))
 
     def clear(self) -> None:
         self.graphs.clear()

@@ -18,6 +18,7 @@ It also runs on CPU (eagerly, graphs off), which is how CI checks it against TPM
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -87,7 +88,8 @@ class CudaModel:
         # Decode-step variants, measured on an H200 (bench/engine_cuda_probe.py): how K/V are
         # written into the cache and which attention kernel reads it.
         self.kv_write = "scatter"  # scatter | index
-        self.attn_impl = "sdpa"  # sdpa | bmm
+        self.attn_impl = "bmm"  # bmm | sdpa (memory-efficient kernel: slower for one query row)
+        self.graph_parts = 1  # decode graphs per step (see _decode_core)
         self.graphs = DecodeGraphs(self._decode_core, dev, cuda_graphs)
         self.max_slots = self.max_len = 0
         self.allocate_cache(max_slots, max_len)
@@ -112,6 +114,12 @@ class CudaModel:
         self.step_in = torch.zeros(3, max_slots, dtype=torch.int64, device=dev)  # ids, positions, ctx lens
         self.step_out = torch.zeros(max_slots, self.vocab_hi - self.vocab_lo, dtype=torch.float32, device=dev)
         self._slot_ids = torch.arange(max_slots, device=dev)
+        pin = dev.type == "cuda"
+        self._host = torch.zeros(3, max_slots, dtype=torch.int64, pin_memory=pin)  # staging for step_in
+        self._host_idle = torch.zeros(3, max_slots, dtype=torch.int64)
+        self._host_idle[1] = max_len
+        self._host_ids = torch.arange(max_slots)
+        self._staged: torch.cuda.Event | None = None
         self._span_ids = torch.arange(max_len, device=dev)
 
     def cache_bytes(self) -> int:
@@ -173,9 +181,12 @@ class CudaModel:
 
     # -- decode (graph-capturable) ------------------------------------------------------
 
-    def _decode_core(self, S: int, L: int) -> None:
+    def _decode_core(self, S: int, L: int) -> Iterator[None]:
         """One decode step over slots 0..S-1 attending over positions 0..L-1, from step_in
-        to step_out. No host synchronisation: this is what a CUDA graph records."""
+        to step_out. No host synchronisation: this is what a CUDA graph records. It yields
+        after every `layers_per_graph` layers: each part becomes its own graph, so the GPU
+        starts on the first part while the host is still launching the next ones."""
+        per = max(1, -(-len(self.layers) // max(1, self.graph_parts)))
         ids, pos, ctx = self.step_in[0, :S], self.step_in[1, :S], self.step_in[2, :S]
         H, Hkv, D = self.heads, self.kv_heads, self.hd
         eps = self.c.rms_eps
@@ -212,6 +223,8 @@ class CudaModel:
             x, h = self._mlp_in(layer, x, o.reshape(S, H * D))
             w, dt = self._next_norm(li)
             x, h = self.ops.add_rms(x, self._mlp_out(layer, h), w, eps, dt)
+            if (li + 1) % per == 0 and li + 1 < len(self.layers):
+                yield
         self.step_out[:S].copy_(self._logits(h))
 
     # -- the TPModel contract -----------------------------------------------------------
@@ -225,15 +238,21 @@ class CudaModel:
             return self._prefill(ids, positions, slots, lens)
         S = batch_bucket(max(view_slots, int(slots.max()) + 1), self.max_slots)
         L = len_bucket(int(ctx_lens.max()), self.max_len)
-        host = torch.zeros(3, S, dtype=torch.int64)
-        host[1].fill_(self.max_len)  # slots outside this step write to the spare column
         cpu_slots = slots.cpu()
-        host[0, cpu_slots] = ids[:, 0].cpu()
-        host[1, cpu_slots] = positions[:, 0].cpu()
-        host[2, cpu_slots] = ctx_lens.cpu()
+        if self._staged is not None:
+            self._staged.synchronize()  # the previous step's copy has left the staging buffer
+        host = self._host[:, :S]
+        host.copy_(self._host_idle[:, :S])  # slots outside this step write to the spare column
+        host[:, cpu_slots] = torch.stack((ids[:, 0].cpu(), positions[:, 0].cpu(), ctx_lens.cpu()))
         self.step_in[:, :S].copy_(host, non_blocking=True)
+        if self.device.type == "cuda":
+            self._staged = torch.cuda.Event()
+            self._staged.record()
         self.graphs.run(S, L)
-        return self.step_out[cpu_slots.to(self.device)]
+        if B == 1 or torch.equal(cpu_slots, self._host_ids[:B]):  # slots 0..B-1: no index upload
+            return self.step_out[int(cpu_slots[0]): int(cpu_slots[0]) + 1].clone() if B == 1 \
+                else self.step_out[:B].clone()
+        return self.step_out[cpu_slots.to(self.device, non_blocking=True)]
 
     def _prefill(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                  lens: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ Graphs on vs off run the same kernels: their logits must agree to 1e-3 of that s
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -108,8 +109,16 @@ def test_cpu_float32_equals_cpu_engine(small_weights: dict[str, torch.Tensor]) -
 
 def test_cpu_bfloat16_within_tolerance(small_weights: dict[str, torch.Tensor]) -> None:
     ref, m = _pair(SMALL, small_weights, torch.bfloat16)
+    m.graph_parts = 3  # the step split into parts runs the same computation
     out = scenario([ref, m], SMALL.vocab_size)
     assert_close_to_reference(out[0], out[1], REL_TOL)
+
+
+def test_cpu_attention_and_kv_write_variants(small_weights: dict[str, torch.Tensor]) -> None:
+    ref, m = _pair(SMALL, small_weights, torch.float32)
+    m.attn_impl, m.kv_write = "sdpa", "index"
+    out = scenario([ref, m], SMALL.vocab_size, decode_steps=2)
+    assert_close_to_reference(out[0], out[1], 1e-4)
 
 
 def test_cpu_qwen3_bias_and_qk_norm() -> None:
@@ -141,11 +150,17 @@ def test_buckets() -> None:
 
 
 def test_graph_wrapper_runs_eagerly_without_cuda() -> None:
-    calls: list[tuple[int, int]] = []
-    g = DecodeGraphs(lambda b, s: calls.append((b, s)), torch.device("cpu"), enabled=True)
+    calls: list[tuple[int, int, int]] = []
+
+    def step(b: int, s: int) -> Iterator[None]:  # two parts, as a model with graph_parts=2 yields
+        calls.append((b, s, 0))
+        yield
+        calls.append((b, s, 1))
+
+    g = DecodeGraphs(step, torch.device("cpu"), enabled=True)
     g.run(4, 256)
     g.run(4, 256)
-    assert calls == [(4, 256), (4, 256)] and not g.enabled and not g.graphs
+    assert calls == [(4, 256, 0), (4, 256, 1)] * 2 and not g.enabled and not g.graphs
 
 
 def test_fused_op_falls_back_to_eager(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,6 +188,7 @@ def test_gpu_matches_cpu_engine_with_and_without_graphs() -> None:
     ref = TPModel(cfg, sh, w, SingleRank(), max_slots=8, max_len=256, dtype="float32")
     on = CudaModel(cfg, sh, w, SingleRank(), max_slots=8, max_len=256, device="cuda", cuda_graphs=True)
     off = CudaModel(cfg, sh, w, SingleRank(), max_slots=8, max_len=256, device="cuda", cuda_graphs=False)
+    on.graph_parts = 4  # several graphs per step, replayed in order
     out = scenario([ref, on, off], cfg.vocab_size, decode_steps=6)
     w_on = assert_close_to_reference(out[0], out[1], REL_TOL)
     w_off = assert_close_to_reference(out[0], out[2], REL_TOL)
