@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from switchyard.engine.cuda_sampling import draw
+
 
 @dataclass
 class SamplingParams:
@@ -48,7 +50,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
             sorted_logits[drop] = float("-inf")
             row = torch.full_like(row, float("-inf")).scatter(0, order, sorted_logits)
         probs = torch.softmax(row, dim=-1)
-        out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+        out[i] = draw(probs, generators[i])  # on the logits' device (GPU: inverse CDF)
     return out
 
 
