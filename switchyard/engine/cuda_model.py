@@ -280,3 +280,14 @@ class CudaModel:
         last = torch.arange(B, device=dev) * T + lens.to(dev) - 1
         return self._logits(h[last])
 
+
+
+def rank_device(rank: int) -> torch.device:
+    """This rank's GPU: LOCAL_RANK (torchrun) or the rank, modulo the visible GPUs; made current
+    so that NCCL and every allocation without an explicit device land on it."""
+    import os
+
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    dev = torch.device("cuda", local % max(1, torch.cuda.device_count()))
+    torch.cuda.set_device(dev)
+    return dev

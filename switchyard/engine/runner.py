@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from switchyard.engine.comm import GPU_ENV, CollectiveBackend, SingleRank, make_backend
 from switchyard.engine.config import ModelConfig
+from switchyard.engine.cuda_model import CudaModel, rank_device
 from switchyard.engine.model import TPModel
 from switchyard.engine.weights import Shard, load_shard, open_source
 
@@ -80,7 +81,8 @@ class Runner:
         self.collective_info: dict[str, Any] = {"mode": opts.collective, "chosen": "none"}
         self.group: dist.ProcessGroup | None = None
         self.config: ModelConfig | None = None
-        self.model: TPModel | None = None
+        self.model: TPModel | CudaModel | None = None
+        self.ctrl_group: dist.ProcessGroup | None = None  # the step protocol's group (CPU tensors)
         self.source: Any = None
         self.load_seconds = 0.0
         self.big_threads = self.small_threads = self._threads = 1
@@ -94,6 +96,8 @@ class Runner:
         self._threads = self.big_threads
         torch.set_num_threads(self.big_threads)
         device = torch.device(self.opts.device)
+        if device.type == "cuda":
+            device = rank_device(self.rank)
         start = time.monotonic()
         src = open_source(self.opts.model_path)
         self.source = src
@@ -112,6 +116,7 @@ class Runner:
                                         timeout=timedelta(seconds=self.opts.collective_timeout_s))
             cpu_group = self.group if device.type == "cpu" else dist.new_group(
                 list(range(self.world)), backend="gloo", timeout=timedelta(seconds=60))
+            self.ctrl_group = cpu_group  # headers and token ids are CPU tensors: gloo even on GPU
         weights = load_shard(src, self.rank, self.world)
         max_len = min(self.opts.max_model_len, cfg.max_position)
         self.opts.max_model_len = max_len
@@ -120,10 +125,18 @@ class Runner:
             self.comm, self.collective_info = make_backend(self.opts.collective, self.rank, self.world,
                                                            self.group, cpu_group, device)
         self.config = cfg
-        self.opts.dtype = resolve_dtype(self.opts.dtype, src)
-        self.model = TPModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
-                             max_slots=self.opts.max_num_seqs, max_len=max_len,
-                             dtype=self.opts.dtype)
+        if device.type == "cuda":
+            # bf16 weights and KV cache on the GPU (int4 is a CPU kernel); float32 on request.
+            self.opts.dtype = "float32" if self.opts.dtype == "float32" else "bfloat16"
+            self.model = CudaModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
+                                   max_slots=self.opts.max_num_seqs, max_len=max_len, device=device,
+                                   dtype=getattr(torch, self.opts.dtype),
+                                   cuda_graphs=bool(self.opts.extra.get("cuda_graphs", True)))
+        else:
+            self.opts.dtype = resolve_dtype(self.opts.dtype, src)
+            self.model = TPModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
+                                 max_slots=self.opts.max_num_seqs, max_len=max_len,
+                                 dtype=self.opts.dtype)
         del weights
         self.load_seconds = time.monotonic() - start
         if self.world > 1:
@@ -143,10 +156,10 @@ class Runner:
             assert ids is not None and positions is not None and slots is not None
             assert lens is not None and ctx_lens is not None
             header[1], header[2], header[3] = ids.shape[0], ids.shape[1], view_slots
-        dist.broadcast(header, src=0, group=self.group)
+        dist.broadcast(header, src=0, group=self.ctrl_group)
         if kind == STEP:
             payload = torch.cat([ids.reshape(-1), positions.reshape(-1), slots, lens, ctx_lens])  # type: ignore[union-attr]
-            dist.broadcast(payload, src=0, group=self.group)
+            dist.broadcast(payload, src=0, group=self.ctrl_group)
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
              ctx_lens: torch.Tensor, view_slots: int) -> torch.Tensor:
@@ -164,7 +177,7 @@ class Runner:
         """Follower ranks: run rank 0's steps until told to stop. Returns an exit code."""
         header = torch.zeros(_HEADER, dtype=torch.int64)
         while True:
-            dist.broadcast(header, src=0, group=self.group)
+            dist.broadcast(header, src=0, group=self.ctrl_group)
             kind = int(header[0])
             if kind == HEARTBEAT:
                 continue
@@ -172,7 +185,7 @@ class Runner:
                 return 0
             B, T, view_slots = int(header[1]), int(header[2]), int(header[3])
             payload = torch.empty(2 * B * T + 3 * B, dtype=torch.int64)
-            dist.broadcast(payload, src=0, group=self.group)
+            dist.broadcast(payload, src=0, group=self.ctrl_group)
             ids, positions, slots, lens, ctx_lens = payload.split([B * T, B * T, B, B, B])
             self.step(ids.view(B, T), positions.view(B, T), slots, lens, ctx_lens, view_slots)
 
