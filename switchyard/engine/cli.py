@@ -51,7 +51,9 @@ def engine_serve(
     dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | int4 (auto: int4 for 4-bit GGUF files)"),
     threads: int = typer.Option(0, help="Torch threads per rank (0: cores / local ranks)"),
     collective_timeout: float = typer.Option(10.0, help="Seconds before a stuck collective fails the replica"),
-    device: str = typer.Option("cpu", help="cpu (this build's model runs on CPU)"),
+    device: str = typer.Option("cpu", help="cpu | cuda (bf16 weights and KV cache on the GPU; rank r uses GPU r)"),
+    cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
+                                     help="Replay decode steps as CUDA graphs (GPU only)"),
 ) -> None:
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
@@ -63,10 +65,14 @@ def engine_serve(
         raise typer.BadParameter("--collective must be ring, oneshot or auto")
     if dtype not in ("auto", "float32", "bfloat16", "int4"):
         raise typer.BadParameter("--dtype must be auto, float32, bfloat16 or int4")
-    if device != "cpu":
-        typer.echo("error: this build's model runs on CPU only (--device cpu); the GPU one-shot collective "
-                   "lives in switchyard.engine.comm", err=True)
-        raise typer.Exit(2)
+    if device not in ("cpu", "cuda"):
+        raise typer.BadParameter("--device must be cpu or cuda")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            typer.echo("error: --device cuda but this torch build sees no CUDA GPU", err=True)
+            raise typer.Exit(2)
     env_rank = launch.rank_from_env()
     try:
         path = registry.resolve(model)
@@ -84,5 +90,6 @@ def engine_serve(
         typer.echo(f"error: --tp {tp} but WORLD_SIZE={world}", err=True)
         raise typer.Exit(2)
     opts = {"collective": collective, "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
-            "max_waiting": max_waiting, "dtype": dtype, "threads": threads, "collective_timeout_s": collective_timeout, "device": device}
+            "max_waiting": max_waiting, "dtype": dtype, "threads": threads, "collective_timeout_s": collective_timeout, "device": device,
+            "extra": {"cuda_graphs": cuda_graphs}}
     raise typer.Exit(launch.run_rank(path, served_model_name or model, rank, world, host, port, opts))
