@@ -15,7 +15,10 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token id from a probability row (any device)."""
     if probs.device.type == "cpu":
         return int(torch.multinomial(probs, 1, generator=generator).item())
-    u = torch.rand(1, generator=generator, dtype=torch.float64).to(probs.device)
+    return int(inverse_cdf(probs, torch.rand(1, generator=generator, dtype=torch.float64)).item())
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The index i with cdf[i-1] <= u * total < cdf[i], computed where `probs` lives."""
     cdf = probs.double().cumsum(-1)
-    idx = torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_(max=probs.shape[-1] - 1)
-    return int(idx.item())
+    return torch.searchsorted(cdf, u.to(probs.device) * cdf[-1], right=True).clamp_(max=probs.shape[-1] - 1)

@@ -210,3 +210,67 @@ def test_gpu_fused_ops_compile() -> None:
     m.forward(torch.randint(0, cfg.vocab_size, (1, 9)), torch.arange(9).view(1, 9), torch.tensor([0]), lens, lens, 0)
     m.forward(torch.tensor([[5]]), torch.tensor([[9]]), torch.tensor([0]), torch.tensor([1]), torch.tensor([10]), 1)
     assert m.status()["fused_ops"] == {"add_rms": "compiled", "rope_qkv": "compiled", "silu_mul": "compiled"}
+
+
+def test_inverse_cdf_sampling_matches_the_distribution() -> None:
+    from switchyard.engine.cuda_sampling import inverse_cdf
+
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    g = torch.Generator().manual_seed(7)
+    draws = torch.cat([inverse_cdf(probs, torch.rand(1, generator=g, dtype=torch.float64)) for _ in range(4000)])
+    freq = torch.bincount(draws, minlength=4).double() / 4000
+    assert freq[1] == 0  # a zero-probability token is never drawn
+    assert torch.allclose(freq, probs.double(), atol=0.03), freq
+
+
+def _random_llama_dir(d, cfg) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from safetensors.torch import save_file
+
+    w = random_weights(cfg, seed=5)
+    save_file({("lm_head.weight" if k == "lm_head.weight" else f"model.{k}"): v.contiguous() for k, v in w.items()},
+              str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+        "rms_norm_eps": cfg.rms_eps, "rope_theta": cfg.rope_theta, "max_position_embeddings": 2048,
+        "tie_word_embeddings": cfg.tie_embeddings, "eos_token_id": 2, "bos_token_id": 1}))
+
+
+@gpu
+def test_gpu_runner_and_sampling(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The runner with --device cuda (what `engine serve --device cuda` runs) against the CPU runner
+    on the same safetensors file; seeded sampling on the GPU logits is reproducible."""
+    from switchyard.engine.runner import Runner, RunnerOptions
+    from switchyard.engine.sampling import SamplingParams, make_generator, sample
+
+    _random_llama_dir(tmp_path, SMALL)
+    runners = []
+    for device in ("cpu", "cuda"):
+        r = Runner(RunnerOptions(model_path=tmp_path, device=device, max_num_seqs=8, max_model_len=256,
+                                 dtype="float32" if device == "cpu" else "auto"), 0, 1)
+        r.setup()
+        runners.append(r)
+    cpu, gpu_runner = runners
+    assert isinstance(gpu_runner.model, CudaModel) and gpu_runner.opts.dtype == "bfloat16"
+
+    class Step:
+        def __init__(self, r: Runner) -> None:
+            self.r = r
+
+        def forward(self, *a: object) -> torch.Tensor:
+            return self.r.step(*a)  # type: ignore[arg-type]
+
+    out = scenario([Step(cpu), Step(gpu_runner)], SMALL.vocab_size, decode_steps=3)
+    assert_close_to_reference(out[0], out[1], REL_TOL)
+    assert gpu_runner.model.status()["graphs_captured"] >= 1
+    logits = gpu_runner.step(torch.tensor([[5]]), torch.tensor([[0]]), torch.tensor([3]), torch.tensor([1]),
+                             torch.tensor([1]), 4)
+    assert logits.is_cuda
+    p = SamplingParams(temperature=0.8, top_p=0.9, seed=11)
+    a = [sample(logits, [p], [g])[0] for g in [make_generator(p)] for _ in range(5)]
+    b = [sample(logits, [p], [g])[0] for g in [make_generator(p)] for _ in range(5)]
+    assert a == b and all(0 <= t < SMALL.vocab_size for t in a)
+    assert sample(logits, [SamplingParams(temperature=0)], [None])[0] == int(logits.argmax())
