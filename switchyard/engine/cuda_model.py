@@ -32,6 +32,7 @@ from switchyard.engine.cuda_ops import Ops, rms_norm
 from switchyard.engine.model import rope_inv_freq
 from switchyard.engine.weights import Shard
 
+COMPILED_PREFILL_TOKENS = 4096  # prefills at least this long use the fused (compiled) ops
 _REFINE = 32  # candidates per row whose logits are recomputed in float32
 # Decode attention has a padding mask; flash attention takes none. Memory-efficient
 # attention takes one and is capturable; math is the CPU path.
@@ -84,7 +85,12 @@ class CudaModel:
         self.norm = weights["norm.weight"].to(device=dev, dtype=torch.float32)
         self.layers = [_Layer(weights, f"layers.{i}.", dev, dtype) for i in range(config.num_layers)]
         self.inv_freq = rope_inv_freq(config, weights.get("rope_freqs"))
+        # Compiled ops cost ~0.1 ms of Python per call when run eagerly; inside a CUDA graph that
+        # cost is gone and only their fusion remains. So: compiled inside graphs and for long
+        # prefills (where fusion saves memory traffic), plain torch ops elsewhere.
         self.ops = Ops(dev, compile_ops)
+        self.ops_eager = Ops(dev, compile_ops=False)
+        self._ops = self.ops
         # Decode-step variants, measured on an H200 (bench/engine_cuda_probe.py): how K/V are
         # written into the cache and which attention kernel reads it.
         self.kv_write = "scatter"  # scatter | index
@@ -166,15 +172,15 @@ class CudaModel:
     def _qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qkv = F.linear(h, layer.qkv, layer.qkv_b)
-        return self.ops.rope_qkv(qkv, cos, sin, self.heads, self.kv_heads, self.hd, layer.q_norm,
+        return self._ops.rope_qkv(qkv, cos, sin, self.heads, self.kv_heads, self.hd, layer.q_norm,
                                  layer.k_norm, self.c.rms_eps, self.dtype)
 
     def _mlp_in(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = self.comm.all_reduce(F.linear(attn, layer.o))
-        return self.ops.add_rms(x, y, layer.ln2, self.c.rms_eps, self.dtype)
+        return self._ops.add_rms(x, y, layer.ln2, self.c.rms_eps, self.dtype)
 
     def _mlp_out(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
-        return self.comm.all_reduce(F.linear(self.ops.silu_mul(F.linear(h, layer.gate_up)), layer.down))
+        return self.comm.all_reduce(F.linear(self._ops.silu_mul(F.linear(h, layer.gate_up)), layer.down))
 
     def _next_norm(self, li: int) -> tuple[torch.Tensor, torch.dtype]:
         return (self.layers[li + 1].ln1, self.dtype) if li + 1 < len(self.layers) else (self.norm, torch.float32)
@@ -187,6 +193,7 @@ class CudaModel:
         after every `layers_per_graph` layers: each part becomes its own graph, so the GPU
         starts on the first part while the host is still launching the next ones."""
         per = max(1, -(-len(self.layers) // max(1, self.graph_parts)))
+        self._ops = self.ops if self.graphs.enabled else self.ops_eager
         ids, pos, ctx = self.step_in[0, :S], self.step_in[1, :S], self.step_in[2, :S]
         H, Hkv, D = self.heads, self.kv_heads, self.hd
         eps = self.c.rms_eps
@@ -214,7 +221,7 @@ class CudaModel:
                 vc[rows, :, pos] = v
             if self.attn_impl == "bmm":
                 s = torch.bmm(q.view(S * Hkv, G, D), kc[:, :, :L].reshape(S * Hkv, L, D).transpose(1, 2))
-                p = self.ops.masked_softmax(s.view(S, Hkv, G, L), bias, 1.0 / D ** 0.5, self.dtype)
+                p = self._ops.masked_softmax(s.view(S, Hkv, G, L), bias, 1.0 / D ** 0.5, self.dtype)
                 o = torch.bmm(p.view(S * Hkv, G, L), vc[:, :, :L].reshape(S * Hkv, L, D))
             else:
                 with sdpa_kernel(_DECODE_SDPA):
@@ -222,7 +229,7 @@ class CudaModel:
                                                        attn_mask=mask)
             x, h = self._mlp_in(layer, x, o.reshape(S, H * D))
             w, dt = self._next_norm(li)
-            x, h = self.ops.add_rms(x, self._mlp_out(layer, h), w, eps, dt)
+            x, h = self._ops.add_rms(x, self._mlp_out(layer, h), w, eps, dt)
             if (li + 1) % per == 0 and li + 1 < len(self.layers):
                 yield
         self.step_out[:S].copy_(self._logits(h))
@@ -259,6 +266,7 @@ class CudaModel:
         dev = self.device
         B, T = ids.shape
         H, Hkv, D = self.heads, self.kv_heads, self.hd
+        self._ops = self.ops if B * T >= COMPILED_PREFILL_TOKENS else self.ops_eager
         eps = self.c.rms_eps
         ids, pos = ids.to(dev).reshape(-1), positions.to(dev).reshape(-1)
         slots = slots.to(dev)
@@ -276,7 +284,7 @@ class CudaModel:
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
             x, h = self._mlp_in(layer, x, o.transpose(1, 2).reshape(B * T, H * D))
             w, dt = self._next_norm(li)
-            x, h = self.ops.add_rms(x, self._mlp_out(layer, h), w, eps, dt)
+            x, h = self._ops.add_rms(x, self._mlp_out(layer, h), w, eps, dt)
         last = torch.arange(B, device=dev) * T + lens.to(dev) - 1
         return self._logits(h[last])
 
