@@ -182,7 +182,7 @@ def bench_shape(name: str, dev: torch.device, batches: list[int], tokens: int, h
     decode_rate(m, 1, min(tokens, 8), c.vocab_size)  # compiles the fused ops
     log(f"  warm-up (compile + first graphs) {time.perf_counter() - t:.1f}s; ops {m.ops.status()}")
     for b in batches:
-        if clock.left() < 60:
+        if clock.left() < 45:
             log(f"  batch {b}: skipped (time)")
             break
         r = decode_rate(m, b, tokens, c.vocab_size)
@@ -202,18 +202,18 @@ def bench_shape(name: str, dev: torch.device, batches: list[int], tokens: int, h
             add("ours", "ttft_ms", 1, ttft(m, n, c.vocab_size), "ms", f"prompt {n}")
     del m
     gc.collect()
-    if hf and clock.left() > 90:
+    if hf and clock.left() > 40:
         hf_generate(model, 1, 16, 2, c.vocab_size)  # warm-up
         hf_generate(model, 1, min(ttft_lens or [PROMPT]), 1, c.vocab_size)
         for b in hf_batches:
-            if clock.left() < 60:
+            if clock.left() < 25:
                 break
             t1 = hf_generate(model, b, PROMPT, 1, c.vocab_size)
             tn = hf_generate(model, b, PROMPT, tokens + 1, c.vocab_size)
             add("transformers static", "decode_tok_s", b, b * tokens / max(tn - t1, 1e-9), "tok/s",
                 "generate(cache_implementation='static'), not compiled")
         for n in ttft_lens:
-            if clock.left() < 45:
+            if clock.left() < 15:
                 break
             add("transformers static", "ttft_ms", 1, hf_generate(model, 1, n, 1, c.vocab_size) * 1000, "ms",
                 f"prompt {n}")
