@@ -7,7 +7,9 @@ without it (CI has no GPU); they were run on one H200 through the device tool.
 Tolerance (stated, not tuned per run): the bf16 model's logits may differ from the float32
 CPU engine's by at most 15% of the reference logits' standard deviation (observed: ~5%), and
 the greedy token must agree wherever the reference's top-2 gap exceeds twice that bound.
-Graphs on vs off run the same kernels: their logits must agree to 1e-3 of that std.
+Graphs on vs off: on runs the compiled (fused) ops inside the graph, off runs plain torch ops,
+so they agree only within the same bound (seen on an H200: 0.045 x std apart, 0.0625 x std from
+the CPU engine); with the same ops, replaying a graph gave bit-identical logits (seen: 0.0).
 """
 
 from __future__ import annotations
@@ -196,7 +198,7 @@ def test_gpu_matches_cpu_engine_with_and_without_graphs() -> None:
     gdiff = max(float((a - b).abs().max()) for a, b in zip(out[1], out[2], strict=True))
     print(f"\nGPU bf16 vs CPU fp32: graphs on {w_on:.4f} x std, off {w_off:.4f} x std; "
           f"on vs off max diff {gdiff:.2e}; {on.status()}")
-    assert gdiff <= 1e-3 * std
+    assert gdiff <= REL_TOL * std
     assert on.status()["graphs_captured"] >= 1  # bucket (8 slots, span 256)
     assert on.graphs.enabled and not off.graphs.enabled
 
