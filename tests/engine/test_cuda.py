@@ -276,3 +276,16 @@ def test_gpu_runner_and_sampling(tmp_path) -> None:  # type: ignore[no-untyped-d
     b = [sample(logits, [p], [g])[0] for g in [make_generator(p)] for _ in range(5)]
     assert a == b and all(0 <= t < SMALL.vocab_size for t in a)
     assert sample(logits, [SamplingParams(temperature=0)], [None])[0] == int(logits.argmax())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_serve_device_cuda_without_gpu_is_refused() -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "switchyard.cli", "engine", "serve", "--device", "cuda", "--port", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no CUDA GPU" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "switchyard.cli", "engine", "serve", "--device", "tpu"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--device must be cpu or cuda" in (r.stderr + r.stdout)
