@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -289,3 +290,43 @@ def test_serve_device_cuda_without_gpu_is_refused() -> None:
     r = subprocess.run([sys.executable, "-m", "switchyard.cli", "engine", "serve", "--device", "tpu"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--device must be cpu or cuda" in (r.stderr + r.stdout)
+
+
+def test_cpu_tensor_parallel_sharding_equals_tp1(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The GPU model's TP code (vocab-parallel embedding and head, all-reduce after o/down) at
+    TP=3, SmolLM2's TP width, on CPU with gloo (ring; oneshot is the comm tests' business): equals TP=1. On GPUs the same
+    all-reduces run inside the captured decode graphs (NCCL / symmetric memory): not run here,
+    the device tool lends one GPU."""
+    import os
+    import subprocess
+    import sys
+
+    from engine_support import ROOT, free_port
+
+    cfg = dataclasses.replace(SMALL, num_layers=2)
+    _random_llama_dir(tmp_path, cfg)
+    from switchyard.engine.weights import load_shard, open_source
+
+    src = open_source(tmp_path)
+    one = CudaModel(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), max_slots=8,
+                    max_len=64, device="cpu", dtype=torch.float32)
+    ref = scenario([one], cfg.vocab_size, decode_steps=2)[0]
+    harness = Path(__file__).resolve().parent / "test_cuda_tp_harness.py"
+    for coll in ("ring",):
+        env = {**os.environ, "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+               "PYTHONPATH": str(ROOT)}
+        out = tmp_path / f"tp3_{coll}.pt"
+        procs = [subprocess.Popen([sys.executable, str(harness), str(tmp_path), str(out), coll],
+                                  env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                 for r in range(3)]
+        try:
+            logs = [p.communicate(timeout=180)[0].decode(errors="replace") for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        assert all(p.returncode == 0 for p in procs), "\n".join(x[-2000:] for x in logs)
+        got = torch.load(out)
+        for a, b in zip(ref, got, strict=True):
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
