@@ -18,6 +18,7 @@ It also runs on CPU (eagerly, graphs off), which is how CI checks it against TPM
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from switchyard.engine.comm import CollectiveBackend
 from switchyard.engine.config import ModelConfig
-from switchyard.engine.cuda_graphs import DecodeGraphs, batch_bucket, len_bucket
+from switchyard.engine.cuda_graphs import BATCH_BUCKETS, DecodeGraphs, batch_bucket, len_bucket
 from switchyard.engine.cuda_ops import Ops, rms_norm
 from switchyard.engine.model import rope_inv_freq
 from switchyard.engine.weights import Shard
@@ -149,6 +150,24 @@ class CudaModel:
         return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "cuda_graphs": self.graphs.enabled, "graphs_captured": len(self.graphs.graphs),
                 "fused_ops": self.ops.status()}
+
+    def warmup(self) -> float:
+        """Compile the fused ops and capture the decode graphs of every batch bucket (at the
+        shortest span) before serving, so the first requests do not pay for them. Writes only
+        into slot 0's cache, which a prefill overwrites before any use. Every TP rank must call
+        it (its collectives pair up). Returns the seconds it took."""
+        start = time.perf_counter()
+        n = 8
+        one = torch.ones(1, dtype=torch.int64)
+        self.forward(torch.zeros(1, n, dtype=torch.int64), torch.arange(n).view(1, n), torch.zeros_like(one),
+                     one * n, one * n, 0)
+        for S in sorted({batch_bucket(b, self.max_slots) for b in BATCH_BUCKETS if b <= self.max_slots}
+                        | {self.max_slots}):
+            self.forward(torch.zeros(1, 1, dtype=torch.int64), (one * n).view(1, 1), torch.zeros_like(one), one,
+                         one * (n + 1), S)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
 
     # -- pieces --------------------------------------------------------------------------
 

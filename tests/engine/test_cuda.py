@@ -330,3 +330,21 @@ def test_cpu_tensor_parallel_sharding_equals_tp1(tmp_path) -> None:  # type: ign
         got = torch.load(out)
         for a, b in zip(ref, got, strict=True):
             torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
+def test_warmup_runs_every_batch_bucket(small_weights: dict[str, torch.Tensor]) -> None:
+    """Start-up warm-up (compile + capture on GPU) steps through every batch bucket up to
+    max_num_seqs; on CPU the same steps run eagerly."""
+    cfg = dataclasses.replace(SMALL, num_layers=1)
+    w = {k: v for k, v in small_weights.items() if not k.startswith("layers.") or k.startswith("layers.0.")}
+    m = CudaModel(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=20, max_len=64, device="cpu")
+    seen: list[tuple[int, int]] = []
+    core = m._decode_core
+
+    def spy(S: int, L: int) -> Iterator[None]:
+        seen.append((S, L))
+        yield from core(S, L)
+
+    m.graphs.step = spy
+    assert m.warmup() >= 0
+    assert seen == [(1, 64), (2, 64), (4, 64), (8, 64), (16, 64), (20, 64)]
