@@ -132,6 +132,9 @@ class Runner:
                                    max_slots=self.opts.max_num_seqs, max_len=max_len, device=device,
                                    dtype=getattr(torch, self.opts.dtype),
                                    cuda_graphs=bool(self.opts.extra.get("cuda_graphs", True)))
+            # Compile and capture now (every rank: the captures' collectives pair up), not on
+            # the first requests.
+            log.info("GPU warm-up (fused ops, decode graphs) took %.1fs", self.model.warmup())
         else:
             self.opts.dtype = resolve_dtype(self.opts.dtype, src)
             self.model = TPModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
