@@ -256,8 +256,8 @@ def summary(rows: list[dict[str, Any]], bw: float) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Engine on one GPU (also: bench/engine.py --device cuda ...)")
     ap.add_argument("--shapes", default="smollm2-135m,llama-8b")
     ap.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
     ap.add_argument("--hf-batches", default="1,64")
@@ -267,7 +267,7 @@ def main() -> None:
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--budget-s", type=float, default=420, help="skip remaining points past this")
     ap.add_argument("--out", default="bench/results")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     dev = torch.device(a.device)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -302,7 +302,7 @@ def main() -> None:
             wr.writeheader()
             wr.writerows(rows)
     table = summary(rows, bw)
-    cmd = "python bench/engine_cuda.py " + " ".join(sys.argv[1:])
+    cmd = "python bench/engine_cuda.py " + " ".join(sys.argv[1:] if argv is None else argv)
     (out / "engine_cuda.md").write_text(f"# Engine on {name}\n\n`{cmd}`\n\n{table}\n")
     log(table)
 
