@@ -1,6 +1,7 @@
 """Engine decode benchmark on this machine, ours vs transformers `generate` on the same GGUF.
 
   python bench/engine.py [--tokens 64] [--batch 16] [--dtype float32] [--threads 0]
+  python bench/engine.py --device cuda [bench/engine_cuda.py options]   # one GPU, see that file
 
 Prints decode tokens/s at batch 1 and the aggregate at batch N for our engine (the real
 scheduler and runner, in-process, no HTTP) and for transformers, the ratios, and time to
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -121,12 +123,21 @@ def transformers_ref(path: Path, threads: int, tokens: int, batch: int) -> dict[
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    argv = sys.argv[1:]
+    if "--device" in argv and argv[argv.index("--device") + 1:][:1] == ["cuda"]:
+        # The GPU benchmark (random bf16 weights of SmolLM2's and an 8B shape) has its own options.
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from engine_cuda import main as cuda_main
+
+        cuda_main(argv)
+        return
+    ap = argparse.ArgumentParser(description="CPU engine benchmark; --device cuda runs bench/engine_cuda.py")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
     from switchyard.engine import registry
 
