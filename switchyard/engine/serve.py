@@ -44,6 +44,8 @@ def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
             state.max_model_len = runner.opts.max_model_len
             state.load_seconds = runner.load_seconds
             state.dtype = runner.opts.dtype
+            status = getattr(runner.model, "status", None)
+            state.device = status() if status is not None else {"device": "cpu"}
             sched = Scheduler(runner, state.tokenizer, runner.opts.max_num_seqs, runner.opts.max_model_len,
                               max_waiting=runner.opts.max_waiting)
             state.scheduler = sched

@@ -46,6 +46,7 @@ class EngineState:
     started: float = field(default_factory=time.time)
     load_seconds: float = 0.0
     dtype: str = ""
+    device: dict[str, Any] = field(default_factory=dict)  # GPU: dtype, CUDA graphs, fused ops
 
     @property
     def ready(self) -> bool:
@@ -120,6 +121,8 @@ def build_app(state: EngineState) -> FastAPI:
     async def health() -> JSONResponse:
         body = {"status": "ok" if state.ready else state.phase, "model": state.model_name, "tp": state.tp,
                 "dtype": state.dtype, "collective": state.collective, "uptime_s": round(time.time() - state.started, 1)}
+        if state.device:
+            body["device"] = state.device
         s = state.scheduler
         if s is not None and s.failed:
             body["status"] = "failed"
