@@ -11,9 +11,6 @@ import torch
 import torch.nn.functional as F
 
 GROUP = 32
-# From this many rows a step is compute-bound: a dense bfloat16 copy of the same 4-bit values
-# goes through oneDNN's bf16 GEMM (AVX512-BF16/AMX), about 2x the int4 kernel at 16 rows here.
-DENSE_ROWS = 16
 
 
 class Dense:
@@ -35,7 +32,7 @@ def int4_supported() -> bool:
 class Int4:
     """y = x @ dequant(W).T with W stored as uint4 codes, per-32 scale and offset."""
 
-    __slots__ = ("packed", "sz", "b", "n", "dense")
+    __slots__ = ("packed", "sz", "b", "n")
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None) -> None:
         n, k = w.shape
@@ -50,19 +47,10 @@ class Int4:
         self.sz = torch.stack([scale.view(n, -1).t(), zero.view(n, -1).t()], dim=-1).to(torch.bfloat16).contiguous()
         self.b = b.to(torch.bfloat16) if b is not None else None
         self.n = n
-        # The values the int4 kernel multiplies by, (q - 8) * scale + zero with the bf16 scale
-        # and zero it reads, so both paths use the same weights.
-        sz = self.sz.float()
-        s_, z_ = sz[..., 0].t().unsqueeze(-1), sz[..., 1].t().unsqueeze(-1)
-        self.dense = ((q.view(n, k // GROUP, GROUP).float() - 8) * s_ + z_).view(n, k).to(torch.bfloat16)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if x2.shape[0] >= DENSE_ROWS:
-            y = F.linear(x2, self.dense, self.b).view(*shape[:-1], self.n)
-            return y
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, GROUP, self.sz)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, shape[-1]), self.packed, GROUP, self.sz)
         y = y.view(*shape[:-1], self.n)
         return y + self.b if self.b is not None else y
 
