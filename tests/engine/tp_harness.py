@@ -28,6 +28,7 @@ def run_model(model_dir: Path, out: Path, collective: str) -> None:
     r.setup()
     if rank != 0:
         r.follow()
+        r.shutdown()
         return
     T = max(map(len, PROMPTS))
     ids = torch.zeros(2, T, dtype=torch.int64)
@@ -80,3 +81,7 @@ if __name__ == "__main__":
         run_model(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
     else:
         run_comm(Path(sys.argv[2]))
+    # Results are written: leave without C++ static destructors, where gloo's threads can abort
+    # the process ("terminate called without an active exception") after a clean run.
+    sys.stdout.flush()
+    os._exit(0)
