@@ -15,7 +15,6 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import urlparse
 
 import typer
 
@@ -110,27 +109,30 @@ def up(
     logs.mkdir(parents=True, exist_ok=True)
     py = [sys.executable, "-m", "switchyard.cli"]
     children: list[_Child] = []
-    for pool_name, pool in spec.pools.items():
-        eng = pool.engine
-        if eng is None or isinstance(pool.replicas, int):
-            continue
+    # The same planner as a cluster (`switchyard plan`), on a one-node cluster: this machine.
+    from switchyard.cluster.local import local_launches
+    from switchyard.cluster.placement import PlanError
+
+    try:
+        launches = local_launches(spec, base=policy.parent)
+    except PlanError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    for launch in launches:
+        pool = spec.pools[launch.pool]
+        if launch.command is None or pool.engine is None:
+            continue  # not ours to start: expected to be running already
         try:
-            path = registry.resolve(eng.model)  # pulls a known model when missing
+            registry.resolve(pool.engine.model)  # pulls a known model when missing
         except (registry.ModelNotFound, RuntimeError) as e:
-            typer.echo(f"error: pool {pool_name}: {e}", err=True)
+            typer.echo(f"error: pool {launch.pool}: {e}", err=True)
             raise typer.Exit(2) from None
-        for i, rep in enumerate(pool.replicas):
-            u = urlparse(rep.url)
-            rhost, rport = u.hostname or "127.0.0.1", u.port or 80
-            if not _port_free(rhost, rport):
-                typer.echo(f"error: pool {pool_name}: port {rport} ({rep.url}) is already in use", err=True)
-                raise typer.Exit(2)
-            name = rep.name or f"{pool_name}-{i}"
-            cmd = [*py, "engine", "serve", "--model", str(path), "--tp", str(eng.tp), "--collective",
-                   eng.collective, "--device", eng.device, "--host", rhost, "--port", str(rport),
-                   "--served-model-name", pool.model, *eng.args]
-            root = f"{u.scheme}://{u.netloc}"
-            children.append(_Child(name, cmd, logs / f"{name}.log", f"{root}/health"))
+        if not _port_free(launch.host, launch.port):
+            typer.echo(f"error: pool {launch.pool}: port {launch.port} ({launch.url}) is already in use", err=True)
+            raise typer.Exit(2)
+        cmd = [*launch.command, "--served-model-name", pool.model]
+        children.append(_Child(launch.replica, cmd, logs / f"{launch.replica}.log",
+                               f"http://{launch.host}:{launch.port}/health"))
     if not _port_free(host, port):
         typer.echo(f"error: gateway port {port} is already in use", err=True)
         raise typer.Exit(2)
@@ -143,7 +145,7 @@ def up(
     code = 0
     try:
         for c in children:
-            typer.echo(f"starting {c.name}: {' '.join(c.cmd[3:])}  (log: {c.log})")
+            typer.echo(f"starting {c.name}: {' '.join(c.cmd[1:])}  (log: {c.log})")
             c.start()
             started.append(c)
         for c in [*children, gateway]:
