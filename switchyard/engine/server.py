@@ -174,16 +174,31 @@ def build_app(state: EngineState) -> FastAPI:
             raise RequestError(str(e), status=503, type_="server_error", code="engine_failed") from None
         return seq, queue
 
-    async def _events(seq: Sequence, queue: asyncio.Queue[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    async def _events(seq: Sequence, queue: asyncio.Queue[dict[str, Any]],
+                      request: Request | None = None) -> AsyncIterator[dict[str, Any]]:
+        watcher = None
+        if request is not None:
+            # Not streaming: nothing is sent until the end, so watch for the client leaving and
+            # stop generating for it then (a stream notices at its next write).
+            async def watch() -> None:
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                queue.put_nowait({"type": "gone"})
+
+            watcher = asyncio.get_running_loop().create_task(watch())
         finished = False
         try:
             while True:
                 ev = await queue.get()
+                if ev["type"] == "gone":
+                    return
                 yield ev
                 if ev["type"] in ("finish", "error"):
                     finished = True
                     return
         finally:
+            if watcher is not None:
+                watcher.cancel()
             if not finished and state.scheduler is not None:
                 state.scheduler.abort(seq.id)
 
@@ -219,7 +234,7 @@ def build_app(state: EngineState) -> FastAPI:
                                                   include_usage, params.logprobs),
                                      media_type="text/event-stream")
         text, lps, reason, usage = "", [], "stop", {}
-        async for ev in _events(seq, queue):
+        async for ev in _events(seq, queue, request):
             if ev["type"] == "delta":
                 text += ev["text"]
                 lps.extend(ev.get("logprobs", []))
@@ -340,7 +355,7 @@ def build_app(state: EngineState) -> FastAPI:
                                                            "param": None, "code": "engine_failed"}}) + b"\n\n"
             return StreamingResponse(gen(), media_type="text/event-stream")
         text, lps, reason, usage = "", [], "stop", {}
-        async for ev in _events(seq, queue):
+        async for ev in _events(seq, queue, request):
             if ev["type"] == "delta":
                 text += ev["text"]
                 lps.extend(ev.get("logprobs", []))

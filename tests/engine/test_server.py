@@ -177,3 +177,27 @@ def test_waiting_queue_is_bounded() -> None:
     with pytest.raises(QueueFull):
         sched.submit(Sequence(prompt=[1, 2], params=SamplingParams(), sink=lambda ev: None))
     assert sched.num_waiting == 2
+
+
+def test_client_leaving_a_non_streamed_request_stops_its_generation(server_tp1: EngineServer) -> None:
+    import re
+    import time
+    import urllib.request
+
+    import httpx
+    import pytest
+
+    def running() -> float:
+        with urllib.request.urlopen(server_tp1.url + "/metrics", timeout=5) as r:
+            m = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", r.read().decode(), re.M)
+        assert m
+        return float(m.group(1))
+
+    body = {"model": "x", "messages": [{"role": "user", "content": "Write a very long story about a cat."}],
+            "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server_tp1.url + "/v1/chat/completions", json=body, timeout=1.5)
+    deadline = time.time() + 10
+    while running() > 0 and time.time() < deadline:
+        time.sleep(0.2)
+    assert running() == 0  # aborted, not left generating 400 tokens for nobody
