@@ -187,7 +187,7 @@ class Api:
         body = validate(await self.read_json(request), kind)
         target = self.target(body["model"])
         sid = session_id_of(body, request.headers)
-        features = extract(body, request.headers)
+        features = extract(body, request.headers, text_cues=False)
         decision = await self.gateway.route(target, features, body, sid)
         lab = decision.label
         if lab.name and lab.kind not in ("session", "none"):

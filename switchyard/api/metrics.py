@@ -76,7 +76,6 @@ class Metrics:
         self.classifier_fail_open = Counter(
             "switchyard_classifier_fail_open", "Classifier failures that fell back to on_failure", ["policy"], registry=r
         )
-        self.policy_reloads = Counter("switchyard_policy_reloads", "Policy reloads", ["policy", "result"], registry=r)
         self._latency_children: dict[str, tuple] = {}
 
     def attach_live(self, pools: Callable[[], Iterable[tuple[str, Pool]]], state_ok: Callable[[], tuple[str, bool]]) -> None:

@@ -70,6 +70,7 @@ class Features:
     numbers: int = 0  # numbers in the last user turn
     questions: int = 0  # question marks in the last user turn
     user_chars: int = 0  # all user text in the conversation
+    cues_done: bool = False  # tokens, parallel_cues, enumerations, numbers, questions are filled in
 
     def numeric(self) -> list[float]:
         """The numeric part of the classifier's input, in a fixed order (see NUMERIC_NAMES)."""
@@ -131,8 +132,13 @@ def _param_count(tools: list[Any]) -> int:
     return n
 
 
-def extract(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> Features:
-    """Features of a chat or completions request body (already validated as a mapping)."""
+def extract(body: Mapping[str, Any], headers: Mapping[str, str] | None = None, *,
+            text_cues: bool = True) -> Features:
+    """Features of a chat or completions request body (already validated as a mapping).
+
+    `text_cues=False` leaves the tokenised text cues for later: the rules never read them, so
+    the gateway skips them unless a classifier asks (`fill_text_cues`, done by the vectorizer).
+    """
     f = Features(headers=headers or {})
     model = body.get("model")
     f.model = model if isinstance(model, str) else ""
@@ -186,11 +192,15 @@ def extract(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -
         f.prompt_chars = len(f.text)
         f.user_chars = len(f.text)
     f.prompt_tokens = (f.prompt_chars + 3) // 4
-    _text_cues(f)
+    if text_cues:
+        fill_text_cues(f)
     return f
 
 
-def _text_cues(f: Features) -> None:
+def fill_text_cues(f: Features) -> None:
+    if f.cues_done:
+        return
+    f.cues_done = True
     head = f.text[:TEXT_SCAN_CHARS].lower()
     tokens = _TOKEN.findall(head)
     f.tokens = tokens

@@ -16,7 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from switchyard.classify.features import NUMERIC_NAMES, TEXT_SCAN_CHARS, TOKEN_PATTERN, Features
+from switchyard.classify.features import (
+    NUMERIC_NAMES,
+    TEXT_SCAN_CHARS,
+    TOKEN_PATTERN,
+    Features,
+    fill_text_cues,
+)
 
 FEATURE_VERSION = 1
 # Unigram index: crc32(token) mod hash_dim; bigram index: (crc(prev) * FNV_PRIME ^ crc(tok)) mod hash_dim.
@@ -102,6 +108,7 @@ class Vectorizer:
         """The input row, shape (1, width), float32. `out` (zeroed by the caller) avoids an allocation."""
         spec = self.spec
         x = np.zeros((1, spec.width), dtype=np.float32) if out is None else out
+        fill_text_cues(f)  # the gateway extracts without them: only a classifier needs them
         idx = self.text_indices(f.tokens)
         if idx:
             x[0, list(idx)] = 1.0 / math.sqrt(len(idx))

@@ -39,10 +39,9 @@ def _line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dic
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             key = k.value if isinstance(k, yaml.ScalarNode) else str(k.value)
+            # A value keeps its key's line: errors about a value point at "key: value".
             out[path + (key,)] = k.start_mark.line + 1
             _line_map(v, path + (key,), out)
-            # Values keep the key's line: errors about a value point at "key: value".
-            out[path + (key,)] = k.start_mark.line + 1
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _line_map(item, path + (i,), out)

@@ -150,3 +150,21 @@ def test_hashing_is_stable_across_processes() -> None:
                            env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout for seed in (1, 2)}
     here = sorted(Vectorizer(FeatureSpec()).text_indices(extract({"prompt": "Book two flights"}).tokens))
     assert outs == {f"{here}\n"}
+
+
+def test_text_cues_left_for_the_classifier_give_the_same_label() -> None:
+    """The gateway extracts without text cues (rules never read them); the ONNX classifier
+    fills them in, so its answer is the same as from fully extracted features."""
+    from switchyard.classify.build import build_classifier
+    from switchyard.policy.schema import ClassifierSpec
+
+    clf = build_classifier(ClassifierSpec(kind="onnx", path="classifiers/tool-complexity.onnx"), Path("."), None)
+    body = {"model": "auto", "messages": [{"role": "user", "content": "Compute both 3+4 and 5*6, then plot each."}],
+            "tools": [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]}
+    lazy = extract(body, text_cues=False)
+    assert not lazy.cues_done and lazy.tokens == [] and lazy.parallel_cues == 0
+    full = extract(body)
+    assert full.cues_done and full.parallel_cues >= 2
+    a, b = clf.predict(lazy), clf.predict(full)
+    assert (a.name, round(a.confidence, 6)) == (b.name, round(b.confidence, 6))
+    assert lazy.tokens == full.tokens
