@@ -182,7 +182,7 @@ def ui_router(api: Api, reports_dir: str | Path | None = None) -> APIRouter:
         if not isinstance(req, dict):
             raise errors.bad_request("'request' must be a chat or completions request object")
         req = req if "model" in req else {**req, "model": "auto"}
-        from switchyard.api.app import validate as validate_request
+        from switchyard.api.openai import validate as validate_request
 
         kind = "completions" if "prompt" in req and "messages" not in req else "chat"
         validate_request(req, kind)

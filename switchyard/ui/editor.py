@@ -198,7 +198,7 @@ def _key_line(lines: list[str], key: str) -> int:
 
 
 def _session_id(body: dict, headers: dict[str, str]) -> str | None:
-    from switchyard.api.app import session_id_of
+    from switchyard.api.openai import session_id_of
 
     return session_id_of(body, headers)
 
