@@ -87,8 +87,10 @@ class TPModel:
         self.embed = weights["embed_tokens.weight"].contiguous()
         self.lm_head = weights["lm_head.weight"].contiguous() if "lm_head.weight" in weights else self.embed
         self.norm = weights["norm.weight"]
-        self.lm_head_lowp = self.lm_head.to(torch.bfloat16) if fmt == "int4" else None
         self.lm_head_q4 = Int4(self.lm_head, None) if fmt == "int4" and config.hidden_size % GROUP == 0 else None
+        # torch's int4 kernel loses to a bfloat16 matmul once a step has a few rows; ours does not.
+        native_head = self.lm_head_q4 is not None and self.lm_head_q4.native is not None
+        self.lm_head_lowp = self.lm_head.to(torch.bfloat16) if fmt == "int4" and not native_head else None
         self.layers = [Layer(weights, f"layers.{i}.", dtype, fmt) for i in range(config.num_layers)]
         self.max_slots, self.max_len = max_slots, max_len
         shape = (config.num_layers, max_slots, self.kv_heads, max_len, self.hd)
@@ -175,14 +177,13 @@ class TPModel:
             x = x + self.comm.all_reduce(layer.down(F.silu(g) * u)).float()
         last = x[torch.arange(B), lens - 1]
         h = _rms(last, self.norm, eps)
-        if self.lm_head_lowp is None:
+        if self.lm_head_q4 is None and self.lm_head_lowp is None:
             return F.linear(h, self.lm_head)
         # Low-precision logits for the whole vocabulary, then the best few recomputed in
         # float32, so greedy choices and the top logprobs are exact.
         hb = h.to(torch.bfloat16)
-        # int4 reads 4x fewer bytes (the win at batch 1); bf16 is faster once compute-bound.
-        logits = (self.lm_head_q4(hb) if B <= 4 and self.lm_head_q4 is not None
-                  else F.linear(hb, self.lm_head_lowp)).float()
+        head = self.lm_head_q4 if self.lm_head_q4 is not None and (B <= 4 or self.lm_head_lowp is None) else None
+        logits = (head(hb) if head is not None else F.linear(hb, self.lm_head_lowp)).float()
         top = logits.topk(_REFINE, dim=-1).indices
         exact = torch.bmm(self.lm_head[top], h.unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(1, top, exact)

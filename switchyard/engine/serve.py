@@ -46,12 +46,16 @@ def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
             state.dtype = runner.opts.dtype
             status = getattr(runner.model, "status", None)
             state.device = status() if status is not None else {"device": "cpu"}
+            if runner.opts.dtype == "int4":
+                from switchyard.engine.linear import int4_kernel
+
+                state.device["int4_kernel"] = int4_kernel()
             sched = Scheduler(runner, state.tokenizer, runner.opts.max_num_seqs, runner.opts.max_model_len,
                               max_waiting=runner.opts.max_waiting)
             state.scheduler = sched
             state.phase = "ready"
-            log.info("ready: %s tp=%d collective=%s (%.1fs)", model_name, runner.world,
-                     state.collective.get("chosen"), runner.load_seconds)
+            log.info("ready: %s tp=%d dtype=%s %s collective=%s (%.1fs)", model_name, runner.world, state.dtype,
+                     state.device, state.collective.get("chosen"), runner.load_seconds)
             sched.loop()
         except BaseException as e:  # fail-stop: report, refuse new work, exit non-zero
             state.phase = "failed"

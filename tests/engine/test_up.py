@@ -3,11 +3,13 @@ policies/default.yaml on free ports; the OpenAI SDK asks about France; SIGTERM s
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from engine_support import ROOT, free_port
@@ -47,6 +49,13 @@ def test_up_end_to_end(gguf_path: Path, tmp_path: Path) -> None:
             model="auto", messages=[{"role": "user", "content": "What is the capital of France?"}],
             temperature=0, max_tokens=30)
         assert "Paris" in reply.choices[0].message.content
+        # The shipped replicas run the 4-bit file on int4 matmuls, on our kernel where the CPU allows.
+        from switchyard.engine.native import load_int4
+
+        health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{small}/health", timeout=5).read())
+        assert health["dtype"] == "int4", health
+        native = load_int4()[0] is not None
+        assert health["device"]["int4_kernel"].startswith("native" if native else "torch"), health
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, (tmp_path / "up.out").read_text()
         for port in (small, large, gw):

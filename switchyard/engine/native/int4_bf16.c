@@ -1,0 +1,105 @@
+/* y[M,N] = x[M,K] @ W[N,K]^T with W in 4-bit groups of 32 along K: W = (q - 8) * s + z.
+ *
+ * Per group, sum((q - 8) * x) runs on AVX512-BF16 dot products: q - 8 is exact in bfloat16,
+ * so each product is exact and only the float32 sums round. The group's scale and offset
+ * are applied once per group in float32: y += s * dot + z * sum(x over the group).
+ * Every row follows the same sequence of operations whatever M and the thread count are,
+ * so a row computed alone is bit-identical to the same row computed in a batch.
+ *
+ * Packed layout, per block of 16 output columns, per group, per t in 0..7: 32 bytes; byte
+ * 2i+e holds column i's code for k = 4t+e (low nibble) and k = 4t+2+e (high nibble).
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define COLS 16
+#define GROUP 32
+#define MAX_ROWS 8
+
+static inline __attribute__((always_inline)) void block(
+    const uint16_t *x, int64_t K, const uint8_t *w, const float *s, const float *z, int64_t N,
+    int64_t n0, const float *xs, int64_t G, uint16_t *y, int64_t M_rows, const int R, __m512i lut)
+{
+    (void)M_rows;
+    __m512 acc[MAX_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi16(0xF);
+    for (int64_t g = 0; g < G; g++) {
+        __m512 a0[MAX_ROWS], a1[MAX_ROWS];
+        for (int r = 0; r < R; r++) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); }
+        const uint8_t *wg = w + g * (COLS * GROUP / 2);
+        const uint16_t *xg = x + g * GROUP;
+        for (int t = 0; t < 8; t++) {
+            __m512i wide = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(wg + t * 32)));
+            __m512bh w0 = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(wide, low), lut);
+            __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wide, 4), lut);
+            for (int r = 0; r < R; r++) {
+                const uint16_t *xr = xg + r * K + 4 * t;
+                a0[r] = _mm512_dpbf16_ps(a0[r], w0, (__m512bh)_mm512_set1_epi32(*(const int32_t *)xr));
+                a1[r] = _mm512_dpbf16_ps(a1[r], w1, (__m512bh)_mm512_set1_epi32(*(const int32_t *)(xr + 2)));
+            }
+        }
+        __m512 sv = _mm512_loadu_ps(s + g * N + n0), zv = _mm512_loadu_ps(z + g * N + n0);
+        for (int r = 0; r < R; r++) {
+            acc[r] = _mm512_fmadd_ps(_mm512_add_ps(a0[r], a1[r]), sv, acc[r]);
+            acc[r] = _mm512_fmadd_ps(zv, _mm512_set1_ps(xs[r * G + g]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        _mm256_storeu_si256((__m256i *)(y + r * N + n0), (__m256i)_mm512_cvtneps_pbh(acc[r]));
+}
+
+static inline float bf16_to_f32(uint16_t v)
+{
+    union { uint32_t u; float f; } c = {.u = (uint32_t)v << 16};
+    return c.f;
+}
+
+int sy_int4_mm(const uint16_t *x, const uint8_t *w, const float *s, const float *z, uint16_t *y,
+               int64_t M, int64_t N, int64_t K, int threads)
+{
+    if (N % COLS || K % GROUP) return 1;
+    const int64_t G = K / GROUP, NB = N / COLS;
+    float *xs = malloc(sizeof(float) * (size_t)(M * G));
+    if (!xs) return 2;
+    /* bfloat16 bit patterns of q - 8 for q = 0..15 (vpermw reads the low 5 bits). */
+    uint16_t table[32];
+    for (int q = 0; q < 32; q++) {
+        union { float f; uint32_t u; } c = {.f = (float)((q & 15) - 8)};
+        table[q] = (uint16_t)(c.u >> 16);
+    }
+    const __m512i lut = _mm512_loadu_si512(table);
+    #pragma omp parallel num_threads(threads)
+    {
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < M * G; i++) {
+            const uint16_t *p = x + (i / G) * K + (i % G) * GROUP;
+            float acc = 0.0f;
+            for (int j = 0; j < GROUP; j++) acc += bf16_to_f32(p[j]);
+            xs[i] = acc;
+        }
+        #pragma omp for schedule(static)
+        for (int64_t nb = 0; nb < NB; nb++) {
+            const uint8_t *wb = w + nb * G * (COLS * GROUP / 2);
+            for (int64_t m = 0; m < M; m += MAX_ROWS) {
+                const int64_t left = M - m;
+                const uint16_t *xm = x + m * K;
+                const float *xsm = xs + m * G;
+                uint16_t *ym = y + m * N;
+                switch (left >= MAX_ROWS ? MAX_ROWS : left) {
+                case 8: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 8, lut); break;
+                case 7: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 7, lut); break;
+                case 6: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 6, lut); break;
+                case 5: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 5, lut); break;
+                case 4: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 4, lut); break;
+                case 3: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 3, lut); break;
+                case 2: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 2, lut); break;
+                default: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 1, lut); break;
+                }
+            }
+        }
+    }
+    free(xs);
+    return 0;
+}

@@ -1,0 +1,129 @@
+"""int4 weights: our AVX512-BF16 kernel against a float32 reference and torch's kernel, rows
+independent of their batch, and the real SmolLM2 file run as int4 against float32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from switchyard.engine import linear
+from switchyard.engine.native import load_int4
+
+native = pytest.mark.skipif(load_int4()[0] is None, reason=f"native int4 kernel unavailable: {load_int4()[1]}")
+
+
+def _dequant(w: torch.Tensor) -> torch.Tensor:
+    """What the int4 codes stand for, in float32: the reference both kernels approximate."""
+    n, k = w.shape
+    g = w.view(n, k // 32, 32)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    scale = ((hi - lo) / 15).clamp_min(1e-10)
+    return (((g - lo) / scale).round().clamp(0, 15) * scale + lo).view(n, k)
+
+
+@native
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (64, 32)])
+def test_native_kernel_matches_float32_reference(n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=g) * 0.05
+    b = torch.randn(n, generator=g) * 0.1
+    q = linear.Int4(w, b)
+    assert q.native is not None
+    for m in (1, 3, 8, 16, 37):
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+        ref = x.float() @ _dequant(w).t() + b.to(torch.bfloat16).float()
+        got = q(x).float()
+        # bfloat16 output: 8 bits of mantissa, so half a step of 2^-8 relative to the largest value.
+        assert (got - ref).abs().max() <= ref.abs().max() * 2**-7, m
+
+
+@native
+def test_native_rows_do_not_depend_on_batch_or_threads() -> None:
+    g = torch.Generator().manual_seed(1)
+    q = linear.Int4(torch.randn(3072, 576, generator=g) * 0.05, None)
+    x = torch.randn(16, 576, generator=g).to(torch.bfloat16)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        batch = q(x)
+        torch.set_num_threads(1)
+        for m in (1, 5, 9):
+            assert torch.equal(q(x[:m]), batch[:m])
+        assert torch.equal(q(x[7:8]), batch[7:8])
+    finally:
+        torch.set_num_threads(before)
+
+
+@native
+def test_native_and_torch_kernels_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(576, 576, generator=g) * 0.05
+    x = torch.randn(4, 576, generator=g).to(torch.bfloat16)
+    ours = linear.Int4(w, None)
+    monkeypatch.setattr(linear, "load_int4", lambda: (None, "off for the test"))
+    theirs = linear.Int4(w, None)
+    assert ours.native is not None and theirs.native is None
+    a, t = ours(x).float(), theirs(x).float()
+    # torch keeps scale and offset in bfloat16, we keep float32: close, not equal.
+    assert (a - t).abs().max() <= a.abs().max() * 2**-5
+
+
+def test_kernel_unavailable_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from switchyard.engine import native as nat
+
+    nat.load_int4.cache_clear()
+    try:
+        monkeypatch.setenv("SWITCHYARD_NATIVE_INT4", "0")
+        lib, why = nat.load_int4()
+        assert lib is None and "SWITCHYARD_NATIVE_INT4=0" in why
+        assert linear.int4_kernel() == f"torch ({why})"
+        q = linear.Int4(torch.randn(64, 64) * 0.05, None)  # and int4 still works, on torch's kernel
+        assert q.native is None and q(torch.randn(2, 64).to(torch.bfloat16)).shape == (2, 64)
+    finally:
+        nat.load_int4.cache_clear()
+
+
+def _greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Prefill the prompts together (right-padded), then n - 1 decode steps."""
+    B, T = len(prompts), max(map(len, prompts))
+    ids = torch.zeros(B, T, dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor(p)
+    lens, slots = torch.tensor([len(p) for p in prompts]), torch.arange(B)
+    logits = model.forward(ids, torch.arange(T).expand(B, T).contiguous(), slots, lens, lens, 0)
+    out = [[int(t)] for t in logits.argmax(-1)]
+    ctx = lens.clone()
+    for _ in range(n - 1):
+        ctx = ctx + 1
+        logits = model.forward(torch.tensor([[o[-1]] for o in out]), (ctx - 1).unsqueeze(1), slots,
+                               torch.ones(B, dtype=torch.int64), ctx, B)
+        for o, t in zip(out, logits.argmax(-1).tolist(), strict=True):
+            o.append(t)
+    return out
+
+
+def test_smollm2_int4_equals_float32_and_batched_equals_alone(gguf_path: Path) -> None:
+    from switchyard.engine.comm import SingleRank
+    from switchyard.engine.model import TPModel
+    from switchyard.engine.tokenizer import from_gguf
+    from switchyard.engine.weights import Shard, load_shard, open_source
+
+    src = open_source(gguf_path)
+    weights = load_shard(src, 0, 1)
+    tok = from_gguf(src.reader)
+    prompts = [tok.encode(tok.render([{"role": "user", "content": p}]))
+               for p in ("What is the capital of France?", "Name three fruits.", "Count from one to five.")]
+    with torch.inference_mode():
+        f32 = TPModel(src.config, Shard(0, 1, src.config), weights, SingleRank(), max_slots=3, max_len=128)
+        i4 = TPModel(src.config, Shard(0, 1, src.config), weights, SingleRank(), max_slots=3, max_len=128,
+                     dtype="int4")
+        exact = _greedy(f32, prompts, 24)
+        together = _greedy(i4, prompts, 24)
+        alone = [_greedy(i4, [p], 24)[0] for p in prompts]
+    # Q4_1 codes requantized to int4 groups lose nothing; bfloat16 activations could flip a
+    # close call, but on these prompts the 24 greedy tokens are the float32 engine's.
+    assert together == exact
+    assert alone == together
+    assert "Paris" in tok.decode(together[0])
