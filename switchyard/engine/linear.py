@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from switchyard.engine.native import load_int4
+from switchyard.engine.native import load as load_native
 
 GROUP = 32
 NATIVE_COLS = 16  # output columns per block of the native kernel
@@ -53,7 +53,7 @@ class Int4:
         zero = lo + 8 * scale  # both kernels compute (q - 8) * scale + zero
         self.n, self.k = n, k
         self.b = b.to(torch.bfloat16) if b is not None else None
-        lib, _ = load_int4()
+        lib, _ = load_native()
         self.native = lib.sy_int4_mm if lib is not None and n % NATIVE_COLS == 0 else None
         if self.native is not None:
             self.packed = _pack_native(q)
@@ -90,7 +90,7 @@ def _pack_native(q: torch.Tensor) -> torch.Tensor:
 
 
 def int4_kernel() -> str:
-    lib, why = load_int4()
+    lib, why = load_native()
     return "native avx512-bf16" if lib is not None else f"torch ({why})"
 
 

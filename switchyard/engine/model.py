@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from switchyard.engine.comm import CollectiveBackend
 from switchyard.engine.config import ModelConfig
 from switchyard.engine.linear import GROUP, Int4, make_linear
+from switchyard.engine.native import load as load_native
 from switchyard.engine.weights import Shard
 
 _REFINE = 32  # logits recomputed exactly per row when the LM head runs in bfloat16
@@ -101,7 +102,22 @@ class TPModel:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()
         self._q_size = self.heads * self.hd
+        lib, _ = load_native()
+        fits = self.hd % 16 == 0 and self.hd <= 256 and self.heads // max(1, self.kv_heads) <= 16
+        self.attn = lib.sy_decode_attn if lib is not None and fits else None
         self._kv_size = self.kv_heads * self.hd
+
+    def _native_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor,
+                          vc: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
+        """Write this step's keys and values into the cache and attend, in one native call."""
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out = torch.empty_like(q)
+        rc = self.attn(q.data_ptr(), k.data_ptr(), v.data_ptr(), kc.data_ptr(), vc.data_ptr(), slots.data_ptr(),
+                       pos.data_ptr(), q.shape[0], self.heads, self.kv_heads, self.hd, self.max_len, scale,
+                       out.data_ptr(), torch.get_num_threads())
+        if rc:
+            raise RuntimeError(f"native decode attention failed (code {rc})")
+        return out
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.shard.tp == 1:
@@ -127,16 +143,17 @@ class TPModel:
         eps = self.c.rms_eps
         H, Hkv, D = self.heads, self.kv_heads, self.hd
         if T == 1:
+            pos_flat = positions[:, 0].contiguous()
+            scale = 1.0 / math.sqrt(D)
+        if T == 1 and self.attn is None:
             S, L = view_slots, int(ctx_lens.max())
             # Additive mask over slot-indexed cache rows; idle slots see position 0 (no NaN).
             bias = torch.full((S, L), float("-inf"))
             bias[:, 0] = 0.0
             bias[slots] = torch.where(torch.arange(L).unsqueeze(0) < ctx_lens.unsqueeze(1), 0.0, float("-inf"))
             bias = bias.view(S, 1, 1, L)
-            pos_flat = positions[:, 0]
             # The usual case, slots 0..B-1 in order: no scatter/gather around attention.
             dense_slots = S == B and slots.tolist() == list(range(B))
-            scale = 1.0 / math.sqrt(D)
         for li, layer in enumerate(self.layers):
             h = _rms(x, layer.ln1, eps, self.dtype)
             qkv = layer.qkv(h).float()  # attention and the KV cache stay in float32
@@ -150,7 +167,10 @@ class TPModel:
             q = _rotate(q, cos, sin)
             k = _rotate(k, cos, sin)
             kc, vc = self.k_cache[li], self.v_cache[li]
-            if T == 1:
+            if T == 1 and self.attn is not None:
+                o = self._native_attention(q[:, 0], k[:, 0], v[:, 0], kc, vc, slots, pos_flat, scale)
+                o = o.view(B, T, H * D).to(self.dtype)
+            elif T == 1:
                 kc[slots, :, pos_flat] = k[:, 0]
                 vc[slots, :, pos_flat] = v[:, 0]
                 qh = q[:, 0] * scale

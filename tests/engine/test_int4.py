@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from switchyard.engine import linear
-from switchyard.engine.native import load_int4
+from switchyard.engine.native import load
 
-native = pytest.mark.skipif(load_int4()[0] is None, reason=f"native int4 kernel unavailable: {load_int4()[1]}")
+native = pytest.mark.skipif(load()[0] is None, reason=f"native int4 kernel unavailable: {load()[1]}")
 
 
 def _dequant(w: torch.Tensor) -> torch.Tensor:
@@ -62,7 +62,7 @@ def test_native_and_torch_kernels_agree(monkeypatch: pytest.MonkeyPatch) -> None
     w = torch.randn(576, 576, generator=g) * 0.05
     x = torch.randn(4, 576, generator=g).to(torch.bfloat16)
     ours = linear.Int4(w, None)
-    monkeypatch.setattr(linear, "load_int4", lambda: (None, "off for the test"))
+    monkeypatch.setattr(linear, "load_native", lambda: (None, "off for the test"))
     theirs = linear.Int4(w, None)
     assert ours.native is not None and theirs.native is None
     a, t = ours(x).float(), theirs(x).float()
@@ -73,16 +73,16 @@ def test_native_and_torch_kernels_agree(monkeypatch: pytest.MonkeyPatch) -> None
 def test_kernel_unavailable_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     from switchyard.engine import native as nat
 
-    nat.load_int4.cache_clear()
+    nat.load.cache_clear()
     try:
-        monkeypatch.setenv("SWITCHYARD_NATIVE_INT4", "0")
-        lib, why = nat.load_int4()
-        assert lib is None and "SWITCHYARD_NATIVE_INT4=0" in why
+        monkeypatch.setenv("SWITCHYARD_NATIVE", "0")
+        lib, why = nat.load()
+        assert lib is None and "SWITCHYARD_NATIVE=0" in why
         assert linear.int4_kernel() == f"torch ({why})"
         q = linear.Int4(torch.randn(64, 64) * 0.05, None)  # and int4 still works, on torch's kernel
         assert q.native is None and q(torch.randn(2, 64).to(torch.bfloat16)).shape == (2, 64)
     finally:
-        nat.load_int4.cache_clear()
+        nat.load.cache_clear()
 
 
 def _greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:  # type: ignore[no-untyped-def]

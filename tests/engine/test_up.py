@@ -50,11 +50,11 @@ def test_up_end_to_end(gguf_path: Path, tmp_path: Path) -> None:
             temperature=0, max_tokens=30)
         assert "Paris" in reply.choices[0].message.content
         # The shipped replicas run the 4-bit file on int4 matmuls, on our kernel where the CPU allows.
-        from switchyard.engine.native import load_int4
+        from switchyard.engine.native import load as load_native
 
         health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{small}/health", timeout=5).read())
         assert health["dtype"] == "int4", health
-        native = load_int4()[0] is not None
+        native = load_native()[0] is not None
         assert health["device"]["int4_kernel"].startswith("native" if native else "torch"), health
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, (tmp_path / "up.out").read_text()

@@ -1,9 +1,9 @@
 """Native CPU kernels, compiled on first use with the system C compiler and cached.
 
-Only the int4 x bfloat16 matmul lives here (`int4_bf16.c`): it needs AVX512-BF16 (AMD Zen 4,
+Two hot spots of a CPU decode step: the int4 x bfloat16 matmul (`int4_bf16.c`) and decode
+attention with its KV-cache write (`decode_attn.c`). Both need AVX-512 (with BF16: AMD Zen 4,
 Intel Sapphire Rapids and later). Anything missing (the CPU flags, a compiler, a failed
-build, SWITCHYARD_NATIVE_INT4=0) means `load_int4()` says why and the engine uses torch's
-own int4 kernel instead.
+build, SWITCHYARD_NATIVE=0) means `load()` says why and the engine uses torch's ops instead.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from switchyard.datasets import cache_dir
 
 log = logging.getLogger("switchyard.engine.native")
 
-SOURCE = Path(__file__).with_name("int4_bf16.c")
+SOURCES = [Path(__file__).with_name(n) for n in ("int4_bf16.c", "decode_attn.c")]
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC"]
 NEEDED_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}
 
@@ -38,8 +38,8 @@ def _cpu_flags() -> set[str]:
 
 
 def _build(compiler: str) -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
-    out = cache_dir("kernels") / f"int4_bf16-{key}.so"
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join([compiler, *FLAGS]).encode())
+    out = cache_dir("kernels") / f"switchyard-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -47,7 +47,7 @@ def _build(compiler: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True, text=True,
+        subprocess.run([compiler, *FLAGS, "-o", tmp, *map(str, SOURCES)], check=True, capture_output=True, text=True,
                        timeout=120)
         os.replace(tmp, out)
     finally:
@@ -57,10 +57,10 @@ def _build(compiler: str) -> Path:
 
 
 @functools.cache
-def load_int4() -> tuple[ctypes.CDLL | None, str]:
-    """(library, "") when the native kernel is usable, else (None, why not)."""
-    if os.environ.get("SWITCHYARD_NATIVE_INT4", "1") == "0":
-        return None, "disabled by SWITCHYARD_NATIVE_INT4=0"
+def load() -> tuple[ctypes.CDLL | None, str]:
+    """(library, "") when the native kernels are usable, else (None, why not)."""
+    if os.environ.get("SWITCHYARD_NATIVE", "1") == "0":
+        return None, "disabled by SWITCHYARD_NATIVE=0"
     missing = NEEDED_CPU_FLAGS - _cpu_flags()
     if missing:
         return None, f"CPU lacks {', '.join(sorted(missing))}"
@@ -73,7 +73,9 @@ def load_int4() -> tuple[ctypes.CDLL | None, str]:
         return None, f"build failed: {(e.stderr or '').strip()[-300:]}"
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"build or load failed: {e}"
-    fn = lib.sy_int4_mm
-    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    fn.restype = ctypes.c_int
+    lib.sy_int4_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.sy_decode_attn.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_int64] * 5 +
+                                   [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+    for fn in (lib.sy_int4_mm, lib.sy_decode_attn):
+        fn.restype = ctypes.c_int
     return lib, ""

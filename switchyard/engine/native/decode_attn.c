@@ -1,0 +1,101 @@
+/* One decode step of attention for a batch of sequences, float32, grouped-query heads.
+ *
+ * For each (sequence, KV head): write the new key and value at the sequence's position in
+ * its cache slot, then attend the group's query heads over positions 0..pos. One pass reads
+ * each cached key and value row once for the whole group (torch's batched matmul reads
+ * them per head, in a strided, cache-cold way that runs at a third of memory bandwidth).
+ * Cache layout: [slots, kv_heads, max_len, head_dim], contiguous.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* e^x for x <= 0 (softmax after subtracting the max): 2^n * p(r), |error| ~ 1 ulp. */
+static inline __m512 exp512(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+#define MAX_GROUP 16
+#define MAX_DIM 256
+
+int sy_decode_attn(const float *q, const float *k_new, const float *v_new, float *kc, float *vc,
+                   const int64_t *slots, const int64_t *pos, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                   int64_t max_len, float scale, float *out, int threads)
+{
+    const int64_t G = H / Hkv;
+    if (H % Hkv || G > MAX_GROUP || D % 16 || D > MAX_DIM) return 1;
+    for (int64_t b = 0; b < B; b++)
+        if (pos[b] < 0 || pos[b] >= max_len) return 2;
+    int failed = 0;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t task = 0; task < B * Hkv; task++) {
+        const int64_t b = task / Hkv, kh = task % Hkv, L = pos[b] + 1;
+        const size_t base = ((size_t)slots[b] * Hkv + kh) * max_len * D;
+        float *K = kc + base, *V = vc + base;
+        memcpy(K + pos[b] * D, k_new + (b * Hkv + kh) * D, sizeof(float) * D);
+        memcpy(V + pos[b] * D, v_new + (b * Hkv + kh) * D, sizeof(float) * D);
+        const int64_t Lp = (L + 15) & ~15;
+        float *sc = aligned_alloc(64, sizeof(float) * G * Lp);
+        if (!sc) { failed = 1; continue; }
+        const float *qg = q + (b * H + kh * G) * D;
+        for (int64_t l = 0; l < L; l++) {
+            const float *kr = K + l * D;
+            for (int64_t j = 0; j < G; j++) {
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t d = 0; d < D; d += 16)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + j * D + d), _mm512_loadu_ps(kr + d), acc);
+                sc[j * Lp + l] = _mm512_reduce_add_ps(acc) * scale;
+            }
+        }
+        float inv[MAX_GROUP];
+        for (int64_t j = 0; j < G; j++) {
+            float *s = sc + j * Lp;
+            __m512 mx = _mm512_set1_ps(-INFINITY);
+            for (int64_t l = 0; l < L; l += 16) {
+                __mmask16 m = L - l >= 16 ? 0xFFFF : (__mmask16)((1u << (L - l)) - 1);
+                mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, s + l));
+            }
+            const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+            __m512 sum = _mm512_setzero_ps();
+            for (int64_t l = 0; l < L; l += 16) {
+                __mmask16 m = L - l >= 16 ? 0xFFFF : (__mmask16)((1u << (L - l)) - 1);
+                __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + l), mv)));
+                _mm512_mask_storeu_ps(s + l, m, e);
+                sum = _mm512_add_ps(sum, e);
+            }
+            inv[j] = 1.0f / _mm512_reduce_add_ps(sum);
+        }
+        float o[MAX_GROUP * MAX_DIM];
+        memset(o, 0, sizeof(float) * G * D);
+        for (int64_t l = 0; l < L; l++) {
+            const float *vr = V + l * D;
+            for (int64_t j = 0; j < G; j++) {
+                const __m512 p = _mm512_set1_ps(sc[j * Lp + l]);
+                for (int64_t d = 0; d < D; d += 16)
+                    _mm512_storeu_ps(o + j * D + d, _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + d),
+                                                                     _mm512_loadu_ps(o + j * D + d)));
+            }
+        }
+        float *og = out + (b * H + kh * G) * D;
+        for (int64_t j = 0; j < G; j++)
+            for (int64_t d = 0; d < D; d++) og[j * D + d] = o[j * D + d] * inv[j];
+        free(sc);
+    }
+    return failed ? 3 : 0;
+}
