@@ -179,6 +179,33 @@ def test_waiting_queue_is_bounded() -> None:
     assert sched.num_waiting == 2
 
 
+def test_full_queue_gets_openai_429_over_http(gguf_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A real server (shipped default dtype: int4 on the native kernels where the CPU allows)
+    with 2 running slots and 1 waiting place: a burst of 8 gets 429s in OpenAI's shape for
+    what does not fit, full answers for the rest, and serves again once the burst is done."""
+    s = EngineServer(gguf_path, tmp_path / "engine.log", extra=["--max-model-len", "256", "--max-num-seqs", "2",
+                                                                  "--max-waiting", "1"])
+    try:
+        body = _body("Write a long story about a dragon.", max_tokens=48, ignore_eos=True)
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda _: post(s.url + "/v1/chat/completions", body), range(8)))
+        codes = sorted(code for code, _ in results)
+        assert 200 in codes and 429 in codes, codes
+        assert set(codes) <= {200, 429}, codes
+        for code, b in results:
+            if code == 429:
+                _is_openai_error(code, b, 429)
+                assert b["error"]["code"] == "queue_full"
+            else:
+                assert b["usage"]["completion_tokens"] == 48
+        status, b = post(s.url + "/v1/chat/completions", _body("What is 2 + 2?"))
+        assert status == 200, b
+        status, health = get(s.url + "/health")
+        assert status == 200 and health["dtype"] == "int4", health
+    finally:
+        s.close()
+
+
 def test_client_leaving_a_non_streamed_request_stops_its_generation(server_tp1: EngineServer) -> None:
     import re
     import time
