@@ -113,10 +113,11 @@ class TPModel:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out = torch.empty_like(q)
         rc = self.attn(q.data_ptr(), k.data_ptr(), v.data_ptr(), kc.data_ptr(), vc.data_ptr(), slots.data_ptr(),
-                       pos.data_ptr(), q.shape[0], self.heads, self.kv_heads, self.hd, self.max_len, scale,
+                       pos.data_ptr(), q.shape[0], self.heads, self.kv_heads, self.hd, self.max_slots, self.max_len, scale,
                        out.data_ptr(), torch.get_num_threads())
         if rc:
-            raise RuntimeError(f"native decode attention failed (code {rc})")
+            why = {1: "head shape unsupported", 2: "slot or position outside the cache", 3: "out of memory"}
+            raise RuntimeError(f"native decode attention failed: {why.get(rc, rc)}")
         return out
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:

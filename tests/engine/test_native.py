@@ -165,3 +165,21 @@ def test_native_decode_attention_equals_torch_path() -> None:
         for li in range(cfg.num_layers):  # the same keys and values were written, in the same places
             assert torch.allclose(models[0].k_cache[li], models[1].k_cache[li], atol=1e-5)
             assert torch.allclose(models[0].v_cache[li], models[1].v_cache[li], atol=1e-5)
+
+
+@native
+def test_native_attention_refuses_a_slot_outside_the_cache() -> None:
+    import dataclasses
+
+    from switchyard.engine.comm import SingleRank
+    from switchyard.engine.model import TPModel
+    from switchyard.engine.random_weights import SMOLLM2_135M, random_weights
+    from switchyard.engine.weights import Shard
+
+    cfg = dataclasses.replace(SMOLLM2_135M, num_layers=1)
+    m = TPModel(cfg, Shard(0, 1, cfg), random_weights(cfg, seed=4), SingleRank(), max_slots=2, max_len=16)
+    one = torch.ones(1, dtype=torch.int64)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="outside the cache"):
+        m.forward(torch.tensor([[5]]), torch.tensor([[0]]), torch.tensor([7]), one, one, 8)
+    with torch.inference_mode(), pytest.raises((RuntimeError, IndexError)):  # the RoPE table stops it first
+        m.forward(torch.tensor([[5]]), torch.tensor([[16]]), torch.tensor([1]), one, one + 16, 2)

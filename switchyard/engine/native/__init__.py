@@ -74,7 +74,7 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"build or load failed: {e}"
     lib.sy_int4_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    lib.sy_decode_attn.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_int64] * 5 +
+    lib.sy_decode_attn.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 +
                                    [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
     for fn in (lib.sy_int4_mm, lib.sy_decode_attn):
         fn.restype = ctypes.c_int

@@ -36,12 +36,12 @@ static inline __m512 exp512(__m512 x)
 
 int sy_decode_attn(const float *q, const float *k_new, const float *v_new, float *kc, float *vc,
                    const int64_t *slots, const int64_t *pos, int64_t B, int64_t H, int64_t Hkv, int64_t D,
-                   int64_t max_len, float scale, float *out, int threads)
+                   int64_t max_slots, int64_t max_len, float scale, float *out, int threads)
 {
     const int64_t G = H / Hkv;
     if (H % Hkv || G > MAX_GROUP || D % 16 || D > MAX_DIM) return 1;
     for (int64_t b = 0; b < B; b++)
-        if (pos[b] < 0 || pos[b] >= max_len) return 2;
+        if (pos[b] < 0 || pos[b] >= max_len || slots[b] < 0 || slots[b] >= max_slots) return 2;
     int failed = 0;
     #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < B * Hkv; task++) {
