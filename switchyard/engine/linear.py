@@ -24,7 +24,7 @@ class Dense:
         self.b = b.to(dtype) if b is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.w, self.b)
+        return F.linear(x.to(self.w.dtype), self.w, self.b)
 
 
 def int4_supported() -> bool:
@@ -36,8 +36,9 @@ class Int4:
     """y = x @ dequant(W).T with W stored as uint4 codes, per-32 scale and offset.
 
     Runs on our AVX512-BF16 kernel (engine/native) when this CPU and a C compiler allow it:
-    about 2x torch's int4 kernel once a step has several rows, and each row's result does not
-    depend on the batch it is in. Otherwise on torch's kernel (bfloat16 scales and offsets).
+    about 2x torch's int4 kernel once a step has several rows, float32 in and out (x is
+    rounded to bfloat16 inside), and each row's result does not depend on the batch it is in.
+    Otherwise on torch's kernel: bfloat16 in and out, bfloat16 scales and offsets.
     """
 
     __slots__ = ("packed", "sz", "s", "z", "b", "n", "k", "native")
@@ -52,9 +53,9 @@ class Int4:
         q = ((g - lo) / scale).round().clamp(0, 15).to(torch.uint8).view(n, k)
         zero = lo + 8 * scale  # both kernels compute (q - 8) * scale + zero
         self.n, self.k = n, k
-        self.b = b.to(torch.bfloat16) if b is not None else None
         lib, _ = load_native()
         self.native = lib.sy_int4_mm if lib is not None and n % NATIVE_COLS == 0 else None
+        self.b = None if b is None else b.float() if self.native is not None else b.to(torch.bfloat16)
         if self.native is not None:
             self.packed = _pack_native(q)
             self.s = scale.view(n, -1).t().contiguous()  # [groups, n] float32
@@ -69,13 +70,13 @@ class Int4:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if self.native is not None:
-            x2 = x2.to(torch.bfloat16).contiguous()
-            y = torch.empty(x2.shape[0], self.n, dtype=torch.bfloat16)
+        if self.native is not None:  # float32 in and out; bfloat16 inside
+            x2 = x2.float().contiguous()
+            y = torch.empty(x2.shape[0], self.n)
             self.native(x2.data_ptr(), self.packed.data_ptr(), self.s.data_ptr(), self.z.data_ptr(),
                         y.data_ptr(), x2.shape[0], self.n, self.k, torch.get_num_threads())
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, GROUP, self.sz)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), self.packed, GROUP, self.sz)
         y = y.view(*shape[:-1], self.n)
         return y + self.b if self.b is not None else y
 

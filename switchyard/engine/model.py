@@ -74,9 +74,12 @@ class TPModel:
     def __init__(self, config: ModelConfig, shard: Shard, weights: dict[str, torch.Tensor],
                  comm: CollectiveBackend, max_slots: int, max_len: int,
                  dtype: torch.dtype | str = torch.float32) -> None:
-        # "int4": int4 projection weights with bfloat16 activations; else a dense dtype.
+        # "int4": int4 projection weights (see linear.Int4); else a dense dtype.
         fmt = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
-        dtype = torch.bfloat16 if fmt == "int4" else getattr(torch, fmt)
+        if fmt == "int4":  # what the int4 kernel takes: float32 on ours, bfloat16 on torch's
+            dtype = torch.float32 if load_native()[0] is not None else torch.bfloat16
+        else:
+            dtype = getattr(torch, fmt)
         self.c = config
         self.shard = shard
         self.comm = comm
@@ -202,9 +205,8 @@ class TPModel:
             return F.linear(h, self.lm_head)
         # Low-precision logits for the whole vocabulary, then the best few recomputed in
         # float32, so greedy choices and the top logprobs are exact.
-        hb = h.to(torch.bfloat16)
         head = self.lm_head_q4 if self.lm_head_q4 is not None and (B <= 4 or self.lm_head_lowp is None) else None
-        logits = (head(hb) if head is not None else F.linear(hb, self.lm_head_lowp)).float()
+        logits = (head(h) if head is not None else F.linear(h.to(torch.bfloat16), self.lm_head_lowp)).float()
         top = logits.topk(_REFINE, dim=-1).indices
         exact = torch.bmm(self.lm_head[top], h.unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(1, top, exact)

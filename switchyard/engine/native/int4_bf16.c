@@ -1,4 +1,5 @@
 /* y[M,N] = x[M,K] @ W[N,K]^T with W in 4-bit groups of 32 along K: W = (q - 8) * s + z.
+ * x and y are float32; x is rounded to bfloat16 once, on the way in.
  *
  * Per group, sum((q - 8) * x) runs on AVX512-BF16 dot products: q - 8 is exact in bfloat16,
  * so each product is exact and only the float32 sums round. The group's scale and offset
@@ -19,9 +20,8 @@
 
 static inline __attribute__((always_inline)) void block(
     const uint16_t *x, int64_t K, const uint8_t *w, const float *s, const float *z, int64_t N,
-    int64_t n0, const float *xs, int64_t G, uint16_t *y, int64_t M_rows, const int R, __m512i lut)
+    int64_t n0, const float *xs, int64_t G, float *y, const int R, __m512i lut)
 {
-    (void)M_rows;
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi16(0xF);
@@ -46,8 +46,7 @@ static inline __attribute__((always_inline)) void block(
             acc[r] = _mm512_fmadd_ps(zv, _mm512_set1_ps(xs[r * G + g]), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++)
-        _mm256_storeu_si256((__m256i *)(y + r * N + n0), (__m256i)_mm512_cvtneps_pbh(acc[r]));
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(y + r * N + n0, acc[r]);
 }
 
 static inline float bf16_to_f32(uint16_t v)
@@ -56,13 +55,14 @@ static inline float bf16_to_f32(uint16_t v)
     return c.f;
 }
 
-int sy_int4_mm(const uint16_t *x, const uint8_t *w, const float *s, const float *z, uint16_t *y,
+int sy_int4_mm(const float *xf, const uint8_t *w, const float *s, const float *z, float *y,
                int64_t M, int64_t N, int64_t K, int threads)
 {
     if (N % COLS || K % GROUP) return 1;
     const int64_t G = K / GROUP, NB = N / COLS;
     float *xs = malloc(sizeof(float) * (size_t)(M * G));
-    if (!xs) return 2;
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(M * K));
+    if (!xs || !x) { free(xs); free(x); return 2; }
     /* bfloat16 bit patterns of q - 8 for q = 0..15 (vpermw reads the low 5 bits). */
     uint16_t table[32];
     for (int q = 0; q < 32; q++) {
@@ -74,9 +74,11 @@ int sy_int4_mm(const uint16_t *x, const uint8_t *w, const float *s, const float 
     {
         #pragma omp for schedule(static)
         for (int64_t i = 0; i < M * G; i++) {
-            const uint16_t *p = x + (i / G) * K + (i % G) * GROUP;
-            float acc = 0.0f;
-            for (int j = 0; j < GROUP; j++) acc += bf16_to_f32(p[j]);
+            const int64_t at = (i / G) * K + (i % G) * GROUP;
+            for (int j = 0; j < GROUP; j += 16)
+                _mm256_storeu_si256((__m256i *)(x + at + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xf + at + j)));
+            float acc = 0.0f;  /* the group's sum of x as the dot products see it: rounded */
+            for (int j = 0; j < GROUP; j++) acc += bf16_to_f32(x[at + j]);
             xs[i] = acc;
         }
         #pragma omp for schedule(static)
@@ -86,20 +88,21 @@ int sy_int4_mm(const uint16_t *x, const uint8_t *w, const float *s, const float 
                 const int64_t left = M - m;
                 const uint16_t *xm = x + m * K;
                 const float *xsm = xs + m * G;
-                uint16_t *ym = y + m * N;
+                float *ym = y + m * N;
                 switch (left >= MAX_ROWS ? MAX_ROWS : left) {
-                case 8: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 8, lut); break;
-                case 7: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 7, lut); break;
-                case 6: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 6, lut); break;
-                case 5: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 5, lut); break;
-                case 4: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 4, lut); break;
-                case 3: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 3, lut); break;
-                case 2: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 2, lut); break;
-                default: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, left, 1, lut); break;
+                case 8: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, 8, lut); break;
+                case 7: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, 7, lut); break;
+                case 6: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, 6, lut); break;
+                case 5: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, 5, lut); break;
+                case 4: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, 4, lut); break;
+                case 3: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, 3, lut); break;
+                case 2: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, 2, lut); break;
+                default: block(xm, K, wb, s, z, N, nb * COLS, xsm, G, ym, 1, lut); break;
                 }
             }
         }
     }
     free(xs);
+    free(x);
     return 0;
 }
