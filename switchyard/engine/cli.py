@@ -48,6 +48,9 @@ def engine_serve(
     max_num_seqs: int = typer.Option(16, help="Sequences decoded together (KV slots)"),
     max_model_len: int = typer.Option(2048, help="Context length per sequence"),
     max_waiting: int = typer.Option(256, help="Requests that may wait for a slot; beyond it: 429"),
+    max_num_batched_tokens: int = typer.Option(
+        512, help="Prompt tokens prefilled per step; longer prompts are prefilled in chunks between "
+                  "decode steps (CPU engine; the GPU engine prefills whole prompts)"),
     dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | int4 (auto: int4 for 4-bit GGUF files)"),
     threads: int = typer.Option(0, help="Torch threads per rank (0: cores / local ranks)"),
     collective_timeout: float = typer.Option(10.0, help="Seconds before a stuck collective fails the replica"),
@@ -65,6 +68,8 @@ def engine_serve(
         raise typer.BadParameter("--collective must be ring, oneshot or auto")
     if dtype not in ("auto", "float32", "bfloat16", "int4"):
         raise typer.BadParameter("--dtype must be auto, float32, bfloat16 or int4")
+    if max_num_batched_tokens < 1:
+        raise typer.BadParameter("--max-num-batched-tokens must be at least 1")
     if device not in ("cpu", "cuda"):
         raise typer.BadParameter("--device must be cpu or cuda")
     if device == "cuda":
@@ -90,6 +95,6 @@ def engine_serve(
         typer.echo(f"error: --tp {tp} but WORLD_SIZE={world}", err=True)
         raise typer.Exit(2)
     opts = {"collective": collective, "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
-            "max_waiting": max_waiting, "dtype": dtype, "threads": threads, "collective_timeout_s": collective_timeout, "device": device,
+            "max_waiting": max_waiting, "max_num_batched_tokens": max_num_batched_tokens, "dtype": dtype, "threads": threads, "collective_timeout_s": collective_timeout, "device": device,
             "extra": {"cuda_graphs": cuda_graphs}}
     raise typer.Exit(launch.run_rank(path, served_model_name or model, rank, world, host, port, opts))

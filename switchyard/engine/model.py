@@ -71,6 +71,8 @@ class Layer:
 class TPModel:
     """One rank's shard of the model plus its KV cache. Not an nn.Module: no autograd, no hooks."""
 
+    chunked_prefill = True  # a prefill step may continue a prompt whose start is already cached
+
     def __init__(self, config: ModelConfig, shard: Shard, weights: dict[str, torch.Tensor],
                  comm: CollectiveBackend, max_slots: int, max_len: int,
                  dtype: torch.dtype | str = torch.float32) -> None:
@@ -146,9 +148,15 @@ class TPModel:
         cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
         eps = self.c.rms_eps
         H, Hkv, D = self.heads, self.kv_heads, self.hd
+        fresh = T == 1 or bool((positions[:, 0] == 0).all())  # else a later chunk of some prompt
         if T == 1:
             pos_flat = positions[:, 0].contiguous()
             scale = 1.0 / math.sqrt(D)
+        elif not fresh:
+            L = int(ctx_lens.max())
+            valid = torch.arange(T).unsqueeze(0) < lens.unsqueeze(1)  # right padding is not written
+            w_slots, w_pos = slots.unsqueeze(1).expand(B, T)[valid], positions[valid]
+            mask = (torch.arange(L).view(1, 1, L) <= positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, T, L]
         if T == 1 and self.attn is None:
             S, L = view_slots, int(ctx_lens.max())
             # Additive mask over slot-indexed cache rows; idle slots see position 0 (no NaN).
@@ -188,11 +196,19 @@ class TPModel:
                 if not dense_slots:
                     o = o[slots]
                 o = o.view(B, T, H * D).to(self.dtype)
-            else:
+            elif fresh:
                 kt, vt = k.transpose(1, 2), v.transpose(1, 2)
                 kc[slots, :, :T] = kt
                 vc[slots, :, :T] = vt
                 o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=True, enable_gqa=True)
+                o = o.transpose(1, 2).reshape(B, T, self._q_size).to(self.dtype)
+            else:
+                # A later chunk of a prompt: write its valid rows at their positions, then attend
+                # over the cache so far (the earlier chunks included), causal from each position.
+                kc[w_slots, :, w_pos] = k[valid]
+                vc[w_slots, :, w_pos] = v[valid]
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), kc[slots, :, :L], vc[slots, :, :L],
+                                                   attn_mask=mask, enable_gqa=True)
                 o = o.transpose(1, 2).reshape(B, T, self._q_size).to(self.dtype)
             x = x + self.comm.all_reduce(layer.o(o)).float()
             h = _rms(x, layer.ln2, eps, self.dtype)

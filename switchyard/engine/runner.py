@@ -40,6 +40,7 @@ class RunnerOptions:
     max_num_seqs: int = 16
     max_model_len: int = 2048
     max_waiting: int = 256
+    max_num_batched_tokens: int = 512
     dtype: str = "auto"
     threads: int = 0
     collective_timeout_s: float = 10.0

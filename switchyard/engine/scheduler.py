@@ -40,6 +40,7 @@ class Sequence:
     sink: Callable[[Event], None]
     id: int = field(default_factory=lambda: next(_ids))
     slot: int = -1
+    prefilled: int = 0  # prompt tokens already in the KV cache (chunked prefill)
     out: list[int] = field(default_factory=list)
     detok: Detokenizer | None = None
     generator: torch.Generator | None = None
@@ -55,7 +56,8 @@ class Sequence:
 
 class Scheduler:
     def __init__(self, runner: Runner, tokenizer: ChatTokenizer, max_num_seqs: int, max_model_len: int,
-                 max_waiting: int = 256, max_prefill_tokens: int = 4096, heartbeat_s: float = 0.5) -> None:
+                 max_waiting: int = 256, max_prefill_tokens: int = 4096, heartbeat_s: float = 0.5,
+                 max_num_batched_tokens: int = 512) -> None:
         self.runner = runner
         self.tok = tokenizer
         self.max_num_seqs = max_num_seqs
@@ -64,7 +66,13 @@ class Scheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self.heartbeat_s = heartbeat_s
         self.waiting: collections.deque[Sequence] = collections.deque()
+        self.prefilling: list[Sequence] = []  # admitted (a slot each), prompt not all cached yet
         self.running: list[Sequence] = []
+        # Chunked prefill where the model can continue a cached prompt: each step prefills at
+        # most this many prompt tokens, then the running sequences take a decode step, so a
+        # long prompt delays the others' next token by one chunk, not by its whole prefill.
+        model = getattr(runner, "model", None)
+        self.chunk = max_num_batched_tokens if getattr(model, "chunked_prefill", False) else 0
         self.free_slots = list(range(max_num_seqs))
         self._aborted: set[int] = set()
         self._cv = threading.Condition()
@@ -99,7 +107,7 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        return len(self.running)
+        return len(self.running) + len(self.prefilling)
 
     @property
     def num_waiting(self) -> int:
@@ -107,7 +115,7 @@ class Scheduler:
 
     @property
     def kv_usage(self) -> float:
-        used = sum(s.ctx_len for s in list(self.running))
+        used = sum(s.ctx_len for s in list(self.running)) + sum(s.prefilled for s in list(self.prefilling))
         return used / float(self.max_num_seqs * self.max_model_len)
 
     # -- the engine thread -----------------------------------------------------------------
@@ -121,18 +129,20 @@ class Scheduler:
                         self._drop_aborted()
                         if self._stop:
                             break
-                        if not self.waiting and not self.running:
+                        if not self.waiting and not self.running and not self.prefilling:
                             self._cv.wait(self.heartbeat_s)
                             idle = not self.waiting and not self.running and not self._stop
                         else:
                             idle = False
-                        admitted = self._admit()
+                        self._admit()
                     if idle:
                         self.runner.broadcast(HEARTBEAT)
                         continue
-                    if admitted:
-                        self._prefill(admitted)
-                    elif self.running:
+                    prefilled = bool(self.prefilling)
+                    if prefilled:
+                        self._prefill()
+                    # Unchunked, new prompts go first (as before); chunked, every step also decodes.
+                    if self.running and (self.chunk or not prefilled):
                         self._decode()
             self.runner.broadcast(STOP)
         except BaseException as e:
@@ -142,8 +152,9 @@ class Scheduler:
     def fail(self, reason: str) -> None:
         with self._cv:
             self.failed = reason
-            victims = list(self.waiting) + list(self.running)
+            victims = list(self.waiting) + list(self.prefilling) + list(self.running)
             self.waiting.clear()
+            self.prefilling.clear()
             self.running.clear()
         log.error("engine failed: %s", reason)
         for s in victims:
@@ -153,52 +164,72 @@ class Scheduler:
         if not self._aborted:
             return
         self.waiting = collections.deque(s for s in self.waiting if s.id not in self._aborted)
-        keep = []
-        for s in self.running:
-            if s.id in self._aborted:
-                self._release(s)
-            else:
-                keep.append(s)
-        self.running = keep
+        for group in (self.prefilling, self.running):
+            keep = []
+            for s in group:
+                if s.id in self._aborted:
+                    self._release(s)
+                else:
+                    keep.append(s)
+            group[:] = keep
         self._aborted.clear()
 
-    def _admit(self) -> list[Sequence]:
-        batch: list[Sequence] = []
-        tokens = 0
-        while self.waiting and self.free_slots and len(self.running) + len(batch) < self.max_num_seqs:
-            nxt = self.waiting[0]
-            if batch and tokens + len(nxt.prompt) > self.max_prefill_tokens:
-                break
-            self.waiting.popleft()
+    def _admit(self) -> None:
+        """Give waiting sequences free slots; their prompts are prefilled by the next steps."""
+        while self.waiting and self.free_slots and self.num_running < self.max_num_seqs:
+            nxt = self.waiting.popleft()
             self.free_slots.sort()
             nxt.slot = self.free_slots.pop(0)  # lowest slot first keeps the decode view small
-            batch.append(nxt)
-            tokens += len(nxt.prompt)
-        return batch
+            self.prefilling.append(nxt)
 
     def _release(self, s: Sequence) -> None:
         if s.slot >= 0:
             self.free_slots.append(s.slot)
             s.slot = -1
 
-    def _prefill(self, batch: list[Sequence]) -> None:
-        T = max(len(s.prompt) for s in batch)
-        B = len(batch)
+    def _prefill(self) -> None:
+        """One prefill step: whole prompts, right-padded, up to max_prefill_tokens; chunked,
+        at most `chunk` prompt tokens, a long prompt continuing over several steps."""
+        budget = self.chunk or self.max_prefill_tokens
+        batch: list[Sequence] = []
+        takes: list[int] = []
+        for s in self.prefilling:
+            left = len(s.prompt) - s.prefilled
+            n = min(left, budget) if self.chunk else left
+            if n <= 0 or (batch and n > budget):
+                break
+            batch.append(s)
+            takes.append(n)
+            budget -= n
+        B, T = len(batch), max(takes)
+        starts = [s.prefilled for s in batch]
         ids = torch.zeros(B, T, dtype=torch.int64)
-        for i, s in enumerate(batch):
-            ids[i, : len(s.prompt)] = torch.tensor(s.prompt, dtype=torch.int64)
-        positions = torch.arange(T, dtype=torch.int64).expand(B, T).contiguous()
-        lens = torch.tensor([len(s.prompt) for s in batch], dtype=torch.int64)
+        for i, (s, n) in enumerate(zip(batch, takes, strict=True)):
+            ids[i, :n] = torch.tensor(s.prompt[s.prefilled:s.prefilled + n], dtype=torch.int64)
+        # Right padding continues each row's positions, kept inside the cache.
+        positions = (torch.tensor(starts).unsqueeze(1) + torch.arange(T)).clamp(max=self.max_model_len - 1)
+        lens = torch.tensor(takes, dtype=torch.int64)
+        ctx = torch.tensor([a + n for a, n in zip(starts, takes, strict=True)], dtype=torch.int64)
         slots = torch.tensor([s.slot for s in batch], dtype=torch.int64)
-        # A one-token prompt takes the decode path, which attends over a view of the slots.
+        # A one-token step takes the decode path, which attends over a view of the slots.
         view = max(s.slot for s in batch) + 1 if T == 1 else 0
-        self.runner.broadcast(STEP, ids, positions, slots, lens, lens, view)
-        logits = self.runner.step(ids, positions, slots, lens, lens, view)
-        for s in batch:
+        self.runner.broadcast(STEP, ids, positions, slots, lens, ctx, view)
+        logits = self.runner.step(ids, positions, slots, lens, ctx, view)
+        done_rows = []
+        for i, (s, n) in enumerate(zip(batch, takes, strict=True)):
+            s.prefilled += n
+            if s.prefilled == len(s.prompt):
+                done_rows.append(i)
+        if not done_rows:
+            return
+        done = [batch[i] for i in done_rows]
+        ids_done = {s.id for s in done}
+        self.prefilling = [s for s in self.prefilling if s.id not in ids_done]
+        for s in done:
             self.stats["prompt_tokens"] += len(s.prompt)
-        self.running.extend(batch)
+        self.running.extend(done)
         self.running.sort(key=lambda s: s.slot)  # slots 0..B-1 in order: decode skips a scatter
-        self._advance(batch, logits)
+        self._advance(done, logits[done_rows] if len(done_rows) < B else logits)
 
     def _decode(self) -> None:
         run = self.running

@@ -51,7 +51,8 @@ def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
 
                 state.device["int4_kernel"] = int4_kernel()
             sched = Scheduler(runner, state.tokenizer, runner.opts.max_num_seqs, runner.opts.max_model_len,
-                              max_waiting=runner.opts.max_waiting)
+                              max_waiting=runner.opts.max_waiting,
+                              max_num_batched_tokens=runner.opts.max_num_batched_tokens)
             state.scheduler = sched
             state.phase = "ready"
             log.info("ready: %s tp=%d dtype=%s %s collective=%s (%.1fs)", model_name, runner.world, state.dtype,

@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,13 @@ def post(url: str, body: Any, timeout: float = 120.0) -> tuple[int, Any]:
 
 def stream(url: str, body: dict[str, Any], timeout: float = 120.0) -> list[dict[str, Any]]:
     """POST with stream=true; the parsed SSE data objects, up to [DONE]."""
+    return list(stream_iter(url, body, timeout))
+
+
+def stream_iter(url: str, body: dict[str, Any], timeout: float = 120.0) -> Iterator[dict[str, Any]]:
+    """The same, each object as soon as its line arrives."""
     req = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
                                  headers={"Content-Type": "application/json"})
-    out = []
     with urllib.request.urlopen(req, timeout=timeout) as r:
         for line in r:
             line = line.strip()
@@ -57,8 +62,7 @@ def stream(url: str, body: dict[str, Any], timeout: float = 120.0) -> list[dict[
                 continue
             if line == b"data: [DONE]":
                 break
-            out.append(json.loads(line[6:]))
-    return out
+            yield json.loads(line[6:])
 
 
 class EngineServer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-from engine_support import EngineServer, get, post, stream
+from engine_support import SERVER_ARGS, EngineServer, get, post, stream, stream_iter
 
 PROMPTS = ["What is the capital of France?", "Name three fruits.", "Count from one to five.",
            "What color is the sky?", "Say hello in Spanish.", "What is 2 + 2?", "Write a short greeting.",
@@ -202,6 +202,46 @@ def test_full_queue_gets_openai_429_over_http(gguf_path, tmp_path) -> None:  # t
         assert status == 200, b
         status, health = get(s.url + "/health")
         assert status == 200 and health["dtype"] == "int4", health
+    finally:
+        s.close()
+
+
+def test_chunked_prefill_same_text_and_running_streams_keep_going(
+        server_tp1: EngineServer, gguf_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Prompts prefilled 16 tokens a step give the text of whole-prompt prefill; and while a
+    long prompt is being prefilled, a running stream keeps receiving tokens (a decode step
+    follows each chunk) instead of waiting out the whole prefill."""
+    import threading
+    import time
+
+    s = EngineServer(gguf_path, tmp_path / "engine.log", extra=[*SERVER_ARGS, "--max-num-batched-tokens", "16"])
+    try:
+        url = s.url + "/v1/chat/completions"
+        for p in PROMPTS[:4]:
+            whole = post(server_tp1.url + "/v1/chat/completions", _body(p))[1]["choices"][0]["message"]["content"]
+            status, body = post(url, _body(p))
+            assert status == 200 and body["choices"][0]["message"]["content"] == whole, p
+        arrivals: list[float] = []
+        started = threading.Event()
+
+        def background() -> None:
+            for _ in stream_iter(url, _body("Count from one to a hundred.", max_tokens=100, ignore_eos=True)):
+                arrivals.append(time.monotonic())
+                started.set()
+
+        t = threading.Thread(target=background)
+        t.start()
+        assert started.wait(60)
+        long = "Summarize: " + " ".join(f"item {i} is a red box." for i in range(60))  # ~480 tokens: 30 chunks
+        sent = time.monotonic()
+        first = None
+        for chunk in stream_iter(url, _body(long, max_tokens=4)):
+            if first is None and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                first = time.monotonic()
+        t.join(120)
+        assert first is not None
+        during = [a for a in arrivals if sent < a < first]
+        assert len(during) >= 10, f"{len(during)} tokens of the running stream during a 30-chunk prefill"
     finally:
         s.close()
 

@@ -37,8 +37,10 @@ def _ranks(world: int, args: list[str], timeout: float = 120.0) -> None:
 
 @pytest.fixture(scope="module")
 def server_tp3_forced_ring(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
-    """TP=3 with --collective auto and the oneshot start-up test forced to fail."""
-    args = [a for a in SERVER_ARGS if a not in ("--collective", "ring")] + ["--collective", "auto"]
+    """TP=3 with --collective auto and the oneshot start-up test forced to fail. Its prompts are
+    prefilled 8 tokens a step (chunked prefill on every rank); TP=1's in one step."""
+    args = [a for a in SERVER_ARGS if a not in ("--collective", "ring")] + ["--collective", "auto",
+                                                                             "--max-num-batched-tokens", "8"]
     s = EngineServer(gguf_path, tmp_path_factory.mktemp("tp3") / "engine.log", tp=3, extra=args,
                      env={"SWITCHYARD_ONESHOT_FORCE_FAIL": "1"})
     yield s
