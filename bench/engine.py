@@ -1,6 +1,7 @@
 """Engine decode benchmark on this machine, ours vs transformers `generate` on the same GGUF.
 
   python bench/engine.py [--tokens 64] [--batch 16] [--dtype float32] [--threads 0]
+  python bench/engine.py --long-prompt     # chunked prefill: a running stream vs a long prompt
   python bench/engine.py --device cuda [bench/engine_cuda.py options]   # one GPU, see that file
 
 Prints decode tokens/s at batch 1 and the aggregate at batch N for our engine (the real
@@ -27,13 +28,14 @@ def _prompt_ids(tok, i: int = 0) -> list[int]:  # type: ignore[no-untyped-def]
     return tok.encode(tok.render([{"role": "user", "content": f"Write a long story about {topics[i % 16]}."}]))
 
 
-def ours(path: Path, dtype: str, threads: int, tokens: int, batch: int, repeats: int = 3) -> dict[str, float]:
+def _start_engine(path: Path, dtype: str, threads: int, max_num_seqs: int, max_model_len: int,
+                  **sched_kw: int):  # type: ignore[no-untyped-def]
+    """The real runner and scheduler, in-process, no HTTP; returns (scheduler, its thread)."""
     from switchyard.engine.runner import Runner, RunnerOptions
-    from switchyard.engine.sampling import SamplingParams
-    from switchyard.engine.scheduler import Scheduler, Sequence
+    from switchyard.engine.scheduler import Scheduler
     from switchyard.engine.serve import _tokenizer
 
-    runner = Runner(RunnerOptions(model_path=path, tp=1, max_num_seqs=max(batch, 1), max_model_len=512,
+    runner = Runner(RunnerOptions(model_path=path, tp=1, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                   dtype=dtype, threads=threads), 0, 1)
     made: dict[str, Scheduler] = {}
     ready = threading.Event()
@@ -42,14 +44,22 @@ def ours(path: Path, dtype: str, threads: int, tokens: int, batch: int, repeats:
         # Load and step on one thread, as `engine serve` does: a second thread driving
         # OpenMP while the first one's worker team lingers costs ~25% per step.
         runner.setup()
-        made["sched"] = Scheduler(runner, _tokenizer(runner), max(batch, 1), 512)
+        made["sched"] = Scheduler(runner, _tokenizer(runner), max_num_seqs, max_model_len, **sched_kw)
         ready.set()
         made["sched"].loop()
 
     loop = threading.Thread(target=engine, daemon=True)
     loop.start()
     ready.wait()
-    sched, tok = made["sched"], made["sched"].tok
+    return made["sched"], loop
+
+
+def ours(path: Path, dtype: str, threads: int, tokens: int, batch: int, repeats: int = 3) -> dict[str, float]:
+    from switchyard.engine.sampling import SamplingParams
+    from switchyard.engine.scheduler import Sequence
+
+    sched, loop = _start_engine(path, dtype, threads, max(batch, 1), 512)
+    tok = sched.tok
 
     def run(n: int) -> tuple[float, list[float], list[float]]:
         done = threading.Semaphore(0)
@@ -85,6 +95,46 @@ def ours(path: Path, dtype: str, threads: int, tokens: int, batch: int, repeats:
     return {"b1_tok_s": (tokens - 1) / (t1 - f1[0]), "ttft_b1_ms": f1[0] * 1000,
             "bN_tok_s": batch * (tokens - 1) / (tb - max(fb)), "ttft_bN_ms": statistics.median(fb) * 1000,
             "bN_total_tok_s": batch * tokens / tb}
+
+
+def long_prompt(path: Path, dtype: str, threads: int, budget: int) -> dict[str, float]:
+    """A stream decodes; a ~1,800-token prompt arrives. The stream's longest gap between tokens
+    and the long prompt's TTFT, with `budget` prompt tokens prefilled a step."""
+    from switchyard.engine.sampling import SamplingParams
+    from switchyard.engine.scheduler import Sequence
+
+    sched, loop = _start_engine(path, dtype, threads, 4, 2048, max_num_batched_tokens=budget)
+    tok = sched.tok
+    arrivals: list[float] = []
+    first: list[float] = []
+    done = threading.Semaphore(0)
+
+    def stream_sink(ev: dict) -> None:
+        if ev["type"] == "delta":
+            arrivals.append(time.perf_counter())
+        if ev["type"] in ("finish", "error"):
+            done.release()
+
+    def long_sink(ev: dict) -> None:
+        if ev["type"] == "delta" and not first:
+            first.append(time.perf_counter())
+        if ev["type"] in ("finish", "error"):
+            done.release()
+
+    sched.submit(Sequence(prompt=tok.encode(tok.render([{"role": "user", "content": "Count to a thousand."}])),
+                          sink=stream_sink, params=SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)))
+    time.sleep(1.0)
+    text = "Summarize: " + " ".join(f"item {i} is a red box." for i in range(190))
+    prompt = tok.encode(tok.render([{"role": "user", "content": text}]))
+    sent = time.perf_counter()
+    sched.submit(Sequence(prompt=prompt, sink=long_sink, params=SamplingParams(max_tokens=8, temperature=0)))
+    done.acquire()
+    done.acquire()
+    sched.stop()
+    loop.join(5)
+    gaps = sorted(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+    return {"prompt_tokens": len(prompt), "ttft_ms": (first[0] - sent) * 1000, "max_gap_ms": gaps[-1] * 1000,
+            "median_gap_ms": gaps[len(gaps) // 2] * 1000}
 
 
 def transformers_ref(path: Path, threads: int, tokens: int, batch: int) -> dict[str, float]:
@@ -150,11 +200,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3, help="runs per measurement; the median is reported")
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--long-prompt", action="store_true",
+                    help="only: a stream's longest token gap while a ~1,800-token prompt is prefilled, "
+                         "chunked (--max-num-batched-tokens 512) vs in one step")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
     from switchyard.engine import registry
 
     path = registry.pull("smollm2-135m")
+    if a.long_prompt:
+        for budget in (512, 4096):
+            r = long_prompt(path, a.dtype, a.threads, budget)
+            print(f"prefill {budget} tokens a step: {r['prompt_tokens']}-token prompt TTFT {r['ttft_ms']:.0f} ms; "
+                  f"running stream: longest gap {r['max_gap_ms']:.0f} ms, median {r['median_gap_ms']:.0f} ms")
+        return
     o = ours(path, a.dtype, a.threads, a.tokens, a.batch, a.repeats)
     print(f"ours ({a.dtype}):  batch 1 {o['b1_tok_s']:.1f} tok/s, TTFT {o['ttft_b1_ms']:.0f} ms | "
           f"batch {a.batch} {o['bN_tok_s']:.1f} tok/s aggregate decode ({o['bN_total_tok_s']:.1f} incl. prefill), "
