@@ -66,7 +66,7 @@ def serve(
         admin_key=admin_key or None, ui=ui, reports_dir=str(reports) if reports else None,
     )
     if auth:
-        from switchyard.auth import open_keystore
+        from switchyard.keys import open_keystore
 
         config.keystore = open_keystore(keys_file, redis)
     state = None
@@ -240,7 +240,7 @@ def keys_create(
     redis: RedisOpt = None,
 ) -> None:
     """Create a key and print it once: only its SHA-256 is stored."""
-    from switchyard.auth import make_key, open_keystore
+    from switchyard.keys import make_key, open_keystore
 
     key, rec = make_key(name, _split(policies), _split(pools), rpm, tpm)
     store = open_keystore(keys_file, redis)
@@ -257,7 +257,7 @@ def keys_create(
 
 
 def _load_keys(keys_file: Path | None, redis: str | None):
-    from switchyard.auth import open_keystore
+    from switchyard.keys import open_keystore
 
     store = open_keystore(keys_file, redis)
 
@@ -299,7 +299,7 @@ def keys_revoke(
     """Revoke a key: gateways answer 401 for it within about a second."""
     import time as _time
 
-    from switchyard.auth import hash_key
+    from switchyard.keys import hash_key
 
     store, keys = _load_keys(keys_file, redis)
     found = [r for r in keys.values() if key in (r.id, r.name) or r.hash == hash_key(key)]
@@ -313,7 +313,7 @@ def keys_revoke(
     rec.revoked = rec.revoked or _time.time()
 
     async def put() -> None:
-        from switchyard.auth import open_keystore
+        from switchyard.keys import open_keystore
 
         st = open_keystore(keys_file, redis)
         try:

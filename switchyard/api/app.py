@@ -215,7 +215,7 @@ class Api:
         upstream: Any = answer.stream
         tap = None
         if key is not None:  # count tokens from the stream's tail (usage), without parsing events
-            from switchyard.auth import StreamTap
+            from switchyard.limits import StreamTap
 
             upstream = tap = StreamTap(answer.stream, answer.first, _prompt_estimate(request))
 

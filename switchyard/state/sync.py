@@ -26,7 +26,7 @@ log = logging.getLogger("switchyard.state.sync")
 
 
 class CounterSource(Protocol):
-    """Something that keeps counters in shared windows (auth.RateLimiter)."""
+    """Something that keeps counters in shared windows (limits.RateLimiter)."""
 
     def take_deltas(self) -> tuple[list[CounterDelta], list[str]]:
         """What to add, and which buckets to read back."""

@@ -14,7 +14,8 @@ import pytest
 from procs import ROOT, Proc, http_get
 from statekit import Shared, chat, health, post_many, wait_for
 
-from switchyard.auth import RedisKeyStore, StreamTap, make_key, usage_tokens
+from switchyard.keys import RedisKeyStore, make_key
+from switchyard.limits import StreamTap, usage_tokens
 
 
 @dataclass
