@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from replay_helpers import wait_http
+from replay_helpers import policy_file, wait_http
 from typer.testing import CliRunner
 
 from switchyard.cli import app
@@ -53,21 +53,7 @@ def engine_url() -> str:
 
 
 def test_live_replay_against_smollm2(engine_url: str, tmp_path: Path) -> None:
-    pol = tmp_path / "engine.yaml"
-    pol.write_text(
-        f"""version: 1
-pools:
-  small: {{model: smollm2-135m, replicas: [{{url: "{engine_url}"}}]}}
-  large: {{model: smollm2-135m, replicas: [{{url: "{engine_url}"}}]}}
-routes:
-  - name: several-tools
-    when: {{tools: ">= 2"}}
-    pool: large
-  - name: default
-    pool: small
-""",
-        encoding="utf-8",
-    )
+    pol = policy_file(tmp_path / "engine.yaml", engine_url, engine_url)  # both pools: the one engine
     out = tmp_path / "o"
     with GatewayProcess(pol) as gw:
         res = CliRunner().invoke(app, ["replay", "bfcl:simple_python:1", "bfcl:multiple:1", "--gateway", gw.url,

@@ -7,6 +7,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from replay_helpers import policy_file
 from typer.testing import CliRunner
 
 from switchyard.cli import app
@@ -32,23 +33,9 @@ def test_tooluse92_loads_and_matches_its_rule() -> None:
     assert shipped["cases"] == build_tooluse92()["cases"]  # the listed ids are what the rule picks
 
 
-def _policy(tmp_path: Path, classifier: str = "") -> Path:
-    p = tmp_path / "dry.yaml"
-    p.write_text(
-        f"""version: 1
-pools:
-  small: {{model: s, replicas: [{{url: "http://127.0.0.1:9/v1"}}]}}
-  large: {{model: l, replicas: [{{url: "http://127.0.0.1:10/v1"}}]}}
-{classifier}routes:
-  - name: several-tools
-    when: {{tools: ">= 2"}}
-    pool: large
-  - name: default
-    pool: small
-""",
-        encoding="utf-8",
-    )
-    return p
+def _policy(tmp_path: Path) -> Path:
+    # Dry runs never reach the replicas: closed ports are enough.
+    return policy_file(tmp_path / "dry.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1")
 
 
 def test_tooluse92_dry_runs(tmp_path: Path) -> None:
