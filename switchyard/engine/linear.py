@@ -73,8 +73,9 @@ class Int4:
         if self.native is not None:  # float32 in and out; bfloat16 inside
             x2 = x2.float().contiguous()
             y = torch.empty(x2.shape[0], self.n)
-            self.native(x2.data_ptr(), self.packed.data_ptr(), self.s.data_ptr(), self.z.data_ptr(),
-                        y.data_ptr(), x2.shape[0], self.n, self.k, torch.get_num_threads())
+            if self.native(x2.data_ptr(), self.packed.data_ptr(), self.s.data_ptr(), self.z.data_ptr(),
+                           y.data_ptr(), x2.shape[0], self.n, self.k, torch.get_num_threads()):
+                raise RuntimeError("native int4 matmul failed: out of memory")  # shapes are checked at load
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), self.packed, GROUP, self.sz)
         y = y.view(*shape[:-1], self.n)

@@ -139,7 +139,8 @@ class TPModel:
                 lens: torch.Tensor, ctx_lens: torch.Tensor, view_slots: int) -> torch.Tensor:
         """Run one step and return this rank's slice of the logits of each row's last new token.
 
-        ids/positions: [B, T] (right-padded when T > 1: a prefill of new sequences);
+        ids/positions: [B, T] (right-padded when T > 1: a prefill, each row either a new prompt
+        from position 0 or the next chunk of one whose start is already cached);
         lens: [B] valid new tokens per row; ctx_lens: [B] cached tokens after this step;
         view_slots: 1 + the highest slot in use, so decode attends over a view, not a copy.
         """

@@ -23,6 +23,7 @@ from switchyard.engine.comm import GPU_ENV, CollectiveBackend, SingleRank, make_
 from switchyard.engine.config import ModelConfig
 from switchyard.engine.cuda_model import CudaModel, rank_device
 from switchyard.engine.model import TPModel
+from switchyard.engine.native import load as load_native
 from switchyard.engine.weights import Shard, load_shard, open_source
 
 log = logging.getLogger("switchyard.engine.runner")
@@ -94,8 +95,6 @@ class Runner:
         # (badly so on a busy machine), so they run on one. With the native kernels the matmuls
         # and attention split well even at batch 1 (measured: 9.5 ms a step on 2 threads vs
         # 12.0 on 1), so every step uses every core.
-        from switchyard.engine.native import load as load_native
-
         self.big_threads = pick_threads(self.world, self.opts.threads)
         native = load_native()[0] is not None and self.opts.device == "cpu"
         self.small_threads = self.big_threads if self.opts.threads > 0 or native else 1
