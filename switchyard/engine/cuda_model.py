@@ -131,10 +131,6 @@ class CudaModel:
         self._staged: torch.cuda.Event | None = None
         self._span_ids = torch.arange(max_len, device=dev)
 
-    def cache_bytes(self) -> int:
-        assert self.k_cache is not None
-        return 2 * self.k_cache.numel() * self.k_cache.element_size()
-
     def weight_bytes_per_token(self) -> int:
         """Bytes a batch-1 decode step must read: every projection, the norms, the low-precision
         LM head, one embedding row and the refined LM-head rows."""

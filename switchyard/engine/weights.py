@@ -66,9 +66,6 @@ class GGUFSource:
             return f"blk.{i}.{_GGUF_LAYER[rest]}"
         return _GGUF_TOP[name]
 
-    def has(self, name: str) -> bool:
-        return self._name(name) in self._tensors
-
     def read(self, name: str, rows: slice | None = None, cols: slice | None = None,
              permute_heads: int | None = None) -> torch.Tensor:
         t = self._tensors[self._name(name)]
@@ -113,9 +110,6 @@ class SafetensorsSource:
 
     def _key(self, name: str) -> str:
         return name if name == "lm_head.weight" else f"model.{name}"
-
-    def has(self, name: str) -> bool:
-        return self._key(name) in self._map
 
     def read(self, name: str, rows: slice | None = None, cols: slice | None = None,
              permute_heads: int | None = None) -> torch.Tensor:
