@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +41,8 @@ def http_post(url: str, body: bytes, timeout: float = 5.0) -> tuple[int, bytes]:
 class Proc:
     """A child process that must answer `ready_url` (any status < 500) before tests use it."""
 
-    def __init__(self, cmd: list[str], ready_url: str, log: Path, env: dict | None = None, timeout: float = 30.0):
+    def __init__(self, cmd: list[str], ready_url: str, log: Path, env: dict | None = None, timeout: float = 30.0,
+                 ready: Callable[[int], bool] = lambda status: status < 500):
         self.cmd = cmd
         self.log = log
         self._logf = log.open("w")
@@ -52,7 +54,7 @@ class Proc:
                 raise RuntimeError(f"{cmd} exited with {self.p.returncode}:\n{self.output()}")
             try:
                 status, _ = http_get(ready_url, timeout=1.0)
-                if status < 500:
+                if ready(status):
                     break
             except OSError:
                 pass
@@ -70,11 +72,16 @@ class Proc:
             os.killpg(self.p.pid, signal.SIGKILL)
             self.p.wait(5)
 
-    def stop(self) -> None:
+    def stop(self, group: bool = True, wait: float = 10.0) -> None:
+        """SIGTERM (to the process group, or to the process alone so that it stops its own
+        children), then SIGKILL to the group after `wait` seconds."""
         if self.p.poll() is None:
             try:
-                os.killpg(self.p.pid, signal.SIGTERM)
-                self.p.wait(10)
+                if group:
+                    os.killpg(self.p.pid, signal.SIGTERM)
+                else:
+                    self.p.send_signal(signal.SIGTERM)
+                self.p.wait(wait)
             except (subprocess.TimeoutExpired, ProcessLookupError):
                 try:
                     os.killpg(self.p.pid, signal.SIGKILL)

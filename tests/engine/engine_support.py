@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from procs import Proc, free_port
+
 # Small KV cache: several servers may run at once on a CI machine.
 SERVER_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "8", "--collective", "ring", "--dtype", "float32"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, timeout: float = 5.0) -> tuple[int, Any]:
@@ -75,25 +64,12 @@ class EngineServer:
         self.log = log
         cmd = [sys.executable, "-m", "switchyard.cli", "engine", "serve", "--model", str(model), "--tp", str(tp),
                "--port", str(self.port), *(extra or [])]
-        self._logf = log.open("w")
-        self.proc = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     env={**os.environ, **(env or {})}, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"engine exited with {self.proc.returncode}:\n{self.output()}")
-            with contextlib.suppress(OSError):
-                status, _ = get(self.url + "/health", timeout=2)
-                if status == 200:
-                    break
-            if time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError(f"engine not ready in {timeout}s:\n{self.output()}")
-            time.sleep(0.2)
+        # Ready means /health answers 200: it answers 503 while the model loads.
+        self._proc = Proc(cmd, self.url + "/health", log, env, timeout, ready=lambda status: status == 200)
+        self.proc = self._proc.p
 
     def output(self) -> str:
-        self._logf.flush()
-        return self.log.read_text(errors="replace")[-4000:]
+        return self._proc.output()
 
     def rank_pids(self) -> list[int]:
         """The rank processes a TP>1 supervisor started (its children)."""
@@ -101,15 +77,7 @@ class EngineServer:
         return [int(x) for x in path.read_text().split()] if path.exists() else []
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        self._logf.close()
+        self._proc.stop(group=False, wait=30)  # the supervisor stops its ranks itself
 
 
 def smollm2_path() -> Path:

@@ -301,7 +301,7 @@ def test_cpu_tensor_parallel_sharding_equals_tp1(tmp_path) -> None:  # type: ign
     import subprocess
     import sys
 
-    from engine_support import ROOT, free_port
+    from procs import ROOT, free_port
 
     cfg = dataclasses.replace(SMALL, num_layers=2)
     _random_llama_dir(tmp_path, cfg)

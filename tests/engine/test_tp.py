@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_support import ROOT, SERVER_ARGS, EngineServer, free_port, get, post
+from engine_support import SERVER_ARGS, EngineServer, get, post
+from procs import ROOT, free_port
 
 HARNESS = Path(__file__).resolve().parent / "tp_harness.py"
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from engine_support import ROOT, free_port
+from procs import ROOT, free_port
 
 
 def _listening(port: int) -> bool:
