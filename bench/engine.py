@@ -18,7 +18,11 @@ import threading
 import time
 from pathlib import Path
 
-import torch
+from switchyard.engine.native import keep_workers_spinning
+
+keep_workers_spinning()  # as `engine serve` does, before torch loads libgomp
+
+import torch  # noqa: E402
 
 
 def _prompt_ids(tok, i: int = 0) -> list[int]:  # type: ignore[no-untyped-def]

@@ -72,6 +72,10 @@ def engine_serve(
         raise typer.BadParameter("--max-num-batched-tokens must be at least 1")
     if device not in ("cpu", "cuda"):
         raise typer.BadParameter("--device must be cpu or cuda")
+    if device == "cpu":
+        from switchyard.engine.native import keep_workers_spinning
+
+        keep_workers_spinning()  # before torch loads libgomp
     if device == "cuda":
         import torch
 

@@ -35,9 +35,10 @@ def int4_supported() -> bool:
 class Int4:
     """y = x @ dequant(W).T with W stored as uint4 codes, per-32 scale and offset.
 
-    Runs on our AVX512-BF16 kernel (engine/native) when this CPU and a C compiler allow it:
-    about 2x torch's int4 kernel once a step has several rows, float32 in and out (x is
-    rounded to bfloat16 inside), and each row's result does not depend on the batch it is in.
+    Runs on our kernel (engine/native) when this CPU and a C compiler allow it: float32 in
+    and out (the AVX512-BF16 build rounds x to bfloat16 inside, the AVX2 build stays float32),
+    faster than torch's kernel once a step has several rows, and each row's result does not
+    depend on the batch it is in.
     Otherwise on torch's kernel: bfloat16 in and out, bfloat16 scales and offsets.
     """
 
@@ -83,7 +84,7 @@ class Int4:
 
 
 def _pack_native(q: torch.Tensor) -> torch.Tensor:
-    """Codes [n, k] into int4_bf16.c's layout: per 16 columns, per group, per t in 0..7, 32
+    """Codes [n, k] into the native kernels' layout: per 16 columns, per group, per t in 0..7, 32
     bytes; byte 2i+e holds column i's code for k = 4t+e (low nibble), 4t+2+e (high nibble)."""
     n, k = q.shape
     p = q.view(n // NATIVE_COLS, NATIVE_COLS, k // GROUP, 8, 2, 2)  # (block, i, group, t, nibble, e)
@@ -92,8 +93,8 @@ def _pack_native(q: torch.Tensor) -> torch.Tensor:
 
 
 def int4_kernel() -> str:
-    lib, why = load_native()
-    return "native avx512-bf16" if lib is not None else f"torch ({why})"
+    lib, what = load_native()  # the build's name, or why there is none
+    return f"native {what}" if lib is not None else f"torch ({what})"
 
 
 def make_linear(w: torch.Tensor, b: torch.Tensor | None, fmt: str) -> Dense | Int4:

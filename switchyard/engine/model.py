@@ -16,6 +16,7 @@ from switchyard.engine.comm import CollectiveBackend
 from switchyard.engine.config import ModelConfig
 from switchyard.engine.linear import GROUP, Int4, make_linear
 from switchyard.engine.native import load as load_native
+from switchyard.engine.rowops import RowOps, rotate_torch
 from switchyard.engine.weights import Shard
 
 _REFINE = 32  # logits recomputed exactly per row when the LM head runs in bfloat16
@@ -37,19 +38,6 @@ def rope_inv_freq(c: ModelConfig, freqs_factor: torch.Tensor | None = None) -> t
         mid = (wavelen <= old / low) & (wavelen >= old / high)
         inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
     return inv.to(torch.float32)
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.dtype | None = None) -> torch.Tensor:
-    # Like HF: normalize in float32, scale in the weight's dtype; `out` is the next matmul's input dtype.
-    xf = x.float()
-    y = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(w.dtype)
-    return y if out is None else y.to(out)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 class Layer:
@@ -108,6 +96,7 @@ class TPModel:
         self.cos, self.sin = emb.cos(), emb.sin()
         self._q_size = self.heads * self.hd
         lib, _ = load_native()
+        self.ops = RowOps(lib, self.cos, self.sin)
         fits = self.hd % 16 == 0 and self.hd <= 256 and self.heads // max(1, self.kv_heads) <= 16
         self.attn = lib.sy_decode_attn if lib is not None and fits else None
         self._kv_size = self.kv_heads * self.hd
@@ -145,8 +134,9 @@ class TPModel:
         view_slots: 1 + the highest slot in use, so decode attends over a view, not a copy.
         """
         B, T = ids.shape
-        x = self._embed(ids)
-        cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
+        x = self._embed(ids)  # the residual stream, float32, updated in place
+        ops = self.ops
+        cos = sin = None  # for torch's RoPE, when the native one can't run
         eps = self.c.rms_eps
         H, Hkv, D = self.heads, self.kv_heads, self.hd
         fresh = T == 1 or bool((positions[:, 0] == 0).all())  # else a later chunk of some prompt
@@ -167,18 +157,22 @@ class TPModel:
             bias = bias.view(S, 1, 1, L)
             # The usual case, slots 0..B-1 in order: no scatter/gather around attention.
             dense_slots = S == B and slots.tolist() == list(range(B))
+        h = ops.rms_norm(x, self.layers[0].ln1, eps, self.dtype)
         for li, layer in enumerate(self.layers):
-            h = _rms(x, layer.ln1, eps, self.dtype)
             qkv = layer.qkv(h).float()  # attention and the KV cache stay in float32
+            rotated = layer.q_norm is None and ops.rope_(qkv, positions, H + Hkv, D)
             q, k, v = qkv.split((self._q_size, self._kv_size, self._kv_size), dim=-1)
             q = q.view(B, T, H, D)
             k = k.view(B, T, Hkv, D)
             v = v.view(B, T, Hkv, D)
-            if layer.q_norm is not None:
-                q = _rms(q, layer.q_norm, eps)
-                k = _rms(k, layer.k_norm, eps)
-            q = _rotate(q, cos, sin)
-            k = _rotate(k, cos, sin)
+            if not rotated:
+                if layer.q_norm is not None:
+                    q = ops.rms_norm(q, layer.q_norm, eps)
+                    k = ops.rms_norm(k, layer.k_norm, eps)
+                if cos is None:
+                    cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
+                q = rotate_torch(q, cos, sin)
+                k = rotate_torch(k, cos, sin)
             kc, vc = self.k_cache[li], self.v_cache[li]
             if T == 1 and self.attn is not None:
                 o = self._native_attention(q[:, 0], k[:, 0], v[:, 0], kc, vc, slots, pos_flat, scale)
@@ -211,13 +205,14 @@ class TPModel:
                 o = F.scaled_dot_product_attention(q.transpose(1, 2), kc[slots, :, :L], vc[slots, :, :L],
                                                    attn_mask=mask, enable_gqa=True)
                 o = o.transpose(1, 2).reshape(B, T, self._q_size).to(self.dtype)
-            x = x + self.comm.all_reduce(layer.o(o)).float()
-            h = _rms(x, layer.ln2, eps, self.dtype)
-            gu = layer.gate_up(h)
-            g, u = gu.chunk(2, dim=-1)
-            x = x + self.comm.all_reduce(layer.down(F.silu(g) * u)).float()
+            h = ops.add_rms_norm(x, self.comm.all_reduce(layer.o(o)).float(), layer.ln2, eps, self.dtype)
+            delta = self.comm.all_reduce(layer.down(ops.silu_mul(layer.gate_up(h)))).float()
+            if li + 1 < len(self.layers):  # the residual add, fused with the next layer's norm
+                h = ops.add_rms_norm(x, delta, self.layers[li + 1].ln1, eps, self.dtype)
+            else:
+                x.add_(delta)
         last = x[torch.arange(B), lens - 1]
-        h = _rms(last, self.norm, eps)
+        h = ops.rms_norm(last, self.norm, eps)
         if self.lm_head_q4 is None and self.lm_head_lowp is None:
             return F.linear(h, self.lm_head)
         # Low-precision logits for the whole vocabulary, then the best few recomputed in

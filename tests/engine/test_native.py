@@ -1,6 +1,7 @@
-"""Native CPU kernels. int4 weights: our AVX512-BF16 kernel against a float32 reference and
-torch's kernel, rows independent of their batch, the real SmolLM2 file run as int4 against
-float32. Decode attention: against the torch path, over scattered cache slots."""
+"""Native CPU kernels, each build this CPU can run (avx512-bf16, avx2). int4 weights: against
+a float32 reference and torch's kernel, rows independent of their batch, the real SmolLM2
+file run as int4 against float32. Decode attention: against the torch path, over scattered
+cache slots."""
 
 from __future__ import annotations
 
@@ -10,9 +11,20 @@ import pytest
 import torch
 
 from switchyard.engine import linear
-from switchyard.engine.native import load
+from switchyard.engine import native as nat
 
-native = pytest.mark.skipif(load()[0] is None, reason=f"native kernels unavailable: {load()[1]}")
+
+@pytest.fixture(params=[b.name for b in nat.BUILDS])
+def build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Each native build in turn, where this CPU and compiler can run it."""
+    monkeypatch.setenv("SWITCHYARD_NATIVE", request.param)
+    nat.load.cache_clear()
+    lib, why = nat.load()
+    if lib is None:
+        nat.load.cache_clear()
+        pytest.skip(f"{request.param} kernels unavailable: {why}")
+    yield request.param
+    nat.load.cache_clear()
 
 
 def _dequant(w: torch.Tensor) -> torch.Tensor:
@@ -24,9 +36,8 @@ def _dequant(w: torch.Tensor) -> torch.Tensor:
     return (((g - lo) / scale).round().clamp(0, 15) * scale + lo).view(n, k)
 
 
-@native
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (64, 32)])
-def test_native_kernel_matches_float32_reference(n: int, k: int) -> None:
+def test_native_kernel_matches_float32_reference(build: str, n: int, k: int) -> None:
     g = torch.Generator().manual_seed(n + k)
     w = torch.randn(n, k, generator=g) * 0.05
     b = torch.randn(n, generator=g) * 0.1
@@ -40,8 +51,7 @@ def test_native_kernel_matches_float32_reference(n: int, k: int) -> None:
         assert (got - ref).abs().max() <= ref.abs().max() * 2**-7, m
 
 
-@native
-def test_native_rows_do_not_depend_on_batch_or_threads() -> None:
+def test_native_rows_do_not_depend_on_batch_or_threads(build: str) -> None:
     g = torch.Generator().manual_seed(1)
     q = linear.Int4(torch.randn(3072, 576, generator=g) * 0.05, None)
     x = torch.randn(16, 576, generator=g).to(torch.bfloat16)
@@ -57,8 +67,7 @@ def test_native_rows_do_not_depend_on_batch_or_threads() -> None:
         torch.set_num_threads(before)
 
 
-@native
-def test_native_and_torch_kernels_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_native_and_torch_kernels_agree(build: str, monkeypatch: pytest.MonkeyPatch) -> None:
     g = torch.Generator().manual_seed(2)
     w = torch.randn(576, 576, generator=g) * 0.05
     x = torch.randn(4, 576, generator=g).to(torch.bfloat16)
@@ -72,8 +81,6 @@ def test_native_and_torch_kernels_agree(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_kernel_unavailable_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    from switchyard.engine import native as nat
-
     nat.load.cache_clear()
     try:
         monkeypatch.setenv("SWITCHYARD_NATIVE", "0")
@@ -84,6 +91,25 @@ def test_kernel_unavailable_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
         assert q.native is None and q(torch.randn(2, 64).to(torch.bfloat16)).shape == (2, 64)
     finally:
         nat.load.cache_clear()
+
+
+def test_build_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The best build the CPU runs; a named one only if the CPU runs it; a bad name says so."""
+    zen4 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"}
+    monkeypatch.setattr(nat, "_cpu_flags", lambda: zen4)
+    assert nat.pick()[0].name == "avx512-bf16"  # type: ignore[union-attr]
+    monkeypatch.setenv("SWITCHYARD_NATIVE", "avx2")
+    assert nat.pick()[0].name == "avx2"  # type: ignore[union-attr]
+    monkeypatch.setattr(nat, "_cpu_flags", lambda: {"avx2", "fma"})  # Zen 3, Haswell
+    assert nat.pick()[0].name == "avx2"  # type: ignore[union-attr]
+    monkeypatch.setenv("SWITCHYARD_NATIVE", "avx512-bf16")
+    assert nat.pick() == (None, "CPU lacks avx512_bf16, avx512bw, avx512f, avx512vl")
+    monkeypatch.setenv("SWITCHYARD_NATIVE", "1")
+    monkeypatch.setattr(nat, "_cpu_flags", lambda: {"sse4_2"})
+    assert nat.pick() == (None, "CPU lacks avx2, fma")
+    monkeypatch.setenv("SWITCHYARD_NATIVE", "avx9")
+    build, why = nat.pick()
+    assert build is None and "SWITCHYARD_NATIVE=avx9 names no build" in why
 
 
 def _greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
@@ -130,8 +156,7 @@ def test_smollm2_int4_equals_float32_and_batched_equals_alone(gguf_path: Path) -
     assert "Paris" in tok.decode(together[0])
 
 
-@native
-def test_native_decode_attention_equals_torch_path() -> None:
+def test_native_decode_attention_equals_torch_path(build: str) -> None:
     """Sequences in slots 5, 0 and 2 (out of order, with gaps), prompts of different lengths,
     then decode steps: the native kernel writes the cache and attends like the torch path."""
     import dataclasses
@@ -167,8 +192,7 @@ def test_native_decode_attention_equals_torch_path() -> None:
             assert torch.allclose(models[0].v_cache[li], models[1].v_cache[li], atol=1e-5)
 
 
-@native
-def test_native_attention_refuses_a_slot_outside_the_cache() -> None:
+def test_native_attention_refuses_a_slot_outside_the_cache(build: str) -> None:
     import dataclasses
 
     from switchyard.engine.comm import SingleRank
@@ -181,3 +205,37 @@ def test_native_attention_refuses_a_slot_outside_the_cache() -> None:
     one = torch.ones(1, dtype=torch.int64)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="outside the cache"):
         m.forward(torch.tensor([[5]]), torch.tensor([[0]]), torch.tensor([7]), one, one, 8)
+
+
+def test_row_ops_match_torch(build: str) -> None:
+    """RMSNorm (with and without the residual add), SwiGLU and RoPE: one native call each,
+    the same values as torch's ops to float32 rounding, and each row independent of its batch."""
+    from switchyard.engine.native import load as load_native
+    from switchyard.engine.rowops import RowOps, rms_norm_torch, rotate_torch
+
+    g = torch.Generator().manual_seed(5)
+    H, Hkv, D, max_len = 9, 3, 64, 40
+    cos, sin = torch.randn(max_len, D, generator=g), torch.randn(max_len, D, generator=g)
+    native, ref = RowOps(load_native()[0], cos, sin), RowOps(None, cos, sin)
+    assert native.lib is not None
+    x, delta, w = (torch.randn(2, 3, 576, generator=g) for _ in range(3))
+    w = w[0, 0].contiguous()
+    assert torch.allclose(native.rms_norm(x, w, 1e-5), rms_norm_torch(x, w, 1e-5), rtol=1e-5, atol=1e-6)
+    xa, xb = x.clone(), x.clone()
+    ha, hb = native.add_rms_norm(xa, delta, w, 1e-5), ref.add_rms_norm(xb, delta, w, 1e-5)
+    assert torch.equal(xa, xb) and torch.allclose(ha, hb, rtol=1e-5, atol=1e-6)  # the add is exact
+    assert torch.equal(native.rms_norm(x[1:2, 2:3].contiguous(), w, 1e-5), native.rms_norm(x, w, 1e-5)[1:2, 2:3])
+    gu = torch.randn(4, 1, 2 * 1536, generator=g) * 4
+    gu[0, 0, :3] = torch.tensor([-200.0, 200.0, 0.0])  # far past exp's range both ways
+    assert torch.allclose(native.silu_mul(gu), ref.silu_mul(gu), rtol=1e-5, atol=1e-5)
+    qkv = torch.randn(2, 3, (H + 2 * Hkv) * D, generator=g)
+    positions = torch.tensor([[0, 1, 2], [37, 38, 39]])
+    mine = qkv.clone()
+    assert native.rope_(mine, positions, H + Hkv, D) and not ref.rope_(qkv.clone(), positions, H + Hkv, D)
+    c, s = cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
+    q, k, v = qkv.split((H * D, Hkv * D, Hkv * D), dim=-1)
+    want = torch.cat([rotate_torch(q.view(2, 3, H, D), c, s).flatten(2), rotate_torch(k.view(2, 3, Hkv, D), c, s).flatten(2),
+                      v], dim=-1)
+    assert torch.allclose(mine, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="outside the RoPE table"):
+        native.rope_(qkv.clone(), torch.tensor([[0, 1, 40], [0, 1, 2]]), H + Hkv, D)

@@ -1,9 +1,13 @@
 """Native CPU kernels, compiled on first use with the system C compiler and cached.
 
-Two hot spots of a CPU decode step: the int4 x bfloat16 matmul (`int4_bf16.c`) and decode
-attention with its KV-cache write (`decode_attn.c`). Both need AVX-512 (with BF16: AMD Zen 4,
-Intel Sapphire Rapids and later). Anything missing (the CPU flags, a compiler, a failed
-build, SWITCHYARD_NATIVE=0) means `load()` says why and the engine uses torch's ops instead.
+The hot spots of a CPU decode step: the int4 matmul (`int4_*.c`), decode attention with its
+KV-cache write (`decode_attn_*.c`), and the row-wise steps between them (`rowops.c`: RMSNorm
+with the residual add, SwiGLU, RoPE), in two builds, the first this CPU can run:
+- `avx512-bf16` (AMD Zen 4, Intel Sapphire Rapids and later): bfloat16 dot products;
+- `avx2` (x86 since Haswell and Zen 1): float32 FMA.
+Both take the same packed weights and arguments. Anything missing (the CPU flags, a
+compiler, a failed build, SWITCHYARD_NATIVE=0) means `load()` says why and the engine uses
+torch's ops instead. SWITCHYARD_NATIVE=avx2 picks that build on a CPU that could run both.
 """
 
 from __future__ import annotations
@@ -16,15 +20,47 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from switchyard.datasets import cache_dir
 
 log = logging.getLogger("switchyard.engine.native")
 
-SOURCES = [Path(__file__).with_name(n) for n in ("int4_bf16.c", "decode_attn.c")]
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC"]
-NEEDED_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}
+COMMON_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
+
+
+@dataclass(frozen=True)
+class Build:
+    name: str
+    cpu_flags: frozenset[str]  # as /proc/cpuinfo spells them
+    cc_flags: tuple[str, ...]
+
+    @property
+    def sources(self) -> list[Path]:
+        suffix = self.name.split("-")[0]
+        here = Path(__file__).parent
+        return [here / f"int4_{suffix}.c", here / f"decode_attn_{suffix}.c", here / "rowops.c"]
+
+
+BUILDS = [  # best first
+    Build("avx512-bf16", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}),
+          ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")),
+    Build("avx2", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma")),
+]
+
+
+# How long an OpenMP worker spins before it sleeps, in libgomp's units. A CPU decode step calls
+# the kernels ~120 times with single-threaded work between them; a worker that slept in
+# between takes ~50 us to wake on a VM (measured here at batch 1: 31 ms a step by default,
+# 21 ms spinning). Read once, when torch loads libgomp.
+SPINCOUNT = "10000000"
+
+
+def keep_workers_spinning() -> None:
+    """Call before torch is imported (the engine's ranks, the engine bench); a value set by
+    the user wins."""
+    os.environ.setdefault("GOMP_SPINCOUNT", SPINCOUNT)
 
 
 def _cpu_flags() -> set[str]:
@@ -37,8 +73,9 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def _build(compiler: str) -> Path:
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join([compiler, *FLAGS]).encode())
+def _build(compiler: str, build: Build) -> Path:
+    flags = [*build.cc_flags, *COMMON_FLAGS]
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in build.sources) + " ".join([compiler, *flags]).encode())
     out = cache_dir("kernels") / f"switchyard-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
@@ -47,7 +84,7 @@ def _build(compiler: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, "-o", tmp, *map(str, SOURCES)], check=True, capture_output=True, text=True,
+        subprocess.run([compiler, *flags, "-o", tmp, *map(str, build.sources)], check=True, capture_output=True, text=True,
                        timeout=120)
         os.replace(tmp, out)
     finally:
@@ -56,19 +93,32 @@ def _build(compiler: str) -> Path:
     return out
 
 
+def pick() -> tuple[Build | None, str]:
+    """The build this CPU runs best, as SWITCHYARD_NATIVE allows: (build, "") or (None, why not)."""
+    want = os.environ.get("SWITCHYARD_NATIVE", "1")
+    if want == "0":
+        return None, "disabled by SWITCHYARD_NATIVE=0"
+    allowed = [b for b in BUILDS if want in ("1", b.name)]
+    if not allowed:
+        return None, f"SWITCHYARD_NATIVE={want} names no build ({', '.join(b.name for b in BUILDS)}, 0 or 1)"
+    flags = _cpu_flags()
+    for b in allowed:
+        if b.cpu_flags <= flags:
+            return b, ""
+    return None, f"CPU lacks {', '.join(sorted(allowed[-1].cpu_flags - flags))}"
+
+
 @functools.cache
 def load() -> tuple[ctypes.CDLL | None, str]:
-    """(library, "") when the native kernels are usable, else (None, why not)."""
-    if os.environ.get("SWITCHYARD_NATIVE", "1") == "0":
-        return None, "disabled by SWITCHYARD_NATIVE=0"
-    missing = NEEDED_CPU_FLAGS - _cpu_flags()
-    if missing:
-        return None, f"CPU lacks {', '.join(sorted(missing))}"
+    """(library, build name) when the native kernels are usable, else (None, why not)."""
+    build, why = pick()
+    if build is None:
+        return None, why
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         return None, "no C compiler (cc/gcc) on PATH"
     try:
-        lib = ctypes.CDLL(str(_build(compiler)))
+        lib = ctypes.CDLL(str(_build(compiler, build)))
     except subprocess.CalledProcessError as e:
         return None, f"build failed: {(e.stderr or '').strip()[-300:]}"
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -76,6 +126,10 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     lib.sy_int4_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.sy_decode_attn.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 +
                                    [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
-    for fn in (lib.sy_int4_mm, lib.sy_decode_attn):
+    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    lib.sy_add_rmsnorm.argtypes = [p, p, p, f32, p, i64, i64]
+    lib.sy_silu_mul.argtypes = [p, p, i64, i64]
+    lib.sy_rope.argtypes = [p, i64, i64, i64, i64, p, p, p, i64]
+    for fn in (lib.sy_int4_mm, lib.sy_decode_attn, lib.sy_add_rmsnorm, lib.sy_silu_mul, lib.sy_rope):
         fn.restype = ctypes.c_int
-    return lib, ""
+    return lib, build.name

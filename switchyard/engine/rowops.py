@@ -1,0 +1,86 @@
+"""The row-wise steps between a layer's matmuls: RMSNorm (with the residual add), SwiGLU, RoPE.
+
+On float32 CPU tensors with the native kernels loaded, each is one call into
+`native/rowops.c`; otherwise torch's ops, as HF computes them. Both give the same values up
+to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+F32 = torch.float32
+
+
+def rms_norm_torch(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.dtype | None = None) -> torch.Tensor:
+    # Like HF: normalize in float32, scale in the weight's dtype; `out` is the next matmul's input dtype.
+    xf = x.float()
+    y = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(w.dtype)
+    return y if out is None else y.to(out)
+
+
+def rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def _native_ok(*ts: torch.Tensor) -> bool:
+    return all(t.dtype == F32 and t.device.type == "cpu" and t.is_contiguous() for t in ts)
+
+
+class RowOps:
+    """`lib`: the native library, or None for torch's ops throughout."""
+
+    def __init__(self, lib: ctypes.CDLL | None, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        self.lib = lib
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()  # [max_len, head_dim]
+
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.dtype | None = None) -> torch.Tensor:
+        if self.lib is not None and out in (None, F32) and x.shape[-1] % 16 == 0 and _native_ok(x, w):
+            h = torch.empty_like(x)
+            self._check(self.lib.sy_add_rmsnorm(x.data_ptr(), None, w.data_ptr(), eps, h.data_ptr(),
+                                                x.numel() // x.shape[-1], x.shape[-1]))
+            return h
+        return rms_norm_torch(x, w, eps, out)
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float,
+                     out: torch.dtype | None = None) -> torch.Tensor:
+        """x += delta (in place: the residual stream), then RMSNorm(x)."""
+        if self.lib is not None and out in (None, F32) and x.shape[-1] % 16 == 0 and _native_ok(x, delta, w):
+            h = torch.empty_like(x)
+            self._check(self.lib.sy_add_rmsnorm(x.data_ptr(), delta.data_ptr(), w.data_ptr(), eps, h.data_ptr(),
+                                                x.numel() // x.shape[-1], x.shape[-1]))
+            return h
+        x.add_(delta)
+        return rms_norm_torch(x, w, eps, out)
+
+    def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up, from gate/up's output [..., 2I]."""
+        if self.lib is not None and gu.shape[-1] % 16 == 0 and _native_ok(gu):
+            inter = gu.shape[-1] // 2
+            out = gu.new_empty(*gu.shape[:-1], inter)
+            self._check(self.lib.sy_silu_mul(gu.data_ptr(), out.data_ptr(), gu.numel() // gu.shape[-1], inter))
+            return out
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def rope_(self, qkv: torch.Tensor, positions: torch.Tensor, heads: int, head_dim: int) -> bool:
+        """Rotate the first `heads` heads of each row of qkv [B, T, width] in place, at
+        positions [B, T]. False (nothing done) where the caller must use `rotate_torch`."""
+        if self.lib is None or not _native_ok(qkv) or positions.dtype != torch.int64:
+            return False
+        pos = positions.contiguous()
+        rows = qkv.numel() // qkv.shape[-1]
+        self._check(self.lib.sy_rope(qkv.data_ptr(), rows, qkv.shape[-1], heads, head_dim, self.cos.data_ptr(),
+                                     self.sin.data_ptr(), pos.data_ptr(), self.cos.shape[0]))
+        return True
+
+    @staticmethod
+    def _check(rc: int) -> None:
+        if rc:
+            why = {1: "row width not a multiple of 16", 2: "position outside the RoPE table"}  # checked before
+            raise RuntimeError(f"native row op failed: {why.get(rc, rc)}")
