@@ -30,6 +30,10 @@ class CollectiveBackend(Protocol):
 
     def all_gather_last(self, t: torch.Tensor) -> torch.Tensor: ...
 
+    def graph_safe(self, nbytes: int) -> bool:
+        """Whether an all-reduce of nbytes may be captured in a CUDA graph."""
+        ...
+
 
 class _Base:
     name = "base"
@@ -57,11 +61,20 @@ class SingleRank(_Base):
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         return t
 
+    def graph_safe(self, nbytes: int) -> bool:
+        return True
+
 
 class RingBackend(_Base):
     """torch.distributed.all_reduce: gloo on CPU, NCCL on GPU."""
 
     name = "ring"
+
+    def graph_safe(self, nbytes: int) -> bool:
+        # NCCL all-reduces captured in our decode graphs hung on 2 H200s (torch 2.11: the
+        # capture never returned), while one-shot's captured and replayed correctly. Steps
+        # whose collectives go through NCCL run eagerly.
+        return False
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(t, group=self.group)
@@ -77,6 +90,9 @@ class OneShotBackend(_Base):
     """
 
     name = "oneshot"
+
+    def graph_safe(self, nbytes: int) -> bool:
+        return nbytes <= self._max_bytes
 
     def __init__(self, group: dist.ProcessGroup | None, world: int, device: torch.device,
                  max_bytes: int = 8 << 20) -> None:
@@ -147,6 +163,9 @@ class AutoBackend(_Base):
         if self.oneshot is not None and t.numel() * t.element_size() <= self.crossover:
             return self.oneshot.all_reduce(t)
         return self.ring.all_reduce(t)
+
+    def graph_safe(self, nbytes: int) -> bool:
+        return self.oneshot is not None and nbytes <= self.crossover
 
 
 def _vote(ok: bool, cpu_group: dist.ProcessGroup | None) -> bool:

@@ -48,10 +48,12 @@ class DecodeGraphs:
     """Capture-on-first-use cache of decode-step graphs sharing one memory pool."""
 
     def __init__(self, step: Callable[[int, int], Iterator[None]], device: torch.device, enabled: bool,
-                 warmup: int = 2) -> None:
+                 warmup: int = 2, capturable: Callable[[int], bool] = lambda batch: True) -> None:
         self.step = step
         self.device = device
         self.enabled = enabled and device.type == "cuda" and torch.cuda.is_available()
+        self.capturable = capturable  # batch -> may this bucket's step (its collectives) be captured
+        self.eager_batches: set[int] = set()
         self.warmup = warmup
         # Each step may be several graphs (the step function yields between parts), replayed in order.
         self.graphs: dict[tuple[int, int], list[torch.cuda.CUDAGraph]] = {}
@@ -59,7 +61,7 @@ class DecodeGraphs:
         self._pool: object | None = None
 
     def run(self, batch: int, span: int) -> None:
-        if not self.enabled:
+        if not self.enabled or not self._capturable(batch):
             for _ in self.step(batch, span):
                 pass
             return
@@ -69,6 +71,16 @@ class DecodeGraphs:
             return
         for g in parts:
             g.replay()
+
+    def _capturable(self, batch: int) -> bool:
+        if batch in self.eager_batches:
+            return False
+        if self.capturable(batch):
+            return True
+        self.eager_batches.add(batch)
+        log.warning("decode steps of batch bucket %d run without CUDA graphs: their all-reduces go "
+                    "through NCCL (see comm.RingBackend.graph_safe)", batch)
+        return False
 
     def _capture(self, batch: int, span: int) -> None:
         # The step is idempotent for fixed inputs (it rewrites the same KV entries with the

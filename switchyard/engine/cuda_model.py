@@ -99,7 +99,9 @@ class CudaModel:
         self.kv_write = "scatter"  # scatter | index
         self.attn_impl = "bmm"  # bmm | sdpa (memory-efficient kernel: slower for one query row)
         self.graph_parts = 4  # decode graphs per step (see _decode_core): measured best on an H200
-        self.graphs = DecodeGraphs(self._decode_core, dev, cuda_graphs)
+        # A decode step's largest all-reduce: the embedding rows, float32, per batch slot.
+        self.graphs = DecodeGraphs(self._decode_core, dev, cuda_graphs,
+                                   capturable=lambda batch: comm.graph_safe(batch * config.hidden_size * 4))
         self.max_slots = self.max_len = 0
         self.allocate_cache(max_slots, max_len)
 
@@ -147,6 +149,7 @@ class CudaModel:
     def status(self) -> dict[str, Any]:
         return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "cuda_graphs": self.graphs.enabled, "graphs_captured": len(self.graphs.graphs),
+                "eager_batch_buckets": sorted(self.graphs.eager_batches),
                 "fused_ops": self.ops.status()}
 
     def warmup(self) -> float:
