@@ -52,7 +52,7 @@ class DecodeGraphs:
         self.step = step
         self.device = device
         self.enabled = enabled and device.type == "cuda" and torch.cuda.is_available()
-        self.capturable = capturable  # batch -> may this bucket's step (its collectives) be captured
+        self.may_capture = capturable  # batch bucket -> may its step (its collectives) be captured
         self.eager_batches: set[int] = set()
         self.warmup = warmup
         # Each step may be several graphs (the step function yields between parts), replayed in order.
@@ -75,7 +75,7 @@ class DecodeGraphs:
     def _capturable(self, batch: int) -> bool:
         if batch in self.eager_batches:
             return False
-        if self.capturable(batch):
+        if self.may_capture(batch):
             return True
         self.eager_batches.add(batch)
         log.warning("decode steps of batch bucket %d run without CUDA graphs: their all-reduces go "

@@ -40,23 +40,29 @@ class RowOps:
         self.cos, self.sin = cos.contiguous(), sin.contiguous()  # [max_len, head_dim]
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.dtype | None = None) -> torch.Tensor:
-        if self.lib is not None and out in (None, F32) and x.shape[-1] % 16 == 0 and _native_ok(x, w):
-            h = torch.empty_like(x)
-            self._check(self.lib.sy_add_rmsnorm(x.data_ptr(), None, w.data_ptr(), eps, h.data_ptr(),
-                                                x.numel() // x.shape[-1], x.shape[-1]))
-            return h
-        return rms_norm_torch(x, w, eps, out)
+        h = self._native_norm(x, None, w, eps, out)
+        return h if h is not None else rms_norm_torch(x, w, eps, out)
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float,
                      out: torch.dtype | None = None) -> torch.Tensor:
         """x += delta (in place: the residual stream), then RMSNorm(x)."""
-        if self.lib is not None and out in (None, F32) and x.shape[-1] % 16 == 0 and _native_ok(x, delta, w):
-            h = torch.empty_like(x)
-            self._check(self.lib.sy_add_rmsnorm(x.data_ptr(), delta.data_ptr(), w.data_ptr(), eps, h.data_ptr(),
-                                                x.numel() // x.shape[-1], x.shape[-1]))
+        h = self._native_norm(x, delta, w, eps, out)
+        if h is not None:
             return h
         x.add_(delta)
         return rms_norm_torch(x, w, eps, out)
+
+    def _native_norm(self, x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float,
+                     out: torch.dtype | None) -> torch.Tensor | None:
+        """One native call (adding delta into x first, when given), or None where it can't run."""
+        if self.lib is None or out not in (None, F32) or x.shape[-1] % 16 or not _native_ok(x, w):
+            return None
+        if delta is not None and not _native_ok(delta):
+            return None
+        h = torch.empty_like(x)
+        self._check(self.lib.sy_add_rmsnorm(x.data_ptr(), None if delta is None else delta.data_ptr(), w.data_ptr(),
+                                            eps, h.data_ptr(), x.numel() // x.shape[-1], x.shape[-1]))
+        return h
 
     def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up, from gate/up's output [..., 2I]."""
@@ -82,5 +88,6 @@ class RowOps:
     @staticmethod
     def _check(rc: int) -> None:
         if rc:
-            why = {1: "row width not a multiple of 16", 2: "position outside the RoPE table"}  # checked before
+            # 1 is ruled out before each call; 2 is a caller's position past max_len.
+            why = {1: "row width not a multiple of 16", 2: "position outside the RoPE table"}
             raise RuntimeError(f"native row op failed: {why.get(rc, rc)}")

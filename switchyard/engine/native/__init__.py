@@ -51,9 +51,10 @@ BUILDS = [  # best first
 
 
 # How long an OpenMP worker spins before it sleeps, in libgomp's units. A CPU decode step calls
-# the kernels ~120 times with single-threaded work between them; a worker that slept in
-# between takes ~50 us to wake on a VM (measured here at batch 1: 31 ms a step by default,
-# 21 ms spinning). Read once, when torch loads libgomp.
+# the kernels ~120 times with single-threaded work between them, and a worker that slept in
+# between takes tens of microseconds to wake on a VM (bench/engine.py on a 2-core Zen 3:
+# 44.3 tok/s at batch 1 with libgomp's default, 54.2 with this). Read once, when torch loads
+# libgomp.
 SPINCOUNT = "10000000"
 
 
@@ -75,7 +76,9 @@ def _cpu_flags() -> set[str]:
 
 def _build(compiler: str, build: Build) -> Path:
     flags = [*build.cc_flags, *COMMON_FLAGS]
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in build.sources) + " ".join([compiler, *flags]).encode())
+    # Headers count too: a kernel that includes a changed one must be rebuilt.
+    inputs = [*build.sources, *sorted(Path(__file__).parent.glob("*.h"))]
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in inputs) + " ".join([compiler, *flags]).encode())
     out = cache_dir("kernels") / f"switchyard-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out

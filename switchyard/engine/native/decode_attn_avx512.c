@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decode_attn.h"
+
 /* e^x for x <= 0 (softmax after subtracting the max): 2^n * p(r), |error| ~ 1 ulp. */
 static inline __m512 exp512(__m512 x)
 {
@@ -31,25 +33,19 @@ static inline __m512 exp512(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
-#define MAX_GROUP 16
-#define MAX_DIM 256
-
 int sy_decode_attn(const float *q, const float *k_new, const float *v_new, float *kc, float *vc,
                    const int64_t *slots, const int64_t *pos, int64_t B, int64_t H, int64_t Hkv, int64_t D,
                    int64_t max_slots, int64_t max_len, float scale, float *out, int threads)
 {
+    const int rc = decode_attn_check(slots, pos, B, H, Hkv, D, max_slots, max_len);
+    if (rc) return rc;
     const int64_t G = H / Hkv;
-    if (H % Hkv || G > MAX_GROUP || D % 16 || D > MAX_DIM) return 1;
-    for (int64_t b = 0; b < B; b++)
-        if (pos[b] < 0 || pos[b] >= max_len || slots[b] < 0 || slots[b] >= max_slots) return 2;
     int failed = 0;
     #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < B * Hkv; task++) {
         const int64_t b = task / Hkv, kh = task % Hkv, L = pos[b] + 1;
-        const size_t base = ((size_t)slots[b] * Hkv + kh) * max_len * D;
+        const size_t base = decode_attn_write_kv(k_new, v_new, kc, vc, slots, pos, b, kh, Hkv, D, max_len);
         float *K = kc + base, *V = vc + base;
-        memcpy(K + pos[b] * D, k_new + (b * Hkv + kh) * D, sizeof(float) * D);
-        memcpy(V + pos[b] * D, v_new + (b * Hkv + kh) * D, sizeof(float) * D);
         const int64_t Lp = (L + 15) & ~15;
         float *sc = aligned_alloc(64, sizeof(float) * G * Lp);
         if (!sc) { failed = 1; continue; }
