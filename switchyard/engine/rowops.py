@@ -1,4 +1,5 @@
-"""The row-wise steps between a layer's matmuls: RMSNorm (with the residual add), SwiGLU, RoPE.
+"""The row-wise steps between a layer's matmuls: RMSNorm (with the residual add), SwiGLU, RoPE;
+and the logits' top-k (argmax for k = 1).
 
 On float32 CPU tensors with the native kernels loaded, each is one call into
 `native/rowops.c`; otherwise torch's ops, as HF computes them. Both give the same values up
@@ -30,6 +31,16 @@ def rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 def _native_ok(*ts: torch.Tensor) -> bool:
     return all(t.dtype == F32 and t.device.type == "cpu" and t.is_contiguous() for t in ts)
+
+
+def topk_indices(lib: ctypes.CDLL | None, x: torch.Tensor, k: int) -> torch.Tensor:
+    """See RowOps.topk; also the sampler's argmax (k = 1) over a step's logits."""
+    if lib is None or not _native_ok(x) or x.dim() != 2 or not 1 <= k <= min(64, x.shape[-1]):
+        return x.topk(k, dim=-1).indices
+    idx = torch.empty(x.shape[0], k, dtype=torch.int64)
+    if lib.sy_topk(x.data_ptr(), x.shape[0], x.shape[1], k, idx.data_ptr(), torch.get_num_threads()):
+        return x.topk(k, dim=-1).indices  # a row with fewer than k values that are not NaN
+    return idx
 
 
 class RowOps:
@@ -84,6 +95,11 @@ class RowOps:
         self._check(self.lib.sy_rope(qkv.data_ptr(), rows, qkv.shape[-1], heads, head_dim, self.cos.data_ptr(),
                                      self.sin.data_ptr(), pos.data_ptr(), self.cos.shape[0]))
         return True
+
+    def topk(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """Indices [rows, k] of each row's k largest values, largest first, ties to the lower
+        index (torch's topk does not promise which of tied values it keeps)."""
+        return topk_indices(self.lib, x, k)
 
     @staticmethod
     def _check(rc: int) -> None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 from switchyard.engine.cuda_sampling import draw
+from switchyard.engine.native import load as load_native
+from switchyard.engine.rowops import topk_indices
 
 
 @dataclass
@@ -37,7 +39,8 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> list[int]:
     """One token per row of logits [B, V]."""
-    out = logits.argmax(dim=-1).tolist()
+    # torch's argmax takes ~0.7 ms over 16 rows of a 49k vocabulary on 2 cores; ours ~0.05.
+    out = topk_indices(load_native()[0], logits, 1).view(-1).tolist()
     for i, p in enumerate(params):
         if p.greedy:
             continue

@@ -1,4 +1,4 @@
-"""Native CPU kernels, each build this CPU can run (avx512-bf16, avx2). int4 weights: against
+"""Native CPU kernels, each build this CPU can run (amx-bf16, avx512-bf16, avx2). int4 weights: against
 a float32 reference and torch's kernel, rows independent of their batch, the real SmolLM2
 file run as int4 against float32. Decode attention: against the torch path, over scattered
 cache slots."""
@@ -54,15 +54,16 @@ def test_native_kernel_matches_float32_reference(build: str, n: int, k: int) -> 
 def test_native_rows_do_not_depend_on_batch_or_threads(build: str) -> None:
     g = torch.Generator().manual_seed(1)
     q = linear.Int4(torch.randn(3072, 576, generator=g) * 0.05, None)
-    x = torch.randn(16, 576, generator=g).to(torch.bfloat16)
+    x = torch.randn(37, 576, generator=g).to(torch.bfloat16)  # AMX: tiles of 16, 16 and 5 rows
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         batch = q(x)
         torch.set_num_threads(1)
-        for m in (1, 5, 9):
+        for m in (1, 5, 9, 16, 17):
             assert torch.equal(q(x[:m]), batch[:m])
         assert torch.equal(q(x[7:8]), batch[7:8])
+        assert torch.equal(q(x[35:36]), batch[35:36])
     finally:
         torch.set_num_threads(before)
 
@@ -96,6 +97,8 @@ def test_kernel_unavailable_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_build_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     """The best build the CPU runs; a named one only if the CPU runs it; a bad name says so."""
     zen4 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"}
+    monkeypatch.setattr(nat, "_cpu_flags", lambda: zen4 | {"amx_tile", "amx_bf16"})  # Sapphire Rapids
+    assert [b.name for b in nat.candidates()[0]] == ["amx-bf16", "avx512-bf16", "avx2"]
     monkeypatch.setattr(nat, "_cpu_flags", lambda: zen4)
     assert nat.pick()[0].name == "avx512-bf16"  # type: ignore[union-attr]
     monkeypatch.setenv("SWITCHYARD_NATIVE", "avx2")
@@ -110,6 +113,27 @@ def test_build_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWITCHYARD_NATIVE", "avx9")
     build, why = nat.pick()
     assert build is None and "SWITCHYARD_NATIVE=avx9 names no build" in why
+
+
+def test_a_build_that_fails_leaves_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiler without a build's flags, or an OS that refuses AMX: the next build serves."""
+    runs, _ = nat.candidates()
+    if len(runs) < 2:
+        pytest.skip("this CPU runs fewer than two builds")
+    real = nat._open
+
+    def refuse_first(compiler: str, build: nat.Build):  # type: ignore[no-untyped-def]
+        if build is runs[0]:
+            raise OSError("refused for the test")
+        return real(compiler, build)
+
+    monkeypatch.setattr(nat, "_open", refuse_first)
+    nat.load.cache_clear()
+    try:
+        lib, name = nat.load()
+        assert lib is not None and name == runs[1].name
+    finally:
+        nat.load.cache_clear()
 
 
 def _greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:  # type: ignore[no-untyped-def]

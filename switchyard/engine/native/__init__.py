@@ -2,12 +2,14 @@
 
 The hot spots of a CPU decode step: the int4 matmul (`int4_*.c`), decode attention with its
 KV-cache write (`decode_attn_*.c`), and the row-wise steps between them (`rowops.c`: RMSNorm
-with the residual add, SwiGLU, RoPE), in two builds, the first this CPU can run:
+with the residual add, SwiGLU, RoPE, the logits' top-k), in three builds, the first this CPU can run:
+- `amx-bf16` (Intel Sapphire Rapids and later): the int4 matmul on AMX tile multiplies, the
+  rest as `avx512-bf16`;
 - `avx512-bf16` (AMD Zen 4, Intel Sapphire Rapids and later): bfloat16 dot products;
 - `avx2` (x86 since Haswell and Zen 1): float32 FMA.
 Both take the same packed weights and arguments. Anything missing (the CPU flags, a
 compiler, a failed build, SWITCHYARD_NATIVE=0) means `load()` says why and the engine uses
-torch's ops instead. SWITCHYARD_NATIVE=avx2 picks that build on a CPU that could run both.
+torch's ops instead. SWITCHYARD_NATIVE=<build> picks one build on a CPU that could run several.
 """
 
 from __future__ import annotations
@@ -35,18 +37,21 @@ class Build:
     name: str
     cpu_flags: frozenset[str]  # as /proc/cpuinfo spells them
     cc_flags: tuple[str, ...]
+    matmul: str  # int4_<matmul>.c
+    attention: str  # decode_attn_<attention>.c
 
     @property
     def sources(self) -> list[Path]:
-        suffix = self.name.split("-")[0]
         here = Path(__file__).parent
-        return [here / f"int4_{suffix}.c", here / f"decode_attn_{suffix}.c", here / "rowops.c"]
+        return [here / f"int4_{self.matmul}.c", here / f"decode_attn_{self.attention}.c", here / "rowops.c"]
 
 
+_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
+_AVX512_CC = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
 BUILDS = [  # best first
-    Build("avx512-bf16", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}),
-          ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")),
-    Build("avx2", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma")),
+    Build("amx-bf16", _AVX512 | {"amx_tile", "amx_bf16"}, (*_AVX512_CC, "-mamx-tile", "-mamx-bf16"), "amx", "avx512"),
+    Build("avx512-bf16", _AVX512, _AVX512_CC, "avx512", "avx512"),
+    Build("avx2", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma"), "avx2", "avx2"),
 ]
 
 
@@ -96,36 +101,56 @@ def _build(compiler: str, build: Build) -> Path:
     return out
 
 
-def pick() -> tuple[Build | None, str]:
-    """The build this CPU runs best, as SWITCHYARD_NATIVE allows: (build, "") or (None, why not)."""
+def candidates() -> tuple[list[Build], str]:
+    """The builds this CPU runs, best first, as SWITCHYARD_NATIVE allows; if none, why not."""
     want = os.environ.get("SWITCHYARD_NATIVE", "1")
     if want == "0":
-        return None, "disabled by SWITCHYARD_NATIVE=0"
+        return [], "disabled by SWITCHYARD_NATIVE=0"
     allowed = [b for b in BUILDS if want in ("1", b.name)]
     if not allowed:
-        return None, f"SWITCHYARD_NATIVE={want} names no build ({', '.join(b.name for b in BUILDS)}, 0 or 1)"
+        return [], f"SWITCHYARD_NATIVE={want} names no build ({', '.join(b.name for b in BUILDS)}, 0 or 1)"
     flags = _cpu_flags()
-    for b in allowed:
-        if b.cpu_flags <= flags:
-            return b, ""
-    return None, f"CPU lacks {', '.join(sorted(allowed[-1].cpu_flags - flags))}"
+    runs = [b for b in allowed if b.cpu_flags <= flags]
+    return runs, "" if runs else f"CPU lacks {', '.join(sorted(allowed[-1].cpu_flags - flags))}"
+
+
+def pick() -> tuple[Build | None, str]:
+    """The build this CPU runs best, as SWITCHYARD_NATIVE allows: (build, "") or (None, why not)."""
+    runs, why = candidates()
+    return (runs[0], "") if runs else (None, why)
+
+
+def _open(compiler: str, build: Build) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(_build(compiler, build)))
+    # Linux hands out the AMX tile state only to a process that asks (arch_prctl); a kernel
+    # or VM that refuses it leaves the next build.
+    if build.matmul == "amx" and lib.sy_amx_init():
+        raise OSError("the OS refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)")
+    return lib
 
 
 @functools.cache
 def load() -> tuple[ctypes.CDLL | None, str]:
     """(library, build name) when the native kernels are usable, else (None, why not)."""
-    build, why = pick()
-    if build is None:
+    runs, why = candidates()
+    if not runs:
         return None, why
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         return None, "no C compiler (cc/gcc) on PATH"
-    try:
-        lib = ctypes.CDLL(str(_build(compiler, build)))
-    except subprocess.CalledProcessError as e:
-        return None, f"build failed: {(e.stderr or '').strip()[-300:]}"
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"build or load failed: {e}"
+    failures = []
+    for build in runs:  # an older compiler may lack a newer build's flags: take the next one
+        try:
+            lib = _open(compiler, build)
+            break
+        except subprocess.CalledProcessError as e:
+            failures.append(f"{build.name} build failed: {(e.stderr or '').strip()[-300:]}")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            failures.append(f"{build.name} build or load failed: {e}")
+    else:
+        return None, "; ".join(failures)
+    if failures:
+        log.warning("native kernels: using %s; %s", build.name, "; ".join(failures))
     lib.sy_int4_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.sy_decode_attn.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 +
                                    [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
@@ -133,6 +158,7 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     lib.sy_add_rmsnorm.argtypes = [p, p, p, f32, p, i64, i64]
     lib.sy_silu_mul.argtypes = [p, p, i64, i64]
     lib.sy_rope.argtypes = [p, i64, i64, i64, i64, p, p, p, i64]
-    for fn in (lib.sy_int4_mm, lib.sy_decode_attn, lib.sy_add_rmsnorm, lib.sy_silu_mul, lib.sy_rope):
+    lib.sy_topk.argtypes = [p, i64, i64, ctypes.c_int, p, ctypes.c_int]
+    for fn in (lib.sy_int4_mm, lib.sy_decode_attn, lib.sy_add_rmsnorm, lib.sy_silu_mul, lib.sy_rope, lib.sy_topk):
         fn.restype = ctypes.c_int
     return lib, build.name
