@@ -263,3 +263,57 @@ def test_row_ops_match_torch(build: str) -> None:
     assert torch.allclose(mine, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(RuntimeError, match="outside the RoPE table"):
         native.rope_(qkv.clone(), torch.tensor([[0, 1, 40], [0, 1, 2]]), H + Hkv, D)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (16, 2, 80), (4, 4, 128)])
+def test_native_attention_other_head_shapes(build: str, heads: int, kv_heads: int, dim: int) -> None:
+    """Groups of 1-8 query heads, head widths that are not a multiple of 64, contexts that are
+    not a multiple of 16 and one that ends at the last cache row: against softmax(qK)V."""
+    from switchyard.engine.native import load as load_native
+
+    lib = load_native()[0]
+    g = torch.Generator().manual_seed(heads + dim)
+    slots_n, max_len = 3, 37
+    kc, vc = (torch.randn(slots_n, kv_heads, max_len, dim, generator=g) for _ in range(2))
+    slots, pos = torch.tensor([2, 0, 1]), torch.tensor([36, 0, 17])
+    B = len(slots)
+    q = torch.randn(B, heads, dim, generator=g)
+    k, v = torch.randn(B, kv_heads, dim, generator=g), torch.randn(B, kv_heads, dim, generator=g)
+    want_k, want_v = kc.clone(), vc.clone()
+    want_k[slots, :, pos], want_v[slots, :, pos] = k, v
+    out = torch.empty_like(q)
+    scale = dim ** -0.5
+    assert lib.sy_decode_attn(q.data_ptr(), k.data_ptr(), v.data_ptr(), kc.data_ptr(), vc.data_ptr(), slots.data_ptr(),
+                              pos.data_ptr(), B, heads, kv_heads, dim, slots_n, max_len, scale, out.data_ptr(), 2) == 0
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    group = heads // kv_heads
+    for b in range(B):
+        L = int(pos[b]) + 1
+        K = want_k[slots[b], :, :L].repeat_interleave(group, 0)  # [heads, L, dim]
+        V = want_v[slots[b], :, :L].repeat_interleave(group, 0)
+        ref = torch.softmax((q[b].unsqueeze(1) @ K.transpose(1, 2)).squeeze(1) * scale, -1).unsqueeze(1) @ V
+        assert torch.allclose(out[b], ref.squeeze(1), rtol=1e-5, atol=1e-5), b
+
+
+def test_native_top_k_orders_like_a_stable_sort(build: str) -> None:
+    """The logits' top-k and the sampler's argmax: largest first, ties to the lower index (as a
+    stable descending sort gives them), NaN never chosen; torch's topk where ours can't run."""
+    from switchyard.engine.native import load as load_native
+    from switchyard.engine.rowops import topk_indices
+
+    lib = load_native()[0]
+    g = torch.Generator().manual_seed(6)
+    for trial in range(40):
+        rows, n, k = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 20), (40, 3000), (1, 40)))
+        x = torch.randn(rows, n, generator=g)
+        if trial % 2:
+            x = x.round()  # many ties
+        want = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :k]
+        assert torch.equal(topk_indices(lib, x, k), want), trial
+    x = torch.tensor([[float("nan"), 1.0, 3.0, 3.0, float("nan"), -2.0]])
+    assert topk_indices(lib, x, 3).tolist() == [[2, 3, 1]]
+    assert topk_indices(lib, x.repeat(1, 20), 1).tolist() == [[2]]
+    big = torch.randn(16, 49152, generator=g)
+    assert torch.equal(topk_indices(lib, big, 1).view(-1), big.argmax(-1))
+    assert torch.equal(topk_indices(lib, big, 32), big.topk(32, dim=-1).indices)  # no ties among randn
+    assert topk_indices(lib, torch.full((1, 8), float("nan")), 2).shape == (1, 2)  # torch's answer, not an error
