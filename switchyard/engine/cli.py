@@ -52,6 +52,8 @@ def engine_serve(
         512, help="Prompt tokens prefilled per step; longer prompts are prefilled in chunks between "
                   "decode steps (CPU engine; the GPU engine prefills whole prompts)"),
     dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | int4 (auto: int4 for 4-bit GGUF files)"),
+    kv_cache_dtype: str = typer.Option(
+        "auto", help="auto | float32 | float16 (CPU; auto: float16 with int4 weights, float32 with float32 weights)"),
     threads: int = typer.Option(0, help="Torch threads per rank (0: cores / local ranks)"),
     collective_timeout: float = typer.Option(10.0, help="Seconds before a stuck collective fails the replica"),
     device: str = typer.Option("cpu", help="cpu | cuda (bf16 weights and KV cache on the GPU; rank r uses GPU r)"),
@@ -68,6 +70,8 @@ def engine_serve(
         raise typer.BadParameter("--collective must be ring, oneshot or auto")
     if dtype not in ("auto", "float32", "bfloat16", "int4"):
         raise typer.BadParameter("--dtype must be auto, float32, bfloat16 or int4")
+    if kv_cache_dtype not in ("auto", "float32", "float16"):
+        raise typer.BadParameter("--kv-cache-dtype must be auto, float32 or float16")
     if max_num_batched_tokens < 1:
         raise typer.BadParameter("--max-num-batched-tokens must be at least 1")
     if device not in ("cpu", "cuda"):
@@ -99,6 +103,6 @@ def engine_serve(
         typer.echo(f"error: --tp {tp} but WORLD_SIZE={world}", err=True)
         raise typer.Exit(2)
     opts = {"collective": collective, "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
-            "max_waiting": max_waiting, "max_num_batched_tokens": max_num_batched_tokens, "dtype": dtype, "threads": threads, "collective_timeout_s": collective_timeout, "device": device,
+            "max_waiting": max_waiting, "max_num_batched_tokens": max_num_batched_tokens, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype, "threads": threads, "collective_timeout_s": collective_timeout, "device": device,
             "extra": {"cuda_graphs": cuda_graphs}}
     raise typer.Exit(launch.run_rank(path, served_model_name or model, rank, world, host, port, opts))

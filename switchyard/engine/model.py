@@ -56,6 +56,20 @@ class Layer:
         self.k_norm = w.get(p + "self_attn.k_norm.weight")
 
 
+KV_DTYPES = ("auto", "float32", "float16")
+
+
+def resolve_kv_dtype(requested: str, fmt: str, native_attention: bool) -> torch.dtype:
+    """`auto`: float16 when the weights are int4 and the native decode attention reads the
+    cache (at batch 16 the float32 cache was read at ~12 GB/s, 4-5 ms of a ~20 ms step);
+    float32 otherwise, and always with float32 weights, where the engine is exact."""
+    if requested not in KV_DTYPES:
+        raise ValueError(f"KV cache dtype must be one of {', '.join(KV_DTYPES)}, got {requested!r}")
+    if requested == "auto":
+        return torch.float16 if fmt == "int4" and native_attention else torch.float32
+    return getattr(torch, requested)
+
+
 class TPModel:
     """One rank's shard of the model plus its KV cache. Not an nn.Module: no autograd, no hooks."""
 
@@ -63,7 +77,7 @@ class TPModel:
 
     def __init__(self, config: ModelConfig, shard: Shard, weights: dict[str, torch.Tensor],
                  comm: CollectiveBackend, max_slots: int, max_len: int,
-                 dtype: torch.dtype | str = torch.float32) -> None:
+                 dtype: torch.dtype | str = torch.float32, kv_dtype: str = "auto") -> None:
         # "int4": int4 projection weights (see linear.Int4); else a dense dtype.
         fmt = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
         if fmt == "int4":  # what the int4 kernel takes: float32 on ours, bfloat16 on torch's
@@ -87,28 +101,30 @@ class TPModel:
         self.lm_head_lowp = self.lm_head.to(torch.bfloat16) if fmt == "int4" and not native_head else None
         self.layers = [Layer(weights, f"layers.{i}.", dtype, fmt) for i in range(config.num_layers)]
         self.max_slots, self.max_len = max_slots, max_len
+        lib, _ = load_native()
+        fits = self.hd % 16 == 0 and self.hd <= 256 and self.heads // max(1, self.kv_heads) <= 16
+        self.attn = lib.sy_decode_attn if lib is not None and fits else None
         shape = (config.num_layers, max_slots, self.kv_heads, max_len, self.hd)
-        self.k_cache = torch.zeros(shape, dtype=torch.float32)
-        self.v_cache = torch.zeros(shape, dtype=torch.float32)
+        self.k_cache = torch.zeros(shape, dtype=resolve_kv_dtype(kv_dtype, fmt, self.attn is not None))
+        self.v_cache = torch.zeros_like(self.k_cache)
         inv = rope_inv_freq(config, weights.get("rope_freqs"))
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()
         self._q_size = self.heads * self.hd
-        lib, _ = load_native()
         self.ops = RowOps(lib, self.cos, self.sin)
-        fits = self.hd % 16 == 0 and self.hd <= 256 and self.heads // max(1, self.kv_heads) <= 16
-        self.attn = lib.sy_decode_attn if lib is not None and fits else None
         self._kv_size = self.kv_heads * self.hd
 
-    def _native_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor,
-                          vc: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
-        """Write this step's keys and values into the cache and attend, in one native call."""
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out = torch.empty_like(q)
-        rc = self.attn(q.data_ptr(), k.data_ptr(), v.data_ptr(), kc.data_ptr(), vc.data_ptr(), slots.data_ptr(),
-                       pos.data_ptr(), q.shape[0], self.heads, self.kv_heads, self.hd, self.max_slots, self.max_len, scale,
-                       out.data_ptr(), torch.get_num_threads())
+    def _native_attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
+                          pos: torch.Tensor, scale: float) -> torch.Tensor:
+        """Write this step's keys and values into the cache and attend, in one native call, on
+        the projection's rows as they are (queries, keys, values side by side)."""
+        B = qkv.shape[0]
+        qkv = qkv.contiguous()
+        out = qkv.new_empty(B, 1, self._q_size)
+        rc = self.attn(qkv.data_ptr(), kc.data_ptr(), vc.data_ptr(), slots.data_ptr(), pos.data_ptr(), B, self.heads,
+                       self.kv_heads, self.hd, self.max_slots, self.max_len, scale, out.data_ptr(), torch.get_num_threads(),
+                       int(kc.dtype == torch.float16))
         if rc:
             why = {1: "head shape unsupported", 2: "slot or position outside the cache", 3: "out of memory"}
             raise RuntimeError(f"native decode attention failed: {why.get(rc, rc)}")
@@ -161,50 +177,53 @@ class TPModel:
         for li, layer in enumerate(self.layers):
             qkv = layer.qkv(h).float()  # attention and the KV cache stay in float32
             rotated = layer.q_norm is None and ops.rope_(qkv, positions, H + Hkv, D)
-            q, k, v = qkv.split((self._q_size, self._kv_size, self._kv_size), dim=-1)
-            q = q.view(B, T, H, D)
-            k = k.view(B, T, Hkv, D)
-            v = v.view(B, T, Hkv, D)
-            if not rotated:
-                if layer.q_norm is not None:
-                    q = ops.rms_norm(q, layer.q_norm, eps)
-                    k = ops.rms_norm(k, layer.k_norm, eps)
-                if cos is None:
-                    cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
-                q = rotate_torch(q, cos, sin)
-                k = rotate_torch(k, cos, sin)
             kc, vc = self.k_cache[li], self.v_cache[li]
-            if T == 1 and self.attn is not None:
-                o = self._native_attention(q[:, 0], k[:, 0], v[:, 0], kc, vc, slots, pos_flat, scale)
-                o = o.view(B, T, H * D).to(self.dtype)
-            elif T == 1:
-                kc[slots, :, pos_flat] = k[:, 0]
-                vc[slots, :, pos_flat] = v[:, 0]
-                qh = q[:, 0] * scale
-                if not dense_slots:
-                    qs = qh.new_zeros(S, H, D)
-                    qs[slots] = qh
-                    qh = qs
-                scores = torch.matmul(qh.view(S, Hkv, H // Hkv, D), kc[:S, :, :L].transpose(-1, -2))
-                probs = torch.softmax(scores + bias, dim=-1)
-                o = torch.matmul(probs, vc[:S, :, :L]).view(S, H * D)
-                if not dense_slots:
-                    o = o[slots]
-                o = o.view(B, T, H * D).to(self.dtype)
-            elif fresh:
-                kt, vt = k.transpose(1, 2), v.transpose(1, 2)
-                kc[slots, :, :T] = kt
-                vc[slots, :, :T] = vt
-                o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=True, enable_gqa=True)
-                o = o.transpose(1, 2).reshape(B, T, self._q_size).to(self.dtype)
+            if T == 1 and self.attn is not None and rotated:  # the usual decode step: no views, no copies
+                o = self._native_attention(qkv, kc, vc, slots, pos_flat, scale).to(self.dtype)
             else:
-                # A later chunk of a prompt: write its valid rows at their positions, then attend
-                # over the cache so far (the earlier chunks included), causal from each position.
-                kc[w_slots, :, w_pos] = k[valid]
-                vc[w_slots, :, w_pos] = v[valid]
-                o = F.scaled_dot_product_attention(q.transpose(1, 2), kc[slots, :, :L], vc[slots, :, :L],
-                                                   attn_mask=mask, enable_gqa=True)
-                o = o.transpose(1, 2).reshape(B, T, self._q_size).to(self.dtype)
+                q, k, v = qkv.split((self._q_size, self._kv_size, self._kv_size), dim=-1)
+                q = q.view(B, T, H, D)
+                k = k.view(B, T, Hkv, D)
+                v = v.view(B, T, Hkv, D)
+                if not rotated:
+                    if layer.q_norm is not None:
+                        q = ops.rms_norm(q, layer.q_norm, eps)
+                        k = ops.rms_norm(k, layer.k_norm, eps)
+                    if cos is None:
+                        cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
+                    q = rotate_torch(q, cos, sin)
+                    k = rotate_torch(k, cos, sin)
+                if T == 1 and self.attn is not None:
+                    o = self._native_attention(torch.cat((q.flatten(2), k.flatten(2), v.flatten(2)), dim=-1), kc, vc,
+                                               slots, pos_flat, scale).to(self.dtype)
+                elif T == 1:
+                    kc[slots, :, pos_flat] = k[:, 0].to(kc.dtype)
+                    vc[slots, :, pos_flat] = v[:, 0].to(vc.dtype)
+                    qh = q[:, 0] * scale
+                    if not dense_slots:
+                        qs = qh.new_zeros(S, H, D)
+                        qs[slots] = qh
+                        qh = qs
+                    scores = torch.matmul(qh.view(S, Hkv, H // Hkv, D), kc[:S, :, :L].float().transpose(-1, -2))
+                    probs = torch.softmax(scores + bias, dim=-1)
+                    o = torch.matmul(probs, vc[:S, :, :L].float()).view(S, H * D)
+                    if not dense_slots:
+                        o = o[slots]
+                    o = o.view(B, T, H * D).to(self.dtype)
+                elif fresh:
+                    kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+                    kc[slots, :, :T] = kt.to(kc.dtype)
+                    vc[slots, :, :T] = vt.to(vc.dtype)
+                    o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=True, enable_gqa=True)
+                    o = o.transpose(1, 2).reshape(B, T, self._q_size).to(self.dtype)
+                else:
+                    # A later chunk of a prompt: write its valid rows at their positions, then attend
+                    # over the cache so far (the earlier chunks included), causal from each position.
+                    kc[w_slots, :, w_pos] = k[valid].to(kc.dtype)
+                    vc[w_slots, :, w_pos] = v[valid].to(vc.dtype)
+                    o = F.scaled_dot_product_attention(q.transpose(1, 2), kc[slots, :, :L].float(),
+                                                       vc[slots, :, :L].float(), attn_mask=mask, enable_gqa=True)
+                    o = o.transpose(1, 2).reshape(B, T, self._q_size).to(self.dtype)
             h = ops.add_rms_norm(x, self.comm.all_reduce(layer.o(o)).float(), layer.ln2, eps, self.dtype)
             delta = self.comm.all_reduce(layer.down(ops.silu_mul(layer.gate_up(h)))).float()
             if li + 1 < len(self.layers):  # the residual add, fused with the next layer's norm

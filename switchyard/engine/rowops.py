@@ -72,7 +72,8 @@ class RowOps:
             return None
         h = torch.empty_like(x)
         self._check(self.lib.sy_add_rmsnorm(x.data_ptr(), None if delta is None else delta.data_ptr(), w.data_ptr(),
-                                            eps, h.data_ptr(), x.numel() // x.shape[-1], x.shape[-1]))
+                                            eps, h.data_ptr(), x.numel() // x.shape[-1], x.shape[-1],
+                                            torch.get_num_threads()))
         return h
 
     def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
@@ -80,7 +81,8 @@ class RowOps:
         if self.lib is not None and gu.shape[-1] % 16 == 0 and _native_ok(gu):
             inter = gu.shape[-1] // 2
             out = gu.new_empty(*gu.shape[:-1], inter)
-            self._check(self.lib.sy_silu_mul(gu.data_ptr(), out.data_ptr(), gu.numel() // gu.shape[-1], inter))
+            self._check(self.lib.sy_silu_mul(gu.data_ptr(), out.data_ptr(), gu.numel() // gu.shape[-1], inter,
+                                             torch.get_num_threads()))
             return out
         g, u = gu.chunk(2, dim=-1)
         return F.silu(g) * u
@@ -93,7 +95,7 @@ class RowOps:
         pos = positions.contiguous()
         rows = qkv.numel() // qkv.shape[-1]
         self._check(self.lib.sy_rope(qkv.data_ptr(), rows, qkv.shape[-1], heads, head_dim, self.cos.data_ptr(),
-                                     self.sin.data_ptr(), pos.data_ptr(), self.cos.shape[0]))
+                                     self.sin.data_ptr(), pos.data_ptr(), self.cos.shape[0], torch.get_num_threads()))
         return True
 
     def topk(self, x: torch.Tensor, k: int) -> torch.Tensor:

@@ -43,6 +43,7 @@ class RunnerOptions:
     max_waiting: int = 256
     max_num_batched_tokens: int = 512
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # resolved at setup: float32 or float16 (CPU only)
     threads: int = 0
     collective_timeout_s: float = 10.0
     device: str = "cpu"
@@ -144,7 +145,8 @@ class Runner:
             self.opts.dtype = resolve_dtype(self.opts.dtype, src)
             self.model = TPModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
                                  max_slots=self.opts.max_num_seqs, max_len=max_len,
-                                 dtype=self.opts.dtype)
+                                 dtype=self.opts.dtype, kv_dtype=self.opts.kv_cache_dtype)
+        self.opts.kv_cache_dtype = str(self.model.k_cache.dtype).removeprefix("torch.")
         del weights
         self.load_seconds = time.monotonic() - start
         if self.world > 1:

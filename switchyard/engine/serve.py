@@ -46,6 +46,7 @@ def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
             state.dtype = runner.opts.dtype
             status = getattr(runner.model, "status", None)
             state.device = status() if status is not None else {"device": "cpu"}
+            state.device["kv_cache_dtype"] = runner.opts.kv_cache_dtype
             if runner.opts.dtype == "int4":
                 from switchyard.engine.linear import int4_kernel
 

@@ -46,12 +46,12 @@ class Build:
         return [here / f"int4_{self.matmul}.c", here / f"decode_attn_{self.attention}.c", here / "rowops.c"]
 
 
-_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
-_AVX512_CC = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
+_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c"})
+_AVX512_CC = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c")
 BUILDS = [  # best first
     Build("amx-bf16", _AVX512 | {"amx_tile", "amx_bf16"}, (*_AVX512_CC, "-mamx-tile", "-mamx-bf16"), "amx", "avx512"),
     Build("avx512-bf16", _AVX512, _AVX512_CC, "avx512", "avx512"),
-    Build("avx2", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma"), "avx2", "avx2"),
+    Build("avx2", frozenset({"avx2", "fma", "f16c"}), ("-mavx2", "-mfma", "-mf16c"), "avx2", "avx2"),
 ]
 
 
@@ -152,13 +152,14 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     if failures:
         log.warning("native kernels: using %s; %s", build.name, "; ".join(failures))
     lib.sy_int4_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    lib.sy_decode_attn.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 +
-                                   [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+    lib.sy_decode_attn.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6 +
+                                   [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int])
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    lib.sy_add_rmsnorm.argtypes = [p, p, p, f32, p, i64, i64]
-    lib.sy_silu_mul.argtypes = [p, p, i64, i64]
-    lib.sy_rope.argtypes = [p, i64, i64, i64, i64, p, p, p, i64]
-    lib.sy_topk.argtypes = [p, i64, i64, ctypes.c_int, p, ctypes.c_int]
+    i32 = ctypes.c_int
+    lib.sy_add_rmsnorm.argtypes = [p, p, p, f32, p, i64, i64, i32]
+    lib.sy_silu_mul.argtypes = [p, p, i64, i64, i32]
+    lib.sy_rope.argtypes = [p, i64, i64, i64, i64, p, p, p, i64, i32]
+    lib.sy_topk.argtypes = [p, i64, i64, i32, p, i32]
     for fn in (lib.sy_int4_mm, lib.sy_decode_attn, lib.sy_add_rmsnorm, lib.sy_silu_mul, lib.sy_rope, lib.sy_topk):
         fn.restype = ctypes.c_int
     return lib, build.name

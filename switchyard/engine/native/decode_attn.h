@@ -1,9 +1,12 @@
 /* What both builds of decode attention (decode_attn_avx2.c, decode_attn_avx512.c) share: the
  * limits, the argument checks (a bad slot or position must never write outside the cache)
- * and the write of the step's new key and value. */
+ * and the write of the step's new key and value. The cache is float32 or float16 (`kv_half`):
+ * at batch 16 a decode step reads ~60 MB of float32 keys and values at 80 tokens, as much as
+ * the weights, so float16 halves the step's largest cost after the matmuls. */
 #ifndef SWITCHYARD_DECODE_ATTN_H
 #define SWITCHYARD_DECODE_ATTN_H
 
+#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -20,15 +23,25 @@ static inline int decode_attn_check(const int64_t *slots, const int64_t *pos, in
     return 0;
 }
 
-/* Writes sequence b's new key and value for KV head kh at its position; returns the offset of
- * that (slot, head)'s rows in the cache, [slots, kv_heads, max_len, head_dim]. */
-static inline size_t decode_attn_write_kv(const float *k_new, const float *v_new, float *kc, float *vc,
-                                          const int64_t *slots, const int64_t *pos, int64_t b, int64_t kh,
-                                          int64_t Hkv, int64_t D, int64_t max_len)
+/* Writes sequence b's new key and value for KV head kh at its position, as float32 or, when
+ * `half`, float16 (rounded to nearest, F16C: every build has it); returns the element offset of
+ * that (slot, head)'s rows in the cache, [slots, kv_heads, max_len, head_dim]. Each sequence's
+ * qkv row holds its H query heads, then Hkv keys, then Hkv values, as the projection writes it. */
+static inline size_t decode_attn_write_kv(const float *qkv, void *kc, void *vc, const int64_t *slots,
+                                          const int64_t *pos, int64_t b, int64_t kh, int64_t H, int64_t Hkv,
+                                          int64_t D, int64_t max_len, int half)
 {
-    const size_t base = ((size_t)slots[b] * Hkv + kh) * max_len * D;
-    memcpy(kc + base + pos[b] * D, k_new + (b * Hkv + kh) * D, sizeof(float) * D);
-    memcpy(vc + base + pos[b] * D, v_new + (b * Hkv + kh) * D, sizeof(float) * D);
+    const size_t base = ((size_t)slots[b] * Hkv + kh) * max_len * D, at = base + pos[b] * D;
+    const float *k = qkv + b * (H + 2 * Hkv) * D + (H + kh) * D, *v = k + Hkv * D;
+    if (!half) {
+        memcpy((float *)kc + at, k, sizeof(float) * D);
+        memcpy((float *)vc + at, v, sizeof(float) * D);
+        return base;
+    }
+    for (int64_t d = 0; d < D; d += 8) {
+        _mm_storeu_si128((__m128i *)((uint16_t *)kc + at + d), _mm256_cvtps_ph(_mm256_loadu_ps(k + d), _MM_FROUND_TO_NEAREST_INT));
+        _mm_storeu_si128((__m128i *)((uint16_t *)vc + at + d), _mm256_cvtps_ph(_mm256_loadu_ps(v + d), _MM_FROUND_TO_NEAREST_INT));
+    }
     return base;
 }
 

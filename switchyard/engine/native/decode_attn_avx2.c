@@ -1,7 +1,7 @@
 /* One decode step of attention for a batch of sequences, float32, grouped-query heads.
  * AVX2 + FMA build of decode_attn_avx512.c: the same interface, checks and one-pass scheme
  * (each cached key and value row is read once for the whole group of query heads).
- * Cache layout: [slots, kv_heads, max_len, head_dim], contiguous.
+ * Cache layout: [slots, kv_heads, max_len, head_dim], contiguous, float32 or float16.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -53,68 +53,82 @@ static inline __m256i mask8(int64_t left)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left < 8 ? left : 8)), idx);
 }
 
-int sy_decode_attn(const float *q, const float *k_new, const float *v_new, float *kc, float *vc,
-                   const int64_t *slots, const int64_t *pos, int64_t B, int64_t H, int64_t Hkv, int64_t D,
-                   int64_t max_slots, int64_t max_len, float scale, float *out, int threads)
+/* 8 cached values from element i on, as float32. `half` is a constant where this is inlined. */
+static inline __m256 ld8(const void *base, int64_t i, const int half)
+{
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)))
+                : _mm256_loadu_ps((const float *)base + i);
+}
+
+static inline __attribute__((always_inline)) int task(
+    const float *qkv, void *kc, void *vc, const int64_t *slots, const int64_t *pos, int64_t b, int64_t kh,
+    int64_t H, int64_t Hkv, int64_t D, int64_t max_len, float scale, float *out, const int half)
+{
+    const int64_t G = H / Hkv, L = pos[b] + 1;
+    const size_t base = decode_attn_write_kv(qkv, kc, vc, slots, pos, b, kh, H, Hkv, D, max_len, half);
+    const size_t esize = half ? 2 : 4;
+    const char *K = (const char *)kc + base * esize, *V = (const char *)vc + base * esize;
+    const int64_t Lp = (L + 7) & ~7;
+    float *sc = aligned_alloc(32, sizeof(float) * G * Lp);
+    if (!sc) return 1;
+    const float *qg = qkv + b * (H + 2 * Hkv) * D + kh * G * D;
+    for (int64_t l = 0; l < L; l++) {
+        for (int64_t j = 0; j < G; j++) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            for (int64_t d = 0; d < D; d += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d), ld8(K, l * D + d, half), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d + 8), ld8(K, l * D + d + 8, half), a1);
+            }
+            sc[j * Lp + l] = hsum(_mm256_add_ps(a0, a1)) * scale;
+        }
+    }
+    float inv[MAX_GROUP];
+    for (int64_t j = 0; j < G; j++) {
+        float *s = sc + j * Lp;
+        __m256 mx = _mm256_set1_ps(-INFINITY);
+        for (int64_t l = 0; l < L; l += 8) {
+            const __m256 m = _mm256_castsi256_ps(mask8(L - l));
+            mx = _mm256_max_ps(mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(s + l), m));
+        }
+        const __m256 mv = _mm256_set1_ps(hmax(mx));
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t l = 0; l < L; l += 8) {
+            const __m256i m = mask8(L - l);
+            /* Past L the padded tail (inside the allocation) is read, then masked out. */
+            __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(s + l), mv)), _mm256_castsi256_ps(m));
+            _mm256_maskstore_ps(s + l, m, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        inv[j] = 1.0f / hsum(sum);
+    }
+    float o[MAX_GROUP * MAX_DIM];
+    memset(o, 0, sizeof(float) * G * D);
+    for (int64_t l = 0; l < L; l++) {
+        for (int64_t j = 0; j < G; j++) {
+            const __m256 p = _mm256_set1_ps(sc[j * Lp + l]);
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(o + j * D + d, _mm256_fmadd_ps(p, ld8(V, l * D + d, half), _mm256_loadu_ps(o + j * D + d)));
+        }
+    }
+    float *og = out + (b * H + kh * G) * D;
+    for (int64_t j = 0; j < G; j++)
+        for (int64_t d = 0; d < D; d++) og[j * D + d] = o[j * D + d] * inv[j];
+    free(sc);
+    return 0;
+}
+
+int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *slots, const int64_t *pos, int64_t B,
+                   int64_t H, int64_t Hkv, int64_t D, int64_t max_slots, int64_t max_len, float scale, float *out,
+                   int threads, int kv_half)
 {
     const int rc = decode_attn_check(slots, pos, B, H, Hkv, D, max_slots, max_len);
     if (rc) return rc;
-    const int64_t G = H / Hkv;
     int failed = 0;
     #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t task = 0; task < B * Hkv; task++) {
-        const int64_t b = task / Hkv, kh = task % Hkv, L = pos[b] + 1;
-        const size_t base = decode_attn_write_kv(k_new, v_new, kc, vc, slots, pos, b, kh, Hkv, D, max_len);
-        float *K = kc + base, *V = vc + base;
-        const int64_t Lp = (L + 7) & ~7;
-        float *sc = aligned_alloc(32, sizeof(float) * G * Lp);
-        if (!sc) { failed = 1; continue; }
-        const float *qg = q + (b * H + kh * G) * D;
-        for (int64_t l = 0; l < L; l++) {
-            const float *kr = K + l * D;
-            for (int64_t j = 0; j < G; j++) {
-                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-                for (int64_t d = 0; d < D; d += 16) {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d), _mm256_loadu_ps(kr + d), a0);
-                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d + 8), _mm256_loadu_ps(kr + d + 8), a1);
-                }
-                sc[j * Lp + l] = hsum(_mm256_add_ps(a0, a1)) * scale;
-            }
-        }
-        float inv[MAX_GROUP];
-        for (int64_t j = 0; j < G; j++) {
-            float *s = sc + j * Lp;
-            __m256 mx = _mm256_set1_ps(-INFINITY);
-            for (int64_t l = 0; l < L; l += 8) {
-                const __m256 m = _mm256_castsi256_ps(mask8(L - l));
-                mx = _mm256_max_ps(mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(s + l), m));
-            }
-            const __m256 mv = _mm256_set1_ps(hmax(mx));
-            __m256 sum = _mm256_setzero_ps();
-            for (int64_t l = 0; l < L; l += 8) {
-                const __m256i m = mask8(L - l);
-                /* Past L the padded tail (inside the allocation) is read, then masked out. */
-                __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(s + l), mv)), _mm256_castsi256_ps(m));
-                _mm256_maskstore_ps(s + l, m, e);
-                sum = _mm256_add_ps(sum, e);
-            }
-            inv[j] = 1.0f / hsum(sum);
-        }
-        float o[MAX_GROUP * MAX_DIM];
-        memset(o, 0, sizeof(float) * G * D);
-        for (int64_t l = 0; l < L; l++) {
-            const float *vr = V + l * D;
-            for (int64_t j = 0; j < G; j++) {
-                const __m256 p = _mm256_set1_ps(sc[j * Lp + l]);
-                for (int64_t d = 0; d < D; d += 8)
-                    _mm256_storeu_ps(o + j * D + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + d),
-                                                                     _mm256_loadu_ps(o + j * D + d)));
-            }
-        }
-        float *og = out + (b * H + kh * G) * D;
-        for (int64_t j = 0; j < G; j++)
-            for (int64_t d = 0; d < D; d++) og[j * D + d] = o[j * D + d] * inv[j];
-        free(sc);
+    for (int64_t t = 0; t < B * Hkv; t++) {
+        const int bad = kv_half ? task(qkv, kc, vc, slots, pos, t / Hkv, t % Hkv, H, Hkv, D, max_len, scale, out, 1)
+                                : task(qkv, kc, vc, slots, pos, t / Hkv, t % Hkv, H, Hkv, D, max_len, scale, out, 0);
+        if (bad) failed = 1;
     }
     return failed ? 3 : 0;
 }

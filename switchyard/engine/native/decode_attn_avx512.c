@@ -7,10 +7,11 @@
  * Scores come 16 positions at a time (one vector of partial sums each, reduced together), and
  * the weighted sum of values keeps up to 4 heads x 64 dims of output in registers: a batch of
  * 16 sequences makes this the step's largest cost after the matmuls otherwise.
- * Cache layout: [slots, kv_heads, max_len, head_dim], contiguous.
+ * Cache layout: [slots, kv_heads, max_len, head_dim], contiguous, float32 or float16.
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,82 +54,113 @@ static inline __m512 hsum16(const __m512 *v)
     return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
 }
 
-int sy_decode_attn(const float *q, const float *k_new, const float *v_new, float *kc, float *vc,
-                   const int64_t *slots, const int64_t *pos, int64_t B, int64_t H, int64_t Hkv, int64_t D,
-                   int64_t max_slots, int64_t max_len, float scale, float *out, int threads)
+/* 16 cached values from element i on, as float32. `half` is a constant where this is inlined. */
+static inline __m512 ld16(const void *base, int64_t i, const int half)
+{
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)))
+                : _mm512_loadu_ps((const float *)base + i);
+}
+
+static inline __attribute__((always_inline)) int task(
+    const float *qkv, void *kc, void *vc, const int64_t *slots, const int64_t *pos, int64_t b, int64_t kh,
+    int64_t H, int64_t Hkv, int64_t D, int64_t max_len, float scale, float *out, const int half)
+{
+    const int64_t G = H / Hkv, L = pos[b] + 1;
+    const size_t base = decode_attn_write_kv(qkv, kc, vc, slots, pos, b, kh, H, Hkv, D, max_len, half);
+    const size_t esize = half ? 2 : 4;
+    const char *K = (const char *)kc + base * esize, *V = (const char *)vc + base * esize;
+    const int64_t Lp = (L + 15) & ~15;
+    float *sc = aligned_alloc(64, sizeof(float) * G * Lp);
+    if (!sc) return 1;
+    const float *qg = qkv + b * (H + 2 * Hkv) * D + kh * G * D;
+    for (int64_t l0 = 0; l0 < L; l0 += 16) {
+        const int n = L - l0 >= 16 ? 16 : (int)(L - l0);  /* rows past L may lie past the cache */
+        /* Fetch the next block of keys and this block of values while the scores run: each
+         * (slot, head) is a few short streams, too short for the hardware prefetchers. */
+        const int64_t ahead = L - (l0 + 16) >= 16 ? 16 : L - (l0 + 16);
+        for (int64_t o = 0; o < ahead * D * (int64_t)esize; o += 64) _mm_prefetch(K + (l0 + 16) * D * esize + o, _MM_HINT_T0);
+        for (int64_t o = 0; o < n * D * (int64_t)esize; o += 64) _mm_prefetch(V + l0 * D * esize + o, _MM_HINT_T1);
+        for (int64_t j = 0; j < G; j++) {
+            __m512 acc[16];
+            for (int l = 0; l < 16; l++) acc[l] = _mm512_setzero_ps();
+            for (int64_t d = 0; d < D; d += 16) {
+                const __m512 qd = _mm512_loadu_ps(qg + j * D + d);
+                for (int l = 0; l < 16; l++)
+                    if (l < n) acc[l] = _mm512_fmadd_ps(qd, ld16(K, (l0 + l) * D + d, half), acc[l]);
+            }
+            _mm512_store_ps(sc + j * Lp + l0, _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale)));
+        }
+    }
+    float inv[MAX_GROUP];
+    for (int64_t j = 0; j < G; j++) {
+        float *s = sc + j * Lp;
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int64_t l = 0; l < L; l += 16) {
+            __mmask16 m = L - l >= 16 ? 0xFFFF : (__mmask16)((1u << (L - l)) - 1);
+            mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, s + l));
+        }
+        const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t l = 0; l < L; l += 16) {
+            __mmask16 m = L - l >= 16 ? 0xFFFF : (__mmask16)((1u << (L - l)) - 1);
+            __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + l), mv)));
+            _mm512_mask_storeu_ps(s + l, m, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        inv[j] = 1.0f / _mm512_reduce_add_ps(sum);
+    }
+    float *og = out + (b * H + kh * G) * D;
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        const int nc = D - d0 >= 64 ? 4 : (int)((D - d0) / 16);
+        for (int64_t j0 = 0; j0 < G; j0 += 4) {
+            const int nj = G - j0 >= 4 ? 4 : (int)(G - j0);
+            __m512 o[4][4];
+            for (int j = 0; j < 4; j++)
+                for (int c = 0; c < 4; c++) o[j][c] = _mm512_setzero_ps();
+            for (int64_t l = 0; l < L; l++) {
+                __m512 v[4];
+                for (int c = 0; c < 4; c++)
+                    if (c < nc) v[c] = ld16(V, l * D + d0 + 16 * c, half);
+                for (int j = 0; j < 4; j++) {
+                    if (j >= nj) break;
+                    const __m512 p = _mm512_set1_ps(sc[(j0 + j) * Lp + l]);
+                    for (int c = 0; c < 4; c++)
+                        if (c < nc) o[j][c] = _mm512_fmadd_ps(p, v[c], o[j][c]);
+                }
+            }
+            for (int j = 0; j < nj; j++)
+                for (int c = 0; c < nc; c++)
+                    _mm512_storeu_ps(og + (j0 + j) * D + d0 + 16 * c, _mm512_mul_ps(o[j][c], _mm512_set1_ps(inv[j0 + j])));
+        }
+    }
+    free(sc);
+    return 0;
+}
+
+int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *slots, const int64_t *pos, int64_t B,
+                   int64_t H, int64_t Hkv, int64_t D, int64_t max_slots, int64_t max_len, float scale, float *out,
+                   int threads, int kv_half)
 {
     const int rc = decode_attn_check(slots, pos, B, H, Hkv, D, max_slots, max_len);
     if (rc) return rc;
-    const int64_t G = H / Hkv;
     int failed = 0;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t task = 0; task < B * Hkv; task++) {
-        const int64_t b = task / Hkv, kh = task % Hkv, L = pos[b] + 1;
-        const size_t base = decode_attn_write_kv(k_new, v_new, kc, vc, slots, pos, b, kh, Hkv, D, max_len);
-        float *K = kc + base, *V = vc + base;
-        const int64_t Lp = (L + 15) & ~15;
-        float *sc = aligned_alloc(64, sizeof(float) * G * Lp);
-        if (!sc) { failed = 1; continue; }
-        const float *qg = q + (b * H + kh * G) * D;
-        for (int64_t l0 = 0; l0 < L; l0 += 16) {
-            const int n = L - l0 >= 16 ? 16 : (int)(L - l0);  /* rows past L may lie past the cache */
-            const float *kb = K + l0 * D;
-            for (int64_t j = 0; j < G; j++) {
-                __m512 acc[16];
-                for (int l = 0; l < 16; l++) acc[l] = _mm512_setzero_ps();
-                for (int64_t d = 0; d < D; d += 16) {
-                    const __m512 qd = _mm512_loadu_ps(qg + j * D + d);
-                    for (int l = 0; l < 16; l++)
-                        if (l < n) acc[l] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(kb + l * D + d), acc[l]);
-                }
-                _mm512_store_ps(sc + j * Lp + l0, _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale)));
-            }
+    /* Tasks dealt round-robin, so each thread knows its next one and fetches its first keys
+     * ahead (13% faster at batch 16 than taking tasks as they come). */
+    #pragma omp parallel num_threads(threads)
+    {
+    const int nt = omp_get_num_threads();
+    for (int64_t t = omp_get_thread_num(); t < B * Hkv; t += nt) {
+        const int64_t nx = t + nt;
+        if (nx < B * Hkv) {
+            const int64_t nb = nx / Hkv, nk = nx % Hkv;
+            const char *K2 = (const char *)kc + ((size_t)slots[nb] * Hkv + nk) * max_len * D * (kv_half ? 2 : 4);
+            const int64_t bytes = (pos[nb] + 1 < 32 ? pos[nb] + 1 : 32) * D * (kv_half ? 2 : 4);
+            for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(K2 + o, _MM_HINT_T1);
         }
-        float inv[MAX_GROUP];
-        for (int64_t j = 0; j < G; j++) {
-            float *s = sc + j * Lp;
-            __m512 mx = _mm512_set1_ps(-INFINITY);
-            for (int64_t l = 0; l < L; l += 16) {
-                __mmask16 m = L - l >= 16 ? 0xFFFF : (__mmask16)((1u << (L - l)) - 1);
-                mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, s + l));
-            }
-            const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-            __m512 sum = _mm512_setzero_ps();
-            for (int64_t l = 0; l < L; l += 16) {
-                __mmask16 m = L - l >= 16 ? 0xFFFF : (__mmask16)((1u << (L - l)) - 1);
-                __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + l), mv)));
-                _mm512_mask_storeu_ps(s + l, m, e);
-                sum = _mm512_add_ps(sum, e);
-            }
-            inv[j] = 1.0f / _mm512_reduce_add_ps(sum);
-        }
-        float *og = out + (b * H + kh * G) * D;
-        for (int64_t d0 = 0; d0 < D; d0 += 64) {
-            const int nc = D - d0 >= 64 ? 4 : (int)((D - d0) / 16);
-            for (int64_t j0 = 0; j0 < G; j0 += 4) {
-                const int nj = G - j0 >= 4 ? 4 : (int)(G - j0);
-                __m512 o[4][4];
-                for (int j = 0; j < 4; j++)
-                    for (int c = 0; c < 4; c++) o[j][c] = _mm512_setzero_ps();
-                for (int64_t l = 0; l < L; l++) {
-                    const float *vr = V + l * D + d0;
-                    __m512 v[4];
-                    for (int c = 0; c < 4; c++)
-                        if (c < nc) v[c] = _mm512_loadu_ps(vr + 16 * c);
-                    for (int j = 0; j < 4; j++) {
-                        if (j >= nj) break;
-                        const __m512 p = _mm512_set1_ps(sc[(j0 + j) * Lp + l]);
-                        for (int c = 0; c < 4; c++)
-                            if (c < nc) o[j][c] = _mm512_fmadd_ps(p, v[c], o[j][c]);
-                    }
-                }
-                for (int j = 0; j < nj; j++)
-                    for (int c = 0; c < nc; c++)
-                        _mm512_storeu_ps(og + (j0 + j) * D + d0 + 16 * c,
-                                         _mm512_mul_ps(o[j][c], _mm512_set1_ps(inv[j0 + j])));
-            }
-        }
-        free(sc);
+        const int bad = kv_half ? task(qkv, kc, vc, slots, pos, t / Hkv, t % Hkv, H, Hkv, D, max_len, scale, out, 1)
+                                : task(qkv, kc, vc, slots, pos, t / Hkv, t % Hkv, H, Hkv, D, max_len, scale, out, 0);
+        if (bad) failed = 1;
+    }
     }
     return failed ? 3 : 0;
 }

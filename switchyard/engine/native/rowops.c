@@ -2,19 +2,24 @@
  * 5-14 torch ops (each a few microseconds of dispatch) they took: at batch 1 those ops, not
  * the arithmetic, were a third of a CPU decode step. Plain C that the compiler vectorizes,
  * and AVX2 for SwiGLU's exponential and the top-k scan: built into every native build.
- * Single-threaded but for top-k: rows are short and a parallel region costs more than the
- * work. Each row's result depends on that row alone.
+ * Rows go to `threads` workers once a call has PARALLEL_WORK values (SwiGLU at batch 16: 10 us
+ * instead of 14); smaller calls stay on the caller's thread, where waking the workers costs
+ * more than the work (RMSNorm of 16 x 576: 4.5 us instead of 4.2). Each row's result depends
+ * on that row alone.
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 
 #define LANES 16
+#define PARALLEL_WORK 16384
 
 /* x += delta (when delta is given), then h = w * (x / sqrt(mean(x^2) + eps)), per row of D. */
-int sy_add_rmsnorm(float *x, const float *delta, const float *w, float eps, float *h, int64_t M, int64_t D)
+int sy_add_rmsnorm(float *x, const float *delta, const float *w, float eps, float *h, int64_t M, int64_t D,
+                   int threads)
 {
     if (D % LANES) return 1;
+    #pragma omp parallel for if (M * D >= PARALLEL_WORK && threads > 1) num_threads(threads)
     for (int64_t m = 0; m < M; m++) {
         float *xr = x + m * D, *hr = h + m * D;
         if (delta)
@@ -46,10 +51,11 @@ static inline __m256 exp8(__m256 x)
 }
 
 /* out[m] = silu(gu[m, :I]) * gu[m, I:], the SwiGLU between gate/up and down. */
-int sy_silu_mul(const float *gu, float *out, int64_t M, int64_t I)
+int sy_silu_mul(const float *gu, float *out, int64_t M, int64_t I, int threads)
 {
     if (I % 8) return 1;
     const __m256 one = _mm256_set1_ps(1.0f);
+    #pragma omp parallel for if (M * I >= PARALLEL_WORK && threads > 1) num_threads(threads)
     for (int64_t m = 0; m < M; m++) {
         const float *g = gu + m * 2 * I, *u = g + I;
         float *o = out + m * I;
@@ -65,11 +71,12 @@ int sy_silu_mul(const float *gu, float *out, int64_t M, int64_t I)
 /* Rotary embedding in place on the first `heads` heads (queries, then keys) of each row of
  * qkv, rows `stride` floats apart, at each row's position: x * cos + rotate_half(x) * sin. */
 int sy_rope(float *qkv, int64_t M, int64_t stride, int64_t heads, int64_t D, const float *cos_t,
-            const float *sin_t, const int64_t *pos, int64_t max_len)
+            const float *sin_t, const int64_t *pos, int64_t max_len, int threads)
 {
     const int64_t half = D / 2;
     for (int64_t m = 0; m < M; m++)
         if (pos[m] < 0 || pos[m] >= max_len) return 2;
+    #pragma omp parallel for if (M * heads * D >= PARALLEL_WORK && threads > 1) num_threads(threads)
     for (int64_t m = 0; m < M; m++) {
         const float *c = cos_t + pos[m] * D, *s = sin_t + pos[m] * D;
         for (int64_t h = 0; h < heads; h++) {
@@ -92,7 +99,7 @@ int sy_topk(const float *x, int64_t M, int64_t N, int k, int64_t *idx, int threa
 {
     if (k < 1 || k > 64 || N < k) return 1;
     int short_rows = 0;
-    #pragma omp parallel for schedule(static) num_threads(M > 1 ? threads : 1)
+    #pragma omp parallel for if (M > 1 && threads > 1) num_threads(threads)
     for (int64_t m = 0; m < M; m++) {
         const float *row = x + m * N;
         int64_t *at = idx + m * k;
