@@ -124,18 +124,27 @@ def from_hf_dir(directory: Path, eos_ids: set[int]) -> ChatTokenizer:
 
 
 class Detokenizer:
-    """Incremental detokenization: emits only text that later tokens cannot change."""
+    """Incremental detokenization: emits only text that later tokens cannot change.
+
+    Each token decodes a short window (from a few tokens back), as vLLM does, not the whole
+    output: decoding it all each step made a 2,000-token reply cost O(n^2). The window starts
+    at an earlier token so both decodes see the same leading context (SentencePiece-style
+    decoders drop a leading space at the start of a decode)."""
 
     def __init__(self, tokenizer: ChatTokenizer) -> None:
         self.t = tokenizer
         self.ids: list[int] = []
         self.text = ""
+        self.prefix = 0  # the window's first token
+        self.read = 0  # tokens already turned into text
 
     def push(self, token: int) -> str:
         self.ids.append(token)
-        full = self.t.decode(self.ids)
-        if full.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+        before = self.t.decode(self.ids[self.prefix:self.read])
+        now = self.t.decode(self.ids[self.prefix:])
+        if len(now) <= len(before) or now.endswith("\ufffd"):  # e.g. an incomplete UTF-8 sequence
             return ""
-        delta = full[len(self.text):]
-        self.text = full
+        delta = now[len(before):]
+        self.text += delta
+        self.prefix, self.read = self.read, len(self.ids)
         return delta
