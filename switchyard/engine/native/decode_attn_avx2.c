@@ -60,17 +60,15 @@ static inline __m256 ld8(const void *base, int64_t i, const int half)
                 : _mm256_loadu_ps((const float *)base + i);
 }
 
-static inline __attribute__((always_inline)) int task(
+static inline __attribute__((always_inline)) void task(
     const float *qkv, void *kc, void *vc, const int64_t *slots, const int64_t *pos, int64_t b, int64_t kh,
-    int64_t H, int64_t Hkv, int64_t D, int64_t max_len, float scale, float *out, const int half)
+    int64_t H, int64_t Hkv, int64_t D, int64_t max_len, float scale, float *out, float *sc, const int half)
 {
     const int64_t G = H / Hkv, L = pos[b] + 1;
     const size_t base = decode_attn_write_kv(qkv, kc, vc, slots, pos, b, kh, H, Hkv, D, max_len, half);
     const size_t esize = half ? 2 : 4;
     const char *K = (const char *)kc + base * esize, *V = (const char *)vc + base * esize;
     const int64_t Lp = (L + 7) & ~7;
-    float *sc = aligned_alloc(32, sizeof(float) * G * Lp);
-    if (!sc) return 1;
     const float *qg = qkv + b * (H + 2 * Hkv) * D + kh * G * D;
     for (int64_t l = 0; l < L; l++) {
         for (int64_t j = 0; j < G; j++) {
@@ -113,8 +111,6 @@ static inline __attribute__((always_inline)) int task(
     float *og = out + (b * H + kh * G) * D;
     for (int64_t j = 0; j < G; j++)
         for (int64_t d = 0; d < D; d++) og[j * D + d] = o[j * D + d] * inv[j];
-    free(sc);
-    return 0;
 }
 
 int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *slots, const int64_t *pos, int64_t B,
@@ -124,11 +120,21 @@ int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *slots, c
     const int rc = decode_attn_check(slots, pos, B, H, Hkv, D, max_slots, max_len);
     if (rc) return rc;
     int failed = 0;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    int64_t longest = 0;
+    for (int64_t b = 0; b < B; b++) longest = pos[b] + 1 > longest ? pos[b] + 1 : longest;
+    #pragma omp parallel num_threads(threads)
+    {
+    float *sc = aligned_alloc(32, sizeof(float) * (H / Hkv) * ((longest + 7) & ~7));  /* once a thread */
+    if (!sc) failed = 1;
+    #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < B * Hkv; t++) {
-        const int bad = kv_half ? task(qkv, kc, vc, slots, pos, t / Hkv, t % Hkv, H, Hkv, D, max_len, scale, out, 1)
-                                : task(qkv, kc, vc, slots, pos, t / Hkv, t % Hkv, H, Hkv, D, max_len, scale, out, 0);
-        if (bad) failed = 1;
+        if (!sc) continue;
+        if (kv_half)
+            task(qkv, kc, vc, slots, pos, t / Hkv, t % Hkv, H, Hkv, D, max_len, scale, out, sc, 1);
+        else
+            task(qkv, kc, vc, slots, pos, t / Hkv, t % Hkv, H, Hkv, D, max_len, scale, out, sc, 0);
+    }
+    free(sc);
     }
     return failed ? 3 : 0;
 }
