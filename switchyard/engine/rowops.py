@@ -35,12 +35,13 @@ def _native_ok(*ts: torch.Tensor) -> bool:
 
 def topk_indices(lib: ctypes.CDLL | None, x: torch.Tensor, k: int) -> torch.Tensor:
     """See RowOps.topk; also the sampler's argmax (k = 1) over a step's logits."""
-    if lib is None or not _native_ok(x) or x.dim() != 2 or not 1 <= k <= min(64, x.shape[-1]):
-        return x.topk(k, dim=-1).indices
-    idx = torch.empty(x.shape[0], k, dtype=torch.int64)
-    if lib.sy_topk(x.data_ptr(), x.shape[0], x.shape[1], k, idx.data_ptr(), torch.get_num_threads()):
-        return x.topk(k, dim=-1).indices  # a row with fewer than k values that are not NaN
-    return idx
+    if lib is not None and _native_ok(x) and x.dim() == 2 and 1 <= k <= min(64, x.shape[-1]):
+        idx = torch.empty(x.shape[0], k, dtype=torch.int64)
+        if not lib.sy_topk(x.data_ptr(), x.shape[0], x.shape[1], k, idx.data_ptr(), torch.get_num_threads()):
+            return idx
+        # else a row with fewer than k values that are not NaN: torch's answer
+    # argmax promises the first of tied maxima; topk (on GPUs) promises no order among ties.
+    return x.argmax(dim=-1, keepdim=True) if k == 1 else x.topk(k, dim=-1).indices
 
 
 class RowOps:
