@@ -239,5 +239,5 @@ class TPModel:
         head = self.lm_head_q4 if self.lm_head_q4 is not None and (B <= 4 or self.lm_head_lowp is None) else None
         logits = (head(h) if head is not None else F.linear(h.to(torch.bfloat16), self.lm_head_lowp)).float()
         top = ops.topk(logits, _REFINE)
-        exact = torch.bmm(self.lm_head[top], h.unsqueeze(-1)).squeeze(-1)
+        exact = ops.gather_dot(self.lm_head, h.contiguous(), top)
         return logits.scatter_(1, top, exact)

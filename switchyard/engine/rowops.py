@@ -104,9 +104,19 @@ class RowOps:
         index (torch's topk does not promise which of tied values it keeps)."""
         return topk_indices(self.lib, x, k)
 
+    def gather_dot(self, w: torch.Tensor, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """out[m, j] = w[idx[m, j]] . h[m], float32: the exact logits of each row's candidates."""
+        if self.lib is not None and _native_ok(w, h) and idx.dtype == torch.int64 and w.shape[-1] % 16 == 0:
+            idx = idx.contiguous()
+            out = torch.empty(idx.shape, dtype=F32)
+            self._check(self.lib.sy_gather_dot(w.data_ptr(), h.data_ptr(), idx.data_ptr(), out.data_ptr(), idx.shape[0],
+                                               idx.shape[1], w.shape[1], w.shape[0], torch.get_num_threads()))
+            return out
+        return torch.bmm(w[idx], h.unsqueeze(-1)).squeeze(-1)
+
     @staticmethod
     def _check(rc: int) -> None:
         if rc:
             # 1 is ruled out before each call; 2 is a caller's position past max_len.
-            why = {1: "row width not a multiple of 16", 2: "position outside the RoPE table"}
+            why = {1: "row width not a multiple of 16", 2: "position or row index out of range"}
             raise RuntimeError(f"native row op failed: {why.get(rc, rc)}")

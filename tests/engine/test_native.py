@@ -242,8 +242,9 @@ def test_native_attention_refuses_a_slot_outside_the_cache(build: str) -> None:
 
 
 def test_row_ops_match_torch(build: str) -> None:
-    """RMSNorm (with and without the residual add), SwiGLU and RoPE: one native call each,
-    the same values as torch's ops to float32 rounding, and each row independent of its batch."""
+    """RMSNorm (with and without the residual add), SwiGLU, RoPE and the refine's gathered dot
+    products: one native call each, the same values as torch's ops to float32 rounding, and
+    each row independent of its batch."""
     from switchyard.engine.native import load as load_native
     from switchyard.engine.rowops import RowOps, rms_norm_torch, rotate_torch
 
@@ -271,8 +272,14 @@ def test_row_ops_match_torch(build: str) -> None:
     want = torch.cat([rotate_torch(q.view(2, 3, H, D), c, s).flatten(2), rotate_torch(k.view(2, 3, Hkv, D), c, s).flatten(2),
                       v], dim=-1)
     assert torch.allclose(mine, want, rtol=1e-5, atol=1e-6)
-    with pytest.raises(RuntimeError, match="outside the RoPE table"):
+    with pytest.raises(RuntimeError, match="position or row index out of range"):
         native.rope_(qkv.clone(), torch.tensor([[0, 1, 40], [0, 1, 2]]), H + Hkv, D)
+    head, hs = torch.randn(1000, 576, generator=g), torch.randn(16, 576, generator=g)  # the logits' refine
+    idx = torch.randint(0, 1000, (16, 32), generator=g)
+    assert torch.allclose(native.gather_dot(head, hs, idx), ref.gather_dot(head, hs, idx), rtol=1e-5, atol=1e-4)
+    assert torch.equal(native.gather_dot(head, hs[3:4].contiguous(), idx[3:4]), native.gather_dot(head, hs, idx)[3:4])
+    with pytest.raises(RuntimeError, match="row index out of range"):
+        native.gather_dot(head, hs[:1].contiguous(), torch.tensor([[1000]]))
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])

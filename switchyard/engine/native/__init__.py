@@ -160,6 +160,8 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     lib.sy_silu_mul.argtypes = [p, p, i64, i64, i32]
     lib.sy_rope.argtypes = [p, i64, i64, i64, i64, p, p, p, i64, i32]
     lib.sy_topk.argtypes = [p, i64, i64, i32, p, i32]
-    for fn in (lib.sy_int4_mm, lib.sy_decode_attn, lib.sy_add_rmsnorm, lib.sy_silu_mul, lib.sy_rope, lib.sy_topk):
+    lib.sy_gather_dot.argtypes = [p, p, p, p, i64, i64, i64, i64, i32]
+    for fn in (lib.sy_int4_mm, lib.sy_decode_attn, lib.sy_add_rmsnorm, lib.sy_silu_mul, lib.sy_rope, lib.sy_topk,
+               lib.sy_gather_dot):
         fn.restype = ctypes.c_int
     return lib, build.name
