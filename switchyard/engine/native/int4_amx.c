@@ -31,9 +31,9 @@
 #define ARCH_REQ_XCOMP_PERM 0x1023 /* Linux: ask for the tile state (asm/prctl.h) */
 #define XFEATURE_XTILEDATA 18
 
-/* Tiles: two of each (C accumulator, A rows of x, B weights), alternating between groups so
- * one group's multiply overlaps the next group's loads. Macros: the intrinsics paste the
- * number into the register name. */
+/* Tiles: two of each (C accumulator, A rows of x, B weights), alternating between groups, so
+ * a tile is rewritten only after the instructions two items back are done with it. Macros:
+ * the intrinsics paste the number into the register name. */
 #define C0 0
 #define A0 1
 #define B0 2
@@ -76,14 +76,16 @@ static inline __attribute__((always_inline)) void dequant(const uint8_t *wg, uin
 
 /* Rows m..m+R of column blocks nb_lo..nb_hi, all groups, as one software pipeline over the
  * (block, group) items: item i's weights are dequantized at step i, multiplied on tiles at
- * step i + LAG and its dot products applied at step i + 2 LAG. Tiles read memory only once
- * the stores into it have left the core, and vector loads of a stored tile wait likewise, so
- * each hand-over is given LAG steps of other work instead of stalling on it. acc stays in
- * registers: R is a constant. */
+ * step i + LAG and its dot products applied at step i + 2 LAG, so a tile load never waits on
+ * stores just issued, nor vector loads on a tile store. Measured on a 2-core Xeon (model 207):
+ * ~56 ns an item at 16 rows and ~25 ns at 1 row, whatever the lag (1-4) and the stages' order;
+ * the tile unit runs its instructions one after another, and the stores of the dequantized
+ * weights, the tile store and its read-back take ~2/3 of that. acc stays in registers: R is
+ * a constant. */
 #define LAG 2
 #define RING 4  /* >= 2 LAG: a buffer is rewritten only after its reader ran */
-/* Where a stage of the pipeline is: group g of the block whose first column is n0. Stepped,
- * not divided out of the item number: three 64-bit divisions an item cost ~10% at 1 row. */
+/* Where a stage of the pipeline is: group g of the block whose first column is n0, stepped
+ * along with the item number rather than divided out of it (no divisions in the loop). */
 struct cursor { int64_t g, n0; };
 
 static inline void step(struct cursor *c, int64_t G)
