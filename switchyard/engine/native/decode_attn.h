@@ -1,8 +1,8 @@
 /* What both builds of decode attention (decode_attn_avx2.c, decode_attn_avx512.c) share: the
  * limits, the argument checks (a bad slot or position must never write outside the cache)
  * and the write of the step's new key and value. The cache is float32 or float16 (`kv_half`):
- * at batch 16 a decode step reads ~60 MB of float32 keys and values at 80 tokens, as much as
- * the weights, so float16 halves the step's largest cost after the matmuls. */
+ * at batch 16 a decode step reads ~60 MB of float32 keys and values at 80 tokens, over half as
+ * much as the weights, so float16 halves the step's largest cost after the matmuls. */
 #ifndef SWITCHYARD_DECODE_ATTN_H
 #define SWITCHYARD_DECODE_ATTN_H
 
