@@ -64,12 +64,11 @@ static inline __attribute__((always_inline)) void task(
     const float *qkv, void *kc, void *vc, const int64_t *slots, const int64_t *pos, int64_t b, int64_t kh,
     int64_t H, int64_t Hkv, int64_t D, int64_t max_len, float scale, float *out, float *sc, const int half)
 {
-    const int64_t G = H / Hkv, L = pos[b] + 1;
-    const size_t base = decode_attn_write_kv(qkv, kc, vc, slots, pos, b, kh, H, Hkv, D, max_len, half);
-    const size_t esize = half ? 2 : 4;
-    const char *K = (const char *)kc + base * esize, *V = (const char *)vc + base * esize;
+    const struct attn_task a = decode_attn_begin(qkv, kc, vc, slots, pos, b, kh, H, Hkv, D, max_len, out, half);
+    const int64_t G = a.G, L = a.L;
+    const char *K = a.K, *V = a.V;
     const int64_t Lp = (L + 7) & ~7;
-    const float *qg = qkv + b * (H + 2 * Hkv) * D + kh * G * D;
+    const float *qg = a.q;
     for (int64_t l = 0; l < L; l++) {
         for (int64_t j = 0; j < G; j++) {
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -108,7 +107,7 @@ static inline __attribute__((always_inline)) void task(
                 _mm256_storeu_ps(o + j * D + d, _mm256_fmadd_ps(p, ld8(V, l * D + d, half), _mm256_loadu_ps(o + j * D + d)));
         }
     }
-    float *og = out + (b * H + kh * G) * D;
+    float *og = a.out;
     for (int64_t j = 0; j < G; j++)
         for (int64_t d = 0; d < D; d++) og[j * D + d] = o[j * D + d] * inv[j];
 }
@@ -120,8 +119,7 @@ int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *slots, c
     const int rc = decode_attn_check(slots, pos, B, H, Hkv, D, max_slots, max_len);
     if (rc) return rc;
     int failed = 0;
-    int64_t longest = 0;
-    for (int64_t b = 0; b < B; b++) longest = pos[b] + 1 > longest ? pos[b] + 1 : longest;
+    const int64_t longest = decode_attn_longest(pos, B);
     #pragma omp parallel num_threads(threads)
     {
     float *sc = aligned_alloc(32, sizeof(float) * (H / Hkv) * ((longest + 7) & ~7));  /* once a thread */

@@ -65,19 +65,19 @@ static inline __attribute__((always_inline)) void task(
     const float *qkv, void *kc, void *vc, const int64_t *slots, const int64_t *pos, int64_t b, int64_t kh,
     int64_t H, int64_t Hkv, int64_t D, int64_t max_len, float scale, float *out, float *sc, const int half)
 {
-    const int64_t G = H / Hkv, L = pos[b] + 1;
-    const size_t base = decode_attn_write_kv(qkv, kc, vc, slots, pos, b, kh, H, Hkv, D, max_len, half);
-    const size_t esize = half ? 2 : 4;
-    const char *K = (const char *)kc + base * esize, *V = (const char *)vc + base * esize;
+    const struct attn_task a = decode_attn_begin(qkv, kc, vc, slots, pos, b, kh, H, Hkv, D, max_len, out, half);
+    const int64_t G = a.G, L = a.L;
+    const char *K = a.K, *V = a.V;
     const int64_t Lp = (L + 15) & ~15;
-    const float *qg = qkv + b * (H + 2 * Hkv) * D + kh * G * D;
+    const float *qg = a.q;
     for (int64_t l0 = 0; l0 < L; l0 += 16) {
         const int n = L - l0 >= 16 ? 16 : (int)(L - l0);  /* rows past L may lie past the cache */
         /* Fetch the next block of keys and this block of values while the scores run: each
          * (slot, head) is a few short streams, too short for the hardware prefetchers. */
         const int64_t ahead = L - (l0 + 16) >= 16 ? 16 : L - (l0 + 16);
-        for (int64_t o = 0; o < ahead * D * (int64_t)esize; o += 64) _mm_prefetch(K + (l0 + 16) * D * esize + o, _MM_HINT_T0);
-        for (int64_t o = 0; o < n * D * (int64_t)esize; o += 64) _mm_prefetch(V + l0 * D * esize + o, _MM_HINT_T1);
+        const int64_t esize = half ? 2 : 4;
+        for (int64_t o = 0; o < ahead * D * esize; o += 64) _mm_prefetch(K + (l0 + 16) * D * esize + o, _MM_HINT_T0);
+        for (int64_t o = 0; o < n * D * esize; o += 64) _mm_prefetch(V + l0 * D * esize + o, _MM_HINT_T1);
         for (int64_t j = 0; j < G; j++) {
             __m512 acc[16];
             for (int l = 0; l < 16; l++) acc[l] = _mm512_setzero_ps();
@@ -107,7 +107,7 @@ static inline __attribute__((always_inline)) void task(
         }
         inv[j] = 1.0f / _mm512_reduce_add_ps(sum);
     }
-    float *og = out + (b * H + kh * G) * D;
+    float *og = a.out;
     for (int64_t d0 = 0; d0 < D; d0 += 64) {
         const int nc = D - d0 >= 64 ? 4 : (int)((D - d0) / 16);
         for (int64_t j0 = 0; j0 < G; j0 += 4) {
@@ -140,10 +140,9 @@ int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *slots, c
     const int rc = decode_attn_check(slots, pos, B, H, Hkv, D, max_slots, max_len);
     if (rc) return rc;
     int failed = 0;
+    const int64_t longest = decode_attn_longest(pos, B);
     /* Tasks dealt round-robin, so each thread knows its next one and fetches its first keys
      * ahead (13% faster at batch 16 than taking tasks as they come). */
-    int64_t longest = 0;
-    for (int64_t b = 0; b < B; b++) longest = pos[b] + 1 > longest ? pos[b] + 1 : longest;
     #pragma omp parallel num_threads(threads)
     {
     const int nt = omp_get_num_threads();
@@ -154,7 +153,7 @@ int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *slots, c
         const int64_t nx = t + nt;
         if (nx < B * Hkv) {
             const int64_t nb = nx / Hkv, nk = nx % Hkv;
-            const char *K2 = (const char *)kc + ((size_t)slots[nb] * Hkv + nk) * max_len * D * (kv_half ? 2 : 4);
+            const char *K2 = (const char *)kc + decode_attn_rows(slots[nb], nk, Hkv, D, max_len) * (kv_half ? 2 : 4);
             const int64_t bytes = (pos[nb] + 1 < 32 ? pos[nb] + 1 : 32) * D * (kv_half ? 2 : 4);
             for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(K2 + o, _MM_HINT_T1);
         }

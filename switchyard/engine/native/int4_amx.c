@@ -24,8 +24,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define COLS 16
-#define GROUP 32
+#include "int4_bf16.h"
+
 #define TILE_ROWS 16
 #define PREFETCH 2                 /* groups ahead */
 #define ARCH_REQ_XCOMP_PERM 0x1023 /* Linux: ask for the tile state (asm/prctl.h) */
@@ -155,12 +155,6 @@ static inline __attribute__((always_inline)) void rows(
     }
 }
 
-static inline float bf16_to_f32(uint16_t v)
-{
-    union { uint32_t u; float f; } c = {.u = (uint32_t)v << 16};
-    return c.f;
-}
-
 #define ROWS_CASE(n) case n: rows(xm, K, w, s, z, N, xsm, G, ym, nb_lo, nb_hi, n, lut, btile, ctile); break;
 
 int sy_int4_mm(const float *xf, const uint8_t *w, const float *s, const float *z, float *y,
@@ -171,24 +165,10 @@ int sy_int4_mm(const float *xf, const uint8_t *w, const float *s, const float *z
     float *xs = malloc(sizeof(float) * (size_t)(M * G));
     uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(M * K));
     if (!xs || !x) { free(xs); free(x); return 2; }
-    /* bfloat16 bit patterns of q - 8 for q = 0..15 (vpermw reads the low 5 bits). */
-    uint16_t table[32];
-    for (int q = 0; q < 32; q++) {
-        union { float f; uint32_t u; } c = {.f = (float)((q & 15) - 8)};
-        table[q] = (uint16_t)(c.u >> 16);
-    }
-    const __m512i lut = _mm512_loadu_si512(table);
+    const __m512i lut = int4_bf16_lut();
     #pragma omp parallel num_threads(threads)
     {
-        #pragma omp for schedule(static)
-        for (int64_t i = 0; i < M * G; i++) {
-            const int64_t at = (i / G) * K + (i % G) * GROUP;
-            for (int j = 0; j < GROUP; j += 16)
-                _mm256_storeu_si256((__m256i *)(x + at + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xf + at + j)));
-            float acc = 0.0f;  /* the group's sum of x as the dot products see it: rounded */
-            for (int j = 0; j < GROUP; j++) acc += bf16_to_f32(x[at + j]);
-            xs[i] = acc;
-        }
+        int4_round_x(xf, M, K, x, xs);
         /* Each thread takes a contiguous run of column blocks and sets its tiles up once per
          * 16 rows (tile shapes are per thread; a decode step has one row block). */
         _Alignas(64) uint16_t btile[RING][GROUP / 2 * 32];

@@ -14,8 +14,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define COLS 16
-#define GROUP 32
+#include "int4_bf16.h"
+
 #define MAX_ROWS 8
 
 static inline __attribute__((always_inline)) void block(
@@ -49,12 +49,6 @@ static inline __attribute__((always_inline)) void block(
     for (int r = 0; r < R; r++) _mm512_storeu_ps(y + r * N + n0, acc[r]);
 }
 
-static inline float bf16_to_f32(uint16_t v)
-{
-    union { uint32_t u; float f; } c = {.u = (uint32_t)v << 16};
-    return c.f;
-}
-
 int sy_int4_mm(const float *xf, const uint8_t *w, const float *s, const float *z, float *y,
                int64_t M, int64_t N, int64_t K, int threads)
 {
@@ -63,24 +57,10 @@ int sy_int4_mm(const float *xf, const uint8_t *w, const float *s, const float *z
     float *xs = malloc(sizeof(float) * (size_t)(M * G));
     uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(M * K));
     if (!xs || !x) { free(xs); free(x); return 2; }
-    /* bfloat16 bit patterns of q - 8 for q = 0..15 (vpermw reads the low 5 bits). */
-    uint16_t table[32];
-    for (int q = 0; q < 32; q++) {
-        union { float f; uint32_t u; } c = {.f = (float)((q & 15) - 8)};
-        table[q] = (uint16_t)(c.u >> 16);
-    }
-    const __m512i lut = _mm512_loadu_si512(table);
+    const __m512i lut = int4_bf16_lut();
     #pragma omp parallel num_threads(threads)
     {
-        #pragma omp for schedule(static)
-        for (int64_t i = 0; i < M * G; i++) {
-            const int64_t at = (i / G) * K + (i % G) * GROUP;
-            for (int j = 0; j < GROUP; j += 16)
-                _mm256_storeu_si256((__m256i *)(x + at + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xf + at + j)));
-            float acc = 0.0f;  /* the group's sum of x as the dot products see it: rounded */
-            for (int j = 0; j < GROUP; j++) acc += bf16_to_f32(x[at + j]);
-            xs[i] = acc;
-        }
+        int4_round_x(xf, M, K, x, xs);
         #pragma omp for schedule(static)
         for (int64_t nb = 0; nb < NB; nb++) {
             const uint8_t *wb = w + nb * G * (COLS * GROUP / 2);
