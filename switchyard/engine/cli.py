@@ -64,14 +64,14 @@ def engine_serve(
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from switchyard.engine import launch, registry
-    from switchyard.engine.config import ConfigError
+    from switchyard.engine.config import KV_CACHE_DTYPES, ConfigError
 
     if collective not in ("ring", "oneshot", "auto"):
         raise typer.BadParameter("--collective must be ring, oneshot or auto")
     if dtype not in ("auto", "float32", "bfloat16", "int4"):
         raise typer.BadParameter("--dtype must be auto, float32, bfloat16 or int4")
-    if kv_cache_dtype not in ("auto", "float32", "float16"):
-        raise typer.BadParameter("--kv-cache-dtype must be auto, float32 or float16")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise typer.BadParameter(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}")
     if max_num_batched_tokens < 1:
         raise typer.BadParameter("--max-num-batched-tokens must be at least 1")
     if device not in ("cpu", "cuda"):

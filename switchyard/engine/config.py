@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# What --kv-cache-dtype takes (CPU engine); here, free of torch, so the CLI checks it before
+# torch loads.
+KV_CACHE_DTYPES = ("auto", "float32", "float16")
+
 
 class ConfigError(ValueError):
     """The model or the requested parallelism cannot be served; the message says why."""

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from switchyard.engine.comm import CollectiveBackend
-from switchyard.engine.config import ModelConfig
+from switchyard.engine.config import KV_CACHE_DTYPES, ModelConfig
 from switchyard.engine.linear import GROUP, Int4, make_linear
 from switchyard.engine.native import load as load_native
 from switchyard.engine.rowops import RowOps, rotate_torch
@@ -56,15 +56,12 @@ class Layer:
         self.k_norm = w.get(p + "self_attn.k_norm.weight")
 
 
-KV_DTYPES = ("auto", "float32", "float16")
-
-
 def resolve_kv_dtype(requested: str, fmt: str, native_attention: bool) -> torch.dtype:
     """`auto`: float16 when the weights are int4 and the native decode attention reads the
     cache (at batch 16 the float32 cache was read at ~12 GB/s, 4-5 ms of a ~20 ms step);
     float32 otherwise, and always with float32 weights, where the engine is exact."""
-    if requested not in KV_DTYPES:
-        raise ValueError(f"KV cache dtype must be one of {', '.join(KV_DTYPES)}, got {requested!r}")
+    if requested not in KV_CACHE_DTYPES:
+        raise ValueError(f"KV cache dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {requested!r}")
     if requested == "auto":
         return torch.float16 if fmt == "int4" and native_attention else torch.float32
     return getattr(torch, requested)

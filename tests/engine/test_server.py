@@ -180,11 +180,12 @@ def test_waiting_queue_is_bounded() -> None:
 
 
 def test_full_queue_gets_openai_429_over_http(gguf_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """A real server (shipped default dtype: int4 on the native kernels where the CPU allows)
-    with 2 running slots and 1 waiting place: a burst of 8 gets 429s in OpenAI's shape for
-    what does not fit, full answers for the rest, and serves again once the burst is done."""
+    """A real server (shipped default dtype: int4 on the native kernels where the CPU allows,
+    its KV cache asked for in float32) with 2 running slots and 1 waiting place: a burst of 8
+    gets 429s in OpenAI's shape for what does not fit, full answers for the rest, and serves
+    again once the burst is done."""
     s = EngineServer(gguf_path, tmp_path / "engine.log", extra=["--max-model-len", "256", "--max-num-seqs", "2",
-                                                                  "--max-waiting", "1"])
+                                                                  "--max-waiting", "1", "--kv-cache-dtype", "float32"])
     try:
         body = _body("Write a long story about a dragon.", max_tokens=48, ignore_eos=True)
         with ThreadPoolExecutor(8) as pool:
@@ -202,8 +203,18 @@ def test_full_queue_gets_openai_429_over_http(gguf_path, tmp_path) -> None:  # t
         assert status == 200, b
         status, health = get(s.url + "/health")
         assert status == 200 and health["dtype"] == "int4", health
+        assert health["device"]["kv_cache_dtype"] == "float32", health
     finally:
         s.close()
+
+
+def test_bad_kv_cache_dtype_is_refused_before_start() -> None:
+    from typer.testing import CliRunner
+
+    from switchyard.cli import app
+
+    r = CliRunner().invoke(app, ["engine", "serve", "--model", "smollm2-135m", "--kv-cache-dtype", "fp8"])
+    assert r.exit_code == 2 and "--kv-cache-dtype must be one of auto, float32, float16" in r.output, r.output
 
 
 def test_chunked_prefill_same_text_and_running_streams_keep_going(

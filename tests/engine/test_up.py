@@ -56,6 +56,8 @@ def test_up_end_to_end(gguf_path: Path, tmp_path: Path) -> None:
         assert health["dtype"] == "int4", health
         native = load_native()[0] is not None
         assert health["device"]["int4_kernel"].startswith("native" if native else "torch"), health
+        # ... and their KV cache in float16 where the native attention reads it.
+        assert health["device"]["kv_cache_dtype"] == ("float16" if native else "float32"), health
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, (tmp_path / "up.out").read_text()
         for port in (small, large, gw):
