@@ -8,6 +8,7 @@ cache is preallocated per sequence slot, so a step never allocates cache memory.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,29 @@ def resolve_kv_dtype(requested: str, fmt: str, native_attention: bool) -> torch.
     if requested == "auto":
         return torch.float16 if fmt == "int4" and native_attention else torch.float32
     return getattr(torch, requested)
+
+
+@dataclass
+class _Step:
+    """What every layer's attention in one forward shares, worked out once a step."""
+
+    B: int
+    T: int
+    positions: torch.Tensor  # [B, T]
+    slots: torch.Tensor  # [B]
+    fresh: bool  # decode, or prompts from position 0; else a later chunk of some prompt
+    pos_flat: torch.Tensor | None = None  # decode: [B] positions
+    scale: float = 1.0
+    L: int = 0  # positions attended over (torch's decode path, later chunks)
+    valid: torch.Tensor | None = None  # later chunks: [B, T] rows that are not padding
+    w_slots: torch.Tensor | None = None  # ... and their slots and positions
+    w_pos: torch.Tensor | None = None
+    mask: torch.Tensor | None = None  # ... [B, 1, T, L] causal over the cache
+    S: int = 0  # torch's decode path: slots in the view
+    bias: torch.Tensor | None = None  # ... [S, 1, 1, L] additive mask
+    dense_slots: bool = False  # ... slots 0..B-1 in order
+    cos: torch.Tensor | None = None  # torch's RoPE, filled on first use
+    sin: torch.Tensor | None = None
 
 
 class TPModel:
@@ -136,6 +160,75 @@ class TPModel:
         x = x.float() * inside.unsqueeze(-1)
         return self.comm.all_reduce(x)
 
+    def _plan(self, positions: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor, ctx_lens: torch.Tensor,
+              view_slots: int) -> _Step:
+        B, T = positions.shape
+        fresh = T == 1 or bool((positions[:, 0] == 0).all())
+        step = _Step(B, T, positions, slots, fresh)
+        if T == 1:
+            step.pos_flat = positions[:, 0].contiguous()
+            step.scale = 1.0 / math.sqrt(self.hd)
+        elif not fresh:
+            L = step.L = int(ctx_lens.max())
+            step.valid = torch.arange(T).unsqueeze(0) < lens.unsqueeze(1)  # right padding is not written
+            step.w_slots, step.w_pos = slots.unsqueeze(1).expand(B, T)[step.valid], positions[step.valid]
+            step.mask = (torch.arange(L).view(1, 1, L) <= positions.unsqueeze(-1)).unsqueeze(1)
+        if T == 1 and self.attn is None:
+            S, L = step.S, step.L = view_slots, int(ctx_lens.max())
+            # Additive mask over slot-indexed cache rows; idle slots see position 0 (no NaN).
+            bias = torch.full((S, L), float("-inf"))
+            bias[:, 0] = 0.0
+            bias[slots] = torch.where(torch.arange(L).unsqueeze(0) < ctx_lens.unsqueeze(1), 0.0, float("-inf"))
+            step.bias = bias.view(S, 1, 1, L)
+            # The usual case, slots 0..B-1 in order: no scatter/gather around attention.
+            step.dense_slots = S == B and slots.tolist() == list(range(B))
+        return step
+
+    def _attend(self, qkv: torch.Tensor, rotated: bool, layer: Layer, kc: torch.Tensor, vc: torch.Tensor,
+                st: _Step) -> torch.Tensor:
+        """One layer's attention off the native decode path: q/k norms and RoPE in torch where
+        they are still due, the cache written, then decode (native or torch), a fresh prefill
+        or a later chunk of a prompt. Returns [B, T, heads * head_dim]."""
+        B, T, H, Hkv, D = st.B, st.T, self.heads, self.kv_heads, self.hd
+        q, k, v = qkv.split((self._q_size, self._kv_size, self._kv_size), dim=-1)
+        q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
+        if not rotated:
+            if layer.q_norm is not None:
+                q = self.ops.rms_norm(q, layer.q_norm, self.c.rms_eps)
+                k = self.ops.rms_norm(k, layer.k_norm, self.c.rms_eps)
+            if st.cos is None:
+                st.cos, st.sin = self.cos[st.positions].unsqueeze(2), self.sin[st.positions].unsqueeze(2)
+            q, k = rotate_torch(q, st.cos, st.sin), rotate_torch(k, st.cos, st.sin)
+        slots = st.slots
+        if T == 1 and self.attn is not None:
+            qkv = torch.cat((q.flatten(2), k.flatten(2), v.flatten(2)), dim=-1)
+            return self._native_attention(qkv, kc, vc, slots, st.pos_flat, st.scale)
+        if T == 1:
+            S, L = st.S, st.L
+            kc[slots, :, st.pos_flat] = k[:, 0].to(kc.dtype)
+            vc[slots, :, st.pos_flat] = v[:, 0].to(vc.dtype)
+            qh = q[:, 0] * st.scale
+            if not st.dense_slots:
+                qs = qh.new_zeros(S, H, D)
+                qs[slots] = qh
+                qh = qs
+            scores = torch.matmul(qh.view(S, Hkv, H // Hkv, D), kc[:S, :, :L].float().transpose(-1, -2))
+            o = torch.matmul(torch.softmax(scores + st.bias, dim=-1), vc[:S, :, :L].float()).view(S, H * D)
+            return (o if st.dense_slots else o[slots]).view(B, T, H * D)
+        if st.fresh:
+            kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+            kc[slots, :, :T] = kt.to(kc.dtype)
+            vc[slots, :, :T] = vt.to(vc.dtype)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=True, enable_gqa=True)
+        else:
+            # A later chunk of a prompt: write its valid rows at their positions, then attend
+            # over the cache so far (the earlier chunks included), causal from each position.
+            kc[st.w_slots, :, st.w_pos] = k[st.valid].to(kc.dtype)
+            vc[st.w_slots, :, st.w_pos] = v[st.valid].to(vc.dtype)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), kc[slots, :, :st.L].float(),
+                                               vc[slots, :, :st.L].float(), attn_mask=st.mask, enable_gqa=True)
+        return o.transpose(1, 2).reshape(B, T, self._q_size)
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 lens: torch.Tensor, ctx_lens: torch.Tensor, view_slots: int) -> torch.Tensor:
@@ -149,78 +242,18 @@ class TPModel:
         B, T = ids.shape
         x = self._embed(ids)  # the residual stream, float32, updated in place
         ops = self.ops
-        cos = sin = None  # for torch's RoPE, when the native one can't run
         eps = self.c.rms_eps
-        H, Hkv, D = self.heads, self.kv_heads, self.hd
-        fresh = T == 1 or bool((positions[:, 0] == 0).all())  # else a later chunk of some prompt
-        if T == 1:
-            pos_flat = positions[:, 0].contiguous()
-            scale = 1.0 / math.sqrt(D)
-        elif not fresh:
-            L = int(ctx_lens.max())
-            valid = torch.arange(T).unsqueeze(0) < lens.unsqueeze(1)  # right padding is not written
-            w_slots, w_pos = slots.unsqueeze(1).expand(B, T)[valid], positions[valid]
-            mask = (torch.arange(L).view(1, 1, L) <= positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, T, L]
-        if T == 1 and self.attn is None:
-            S, L = view_slots, int(ctx_lens.max())
-            # Additive mask over slot-indexed cache rows; idle slots see position 0 (no NaN).
-            bias = torch.full((S, L), float("-inf"))
-            bias[:, 0] = 0.0
-            bias[slots] = torch.where(torch.arange(L).unsqueeze(0) < ctx_lens.unsqueeze(1), 0.0, float("-inf"))
-            bias = bias.view(S, 1, 1, L)
-            # The usual case, slots 0..B-1 in order: no scatter/gather around attention.
-            dense_slots = S == B and slots.tolist() == list(range(B))
+        step = self._plan(positions, slots, lens, ctx_lens, view_slots)
         h = ops.rms_norm(x, self.layers[0].ln1, eps, self.dtype)
         for li, layer in enumerate(self.layers):
             qkv = layer.qkv(h).float()  # attention and the KV cache stay in float32
-            rotated = layer.q_norm is None and ops.rope_(qkv, positions, H + Hkv, D)
+            rotated = layer.q_norm is None and ops.rope_(qkv, positions, self.heads + self.kv_heads, self.hd)
             kc, vc = self.k_cache[li], self.v_cache[li]
             if T == 1 and self.attn is not None and rotated:  # the usual decode step: no views, no copies
-                o = self._native_attention(qkv, kc, vc, slots, pos_flat, scale).to(self.dtype)
+                o = self._native_attention(qkv, kc, vc, slots, step.pos_flat, step.scale)
             else:
-                q, k, v = qkv.split((self._q_size, self._kv_size, self._kv_size), dim=-1)
-                q = q.view(B, T, H, D)
-                k = k.view(B, T, Hkv, D)
-                v = v.view(B, T, Hkv, D)
-                if not rotated:
-                    if layer.q_norm is not None:
-                        q = ops.rms_norm(q, layer.q_norm, eps)
-                        k = ops.rms_norm(k, layer.k_norm, eps)
-                    if cos is None:
-                        cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
-                    q = rotate_torch(q, cos, sin)
-                    k = rotate_torch(k, cos, sin)
-                if T == 1 and self.attn is not None:
-                    o = self._native_attention(torch.cat((q.flatten(2), k.flatten(2), v.flatten(2)), dim=-1), kc, vc,
-                                               slots, pos_flat, scale).to(self.dtype)
-                elif T == 1:
-                    kc[slots, :, pos_flat] = k[:, 0].to(kc.dtype)
-                    vc[slots, :, pos_flat] = v[:, 0].to(vc.dtype)
-                    qh = q[:, 0] * scale
-                    if not dense_slots:
-                        qs = qh.new_zeros(S, H, D)
-                        qs[slots] = qh
-                        qh = qs
-                    scores = torch.matmul(qh.view(S, Hkv, H // Hkv, D), kc[:S, :, :L].float().transpose(-1, -2))
-                    probs = torch.softmax(scores + bias, dim=-1)
-                    o = torch.matmul(probs, vc[:S, :, :L].float()).view(S, H * D)
-                    if not dense_slots:
-                        o = o[slots]
-                    o = o.view(B, T, H * D).to(self.dtype)
-                elif fresh:
-                    kt, vt = k.transpose(1, 2), v.transpose(1, 2)
-                    kc[slots, :, :T] = kt.to(kc.dtype)
-                    vc[slots, :, :T] = vt.to(vc.dtype)
-                    o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=True, enable_gqa=True)
-                    o = o.transpose(1, 2).reshape(B, T, self._q_size).to(self.dtype)
-                else:
-                    # A later chunk of a prompt: write its valid rows at their positions, then attend
-                    # over the cache so far (the earlier chunks included), causal from each position.
-                    kc[w_slots, :, w_pos] = k[valid].to(kc.dtype)
-                    vc[w_slots, :, w_pos] = v[valid].to(vc.dtype)
-                    o = F.scaled_dot_product_attention(q.transpose(1, 2), kc[slots, :, :L].float(),
-                                                       vc[slots, :, :L].float(), attn_mask=mask, enable_gqa=True)
-                    o = o.transpose(1, 2).reshape(B, T, self._q_size).to(self.dtype)
+                o = self._attend(qkv, rotated, layer, kc, vc, step)
+            o = o.to(self.dtype)
             h = ops.add_rms_norm(x, self.comm.all_reduce(layer.o(o)).float(), layer.ln2, eps, self.dtype)
             delta = self.comm.all_reduce(layer.down(ops.silu_mul(layer.gate_up(h)))).float()
             if li + 1 < len(self.layers):  # the residual add, fused with the next layer's norm
