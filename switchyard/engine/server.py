@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,12 +53,17 @@ class EngineState:
         return self.phase == "ready" and self.scheduler is not None and self.scheduler.failed is None
 
 
-def _err(e: RequestError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def _json(obj: Any) -> bytes:
-    return orjson.dumps(obj)
+_SSE_DONE = b"data: [DONE]\n\n"
+
+
+def _engine_failed(message: str) -> RequestError:
+    """The one error a request gets when the engine fails under it (a JSON 500, or an SSE
+    error event once a stream has started)."""
+    return RequestError(message, status=500, type_="server_error", code="engine_failed")
 
 
 class _Metrics:
@@ -109,55 +114,73 @@ class _Metrics:
         return generate_latest(self.registry)
 
 
-def build_app(state: EngineState) -> FastAPI:
-    app = FastAPI(title="switchyard engine")
-    metrics = _Metrics(state)
+@dataclass
+class _Run:
+    """One submitted request: its sequence and the queue the engine thread feeds."""
 
-    @app.exception_handler(RequestError)
-    async def _request_error(_: Request, e: RequestError) -> JSONResponse:
-        return _err(e)
+    seq: Sequence
+    queue: asyncio.Queue[dict[str, Any]]
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        body = {"status": "ok" if state.ready else state.phase, "model": state.model_name, "tp": state.tp,
-                "dtype": state.dtype, "collective": state.collective, "uptime_s": round(time.time() - state.started, 1)}
-        if state.device:
-            body["device"] = state.device
-        s = state.scheduler
-        if s is not None and s.failed:
-            body["status"] = "failed"
-            body["reason"] = s.failed
-        elif state.reason:
-            body["reason"] = state.reason
-        return JSONResponse(body, status_code=200 if state.ready else 503)
 
-    @app.get("/metrics")
-    async def prom() -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+@dataclass
+class _Collected:
+    """A whole (non-streamed) reply."""
 
-    @app.get("/v1/models")
-    async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{
-            "id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "switchyard",
-            "root": state.model_name, "max_model_len": state.max_model_len}]})
+    text: str = ""
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    reason: str = "stop"
+    usage: dict[str, Any] = field(default_factory=dict)
 
-    async def _body(request: Request) -> dict[str, Any]:
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as e:
-            raise RequestError(f"the request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise RequestError("the request body must be a JSON object")
-        return body
 
-    def _engine() -> tuple[Scheduler, ChatTokenizer]:
-        if not state.ready or state.scheduler is None or state.tokenizer is None:
-            raise RequestError(f"the engine is not ready ({state.phase})", status=503, type_="server_error",
+def _chat_logprobs(tok: ChatTokenizer, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for e in entries:
+        t = tok.id_to_token(e["id"])
+        out.append({"token": t, "logprob": e["logprob"], "bytes": list(t.encode()),
+                    "top_logprobs": [{"token": (s := tok.id_to_token(i)), "logprob": lp,
+                                      "bytes": list(s.encode())} for i, lp in e["top"]]})
+    return out
+
+
+def _completion_logprobs(tok: ChatTokenizer, entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+    toks = [tok.id_to_token(e["id"]) for e in entries]
+    offsets, o = [], offset
+    for t in toks:
+        offsets.append(o)
+        o += len(t)
+    return {"tokens": toks, "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{tok.id_to_token(i): lp for i, lp in e["top"]} for e in entries],
+            "text_offset": offsets}
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as e:
+        raise RequestError(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    return body
+
+
+class EngineHandlers:
+    """The HTTP endpoints of one engine replica, over the state the engine thread fills in."""
+
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
+        self.metrics = _Metrics(state)
+
+    # -- plumbing shared by the generating endpoints ---------------------------------------
+
+    def _engine(self) -> tuple[Scheduler, ChatTokenizer]:
+        st = self.state
+        if not st.ready or st.scheduler is None or st.tokenizer is None:
+            raise RequestError(f"the engine is not ready ({st.phase})", status=503, type_="server_error",
                                code="not_ready")
-        return state.scheduler, state.tokenizer
+        return st.scheduler, st.tokenizer
 
-    async def _start(prompt: list[int], params: Any) -> tuple[Sequence, asyncio.Queue[dict[str, Any]]]:
-        sched, _ = _engine()
+    def _start(self, prompt: list[int], params: Any) -> _Run:
+        sched, _ = self._engine()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
@@ -172,10 +195,11 @@ def build_app(state: EngineState) -> FastAPI:
             raise RequestError(str(e), status=429, type_="rate_limit_exceeded", code="queue_full") from None
         except RuntimeError as e:
             raise RequestError(str(e), status=503, type_="server_error", code="engine_failed") from None
-        return seq, queue
+        return _Run(seq, queue)
 
-    async def _events(seq: Sequence, queue: asyncio.Queue[dict[str, Any]],
-                      request: Request | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def _events(self, run: _Run, request: Request | None = None) -> AsyncIterator[dict[str, Any]]:
+        """The run's events up to its finish or error; aborts the sequence if the consumer
+        stops early (a stream's client left) or, given `request`, when the client disconnects."""
         watcher = None
         if request is not None:
             # Not streaming: nothing is sent until the end, so watch for the client leaving and
@@ -183,13 +207,13 @@ def build_app(state: EngineState) -> FastAPI:
             async def watch() -> None:
                 while (await request.receive())["type"] != "http.disconnect":
                     pass
-                queue.put_nowait({"type": "gone"})
+                run.queue.put_nowait({"type": "gone"})
 
             watcher = asyncio.get_running_loop().create_task(watch())
         finished = False
         try:
             while True:
-                ev = await queue.get()
+                ev = await run.queue.get()
                 if ev["type"] == "gone":
                     return
                 yield ev
@@ -199,76 +223,95 @@ def build_app(state: EngineState) -> FastAPI:
         finally:
             if watcher is not None:
                 watcher.cancel()
-            if not finished and state.scheduler is not None:
-                state.scheduler.abort(seq.id)
+            if not finished and self.state.scheduler is not None:
+                self.state.scheduler.abort(run.seq.id)
 
-    def _chat_logprobs(tok: ChatTokenizer, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = []
-        for e in entries:
-            t = tok.id_to_token(e["id"])
-            out.append({"token": t, "logprob": e["logprob"], "bytes": list(t.encode()),
-                        "top_logprobs": [{"token": (s := tok.id_to_token(i)), "logprob": lp,
-                                          "bytes": list(s.encode())} for i, lp in e["top"]]})
+    async def _collect(self, run: _Run, request: Request) -> _Collected:
+        """A non-streamed reply, whole; an engine failure raises (the app answers 500)."""
+        out = _Collected()
+        async for ev in self._events(run, request):
+            if ev["type"] == "delta":
+                out.text += ev["text"]
+                out.logprobs.extend(ev.get("logprobs", []))
+            elif ev["type"] == "finish":
+                out.reason, out.usage = ev["reason"], ev["usage"]
+            else:
+                raise _engine_failed(ev["message"])
         return out
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
+    # -- endpoints ---------------------------------------------------------------------------
+
+    async def health(self) -> JSONResponse:
+        st = self.state
+        body = {"status": "ok" if st.ready else st.phase, "model": st.model_name, "tp": st.tp,
+                "dtype": st.dtype, "collective": st.collective, "uptime_s": round(time.time() - st.started, 1)}
+        if st.device:
+            body["device"] = st.device
+        s = st.scheduler
+        if s is not None and s.failed:
+            body["status"] = "failed"
+            body["reason"] = s.failed
+        elif st.reason:
+            body["reason"] = st.reason
+        return JSONResponse(body, status_code=200 if st.ready else 503)
+
+    async def prometheus(self) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def models(self) -> JSONResponse:
+        st = self.state
+        return JSONResponse({"object": "list", "data": [{
+            "id": st.model_name, "object": "model", "created": int(st.started), "owned_by": "switchyard",
+            "root": st.model_name, "max_model_len": st.max_model_len}]})
+
+    async def chat(self, request: Request) -> Response:
         body = await _body(request)
         messages = chat_messages(body)
         params = sampling_params(body, chat=True)
         tools = tools_of(body)
-        _, tok = _engine()
+        _, tok = self._engine()
         try:
             prompt_text = tok.render(messages, tools)
         except Exception as e:
             raise RequestError(f"the chat template could not render these messages: {e}", "messages") from None
         prompt = tok.encode(prompt_text)
-        check_length(len(prompt), params, state.max_model_len, "messages")
-        seq, queue = await _start(prompt, params)
+        check_length(len(prompt), params, self.state.max_model_len, "messages")
+        run = self._start(prompt, params)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
-        model = body.get("model") or state.model_name
+        model = body.get("model") or self.state.model_name
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(_chat_stream(tok, seq, queue, rid, created, model, bool(tools),
-                                                  include_usage, params.logprobs),
+            return StreamingResponse(self._chat_stream(tok, run, rid, created, model, bool(tools),
+                                                       include_usage, params.logprobs),
                                      media_type="text/event-stream")
-        text, lps, reason, usage = "", [], "stop", {}
-        async for ev in _events(seq, queue, request):
-            if ev["type"] == "delta":
-                text += ev["text"]
-                lps.extend(ev.get("logprobs", []))
-            elif ev["type"] == "finish":
-                reason, usage = ev["reason"], ev["usage"]
-            else:
-                return JSONResponse({"error": {"message": ev["message"], "type": "server_error", "param": None,
-                                               "code": "engine_failed"}}, status_code=500)
-        msg: dict[str, Any] = {"role": "assistant", "content": text}
+        got = await self._collect(run, request)
+        reason = got.reason
+        msg: dict[str, Any] = {"role": "assistant", "content": got.text}
         if tools:
-            content, calls = parse_tool_calls(text)
+            content, calls = parse_tool_calls(got.text)
             if calls:
                 msg = {"role": "assistant", "content": content, "tool_calls": calls}
                 reason = "tool_calls"
         choice: dict[str, Any] = {"index": 0, "message": msg, "finish_reason": reason,
-                                  "logprobs": {"content": _chat_logprobs(tok, lps)} if params.logprobs else None}
+                                  "logprobs": {"content": _chat_logprobs(tok, got.logprobs)}
+                                  if params.logprobs else None}
         return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
-                             "choices": [choice], "usage": usage})
+                             "choices": [choice], "usage": got.usage})
 
-    async def _chat_stream(tok: ChatTokenizer, seq: Sequence, queue: asyncio.Queue[dict[str, Any]], rid: str,
-                           created: int, model: str, tools: bool, include_usage: bool,
-                           logprobs: bool) -> AsyncIterator[bytes]:
+    async def _chat_stream(self, tok: ChatTokenizer, run: _Run, rid: str, created: int, model: str, tools: bool,
+                           include_usage: bool, logprobs: bool) -> AsyncIterator[bytes]:
         def chunk(delta: dict[str, Any], finish: str | None = None, lp: list[dict[str, Any]] | None = None,
                   ) -> bytes:
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
             if logprobs:
                 choice["logprobs"] = {"content": lp or []}
-            obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "choices": [choice]}
-            return b"data: " + _json(obj) + b"\n\n"
+            return _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                         "choices": [choice]})
 
         yield chunk({"role": "assistant", "content": ""})
         buffered, buffered_lp = "", []
-        async for ev in _events(seq, queue):
+        async for ev in self._events(run):
             if ev["type"] == "delta":
                 lp = _chat_logprobs(tok, ev.get("logprobs", [])) if logprobs else None
                 if tools:  # tool JSON is parsed once complete, so hold the text back
@@ -289,83 +332,85 @@ def build_app(state: EngineState) -> FastAPI:
                         yield chunk({"content": buffered}, lp=buffered_lp)
                 yield chunk({}, reason)
                 if include_usage:
-                    yield b"data: " + _json({"id": rid, "object": "chat.completion.chunk", "created": created,
-                                             "model": model, "choices": [], "usage": ev["usage"]}) + b"\n\n"
-                yield b"data: [DONE]\n\n"
+                    yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                                "choices": [], "usage": ev["usage"]})
+                yield _SSE_DONE
             else:
-                yield b"data: " + _json({"error": {"message": ev["message"], "type": "server_error",
-                                                   "param": None, "code": "engine_failed"}}) + b"\n\n"
+                yield _sse(_engine_failed(ev["message"]).body())
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
+    async def completions(self, request: Request) -> Response:
         body = await _body(request)
         params = sampling_params(body, chat=False)
         if body.get("max_tokens") is None:
             params.max_tokens = 16
-        _, tok = _engine()
-        p = body.get("prompt")
-        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
-            p = p[0]
-        if isinstance(p, str) and p:
-            prompt = tok.encode(p)
-        elif isinstance(p, list) and p and all(isinstance(i, int) and not isinstance(i, bool) for i in p):
-            prompt = list(p)
-            if any(i < 0 or i >= tok.vocab_size for i in prompt):
-                raise RequestError("prompt token id out of range", "prompt")
-        else:
-            raise RequestError("'prompt' must be a non-empty string or a list of token ids", "prompt")
-        check_length(len(prompt), params, state.max_model_len, "prompt")
-        seq, queue = await _start(prompt, params)
+        _, tok = self._engine()
+        prompt = _completion_prompt(tok, body.get("prompt"))
+        check_length(len(prompt), params, self.state.max_model_len, "prompt")
+        run = self._start(prompt, params)
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
-        model = body.get("model") or state.model_name
+        model = body.get("model") or self.state.model_name
 
         def lp_obj(entries: list[dict[str, Any]], offset: int) -> dict[str, Any] | None:
-            if not params.logprobs:
-                return None
-            toks = [tok.id_to_token(e["id"]) for e in entries]
-            offsets, o = [], offset
-            for t in toks:
-                offsets.append(o)
-                o += len(t)
-            return {"tokens": toks, "token_logprobs": [e["logprob"] for e in entries],
-                    "top_logprobs": [{tok.id_to_token(i): lp for i, lp in e["top"]} for e in entries],
-                    "text_offset": offsets}
+            return _completion_logprobs(tok, entries, offset) if params.logprobs else None
 
         if body.get("stream"):
-            async def gen() -> AsyncIterator[bytes]:
-                offset = 0
-                async for ev in _events(seq, queue):
-                    if ev["type"] == "delta":
-                        c = {"index": 0, "text": ev["text"], "finish_reason": None,
-                             "logprobs": lp_obj(ev.get("logprobs", []), offset)}
-                        offset += len(ev["text"])
-                        yield b"data: " + _json({"id": rid, "object": "text_completion", "created": created,
-                                                 "model": model, "choices": [c]}) + b"\n\n"
-                    elif ev["type"] == "finish":
-                        c = {"index": 0, "text": "", "finish_reason": ev["reason"], "logprobs": None}
-                        obj: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created,
-                                               "model": model, "choices": [c]}
-                        if (body.get("stream_options") or {}).get("include_usage"):
-                            obj["usage"] = ev["usage"]
-                        yield b"data: " + _json(obj) + b"\n\n"
-                        yield b"data: [DONE]\n\n"
-                    else:
-                        yield b"data: " + _json({"error": {"message": ev["message"], "type": "server_error",
-                                                           "param": None, "code": "engine_failed"}}) + b"\n\n"
-            return StreamingResponse(gen(), media_type="text/event-stream")
-        text, lps, reason, usage = "", [], "stop", {}
-        async for ev in _events(seq, queue, request):
-            if ev["type"] == "delta":
-                text += ev["text"]
-                lps.extend(ev.get("logprobs", []))
-            elif ev["type"] == "finish":
-                reason, usage = ev["reason"], ev["usage"]
-            else:
-                return JSONResponse({"error": {"message": ev["message"], "type": "server_error", "param": None,
-                                               "code": "engine_failed"}}, status_code=500)
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(self._completion_stream(run, rid, created, model, include_usage, lp_obj),
+                                     media_type="text/event-stream")
+        got = await self._collect(run, request)
         return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                             "choices": [{"index": 0, "text": text, "finish_reason": reason,
-                                          "logprobs": lp_obj(lps, 0)}], "usage": usage})
+                             "choices": [{"index": 0, "text": got.text, "finish_reason": got.reason,
+                                          "logprobs": lp_obj(got.logprobs, 0)}], "usage": got.usage})
 
+    async def _completion_stream(self, run: _Run, rid: str, created: int, model: str, include_usage: bool,
+                                 lp_obj: Callable[[list[dict[str, Any]], int], dict[str, Any] | None],
+                                 ) -> AsyncIterator[bytes]:
+        def chunk(choice: dict[str, Any], usage: dict[str, Any] | None = None) -> bytes:
+            obj: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model,
+                                   "choices": [choice]}
+            if usage is not None:
+                obj["usage"] = usage
+            return _sse(obj)
+
+        offset = 0
+        async for ev in self._events(run):
+            if ev["type"] == "delta":
+                yield chunk({"index": 0, "text": ev["text"], "finish_reason": None,
+                             "logprobs": lp_obj(ev.get("logprobs", []), offset)})
+                offset += len(ev["text"])
+            elif ev["type"] == "finish":
+                yield chunk({"index": 0, "text": "", "finish_reason": ev["reason"], "logprobs": None},
+                            ev["usage"] if include_usage else None)
+                yield _SSE_DONE
+            else:
+                yield _sse(_engine_failed(ev["message"]).body())
+
+
+def _completion_prompt(tok: ChatTokenizer, p: Any) -> list[int]:
+    """/v1/completions' prompt: one string (or a list of one), or a list of token ids."""
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        p = p[0]
+    if isinstance(p, str) and p:
+        return tok.encode(p)
+    if isinstance(p, list) and p and all(isinstance(i, int) and not isinstance(i, bool) for i in p):
+        if any(i < 0 or i >= tok.vocab_size for i in p):
+            raise RequestError("prompt token id out of range", "prompt")
+        return list(p)
+    raise RequestError("'prompt' must be a non-empty string or a list of token ids", "prompt")
+
+
+def build_app(state: EngineState) -> FastAPI:
+    app = FastAPI(title="switchyard engine")
+    h = EngineHandlers(state)
+
+    @app.exception_handler(RequestError)
+    async def _request_error(_: Request, e: RequestError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    app.add_api_route("/health", h.health, methods=["GET"])
+    app.add_api_route("/metrics", h.prometheus, methods=["GET"])
+    app.add_api_route("/v1/models", h.models, methods=["GET"])
+    app.add_api_route("/v1/chat/completions", h.chat, methods=["POST"])
+    app.add_api_route("/v1/completions", h.completions, methods=["POST"])
     return app
