@@ -49,13 +49,19 @@ class ReplicaSpec(_Strict):
 
 
 class EngineLaunch(_Strict):
-    """How `switchyard up` starts this pool's replicas with our engine (optional)."""
+    """How this pool's replicas are launched: by `switchyard up` (our engine) and `switchyard plan --emit`."""
 
-    model: str = Field(description="Model name as `switchyard models pull` knows it, or a file path")
-    tp: int = Field(1, ge=1, description="Tensor-parallel ranks per replica")
-    collective: Literal["ring", "oneshot", "auto"] = "auto"
+    runtime: Literal["switchyard", "vllm", "sglang", "llama.cpp"] = Field(
+        "switchyard", description="Inference server: our engine, vLLM, SGLang or llama.cpp's llama-server")
+    model: str = Field(description="switchyard: a `switchyard models pull` name or a file path; vllm, sglang: "
+                                   "a Hugging Face id or a path; llama.cpp: a GGUF path or a Hugging Face repo[:quant]")
+    image: str | None = Field(None, description="Container image in compose and Kubernetes files "
+                                                "(default: the runtime's official image)")
+    tp: int = Field(1, ge=1, description="Tensor-parallel ranks per replica (vllm: with pipeline parallel "
+                                         "over the rest of the replica's ranks)")
+    collective: Literal["ring", "oneshot", "auto"] = Field("auto", description="switchyard only: all-reduce backend")
     device: Literal["cpu", "cuda"] = "cpu"
-    args: list[str] = Field(default_factory=list, description="Extra `engine serve` arguments")
+    args: list[str] = Field(default_factory=list, description="Extra arguments for the runtime's server")
 
 
 class CircuitSpec(_Strict):
