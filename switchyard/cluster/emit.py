@@ -1,4 +1,4 @@
-"""`--emit DIR`: write the bare-metal scripts, compose and Kubernetes files, and a README."""
+"""`--emit DIR`: write the bare-metal node scripts, compose and Kubernetes files, and a README."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from pathlib import Path
 from switchyard.cluster.emit_common import GATEWAY_PORT, HEADER, gateway_policy
 from switchyard.cluster.emit_compose import compose_files
 from switchyard.cluster.emit_k8s import k8s_files
-from switchyard.cluster.emit_torchrun import torchrun_files
+from switchyard.cluster.emit_nodes import node_files
 from switchyard.cluster.placement import Plan
 
 MARKER = ".switchyard-plan"
-_OWNED = ("torchrun", "compose", "k8s", "policy.yaml", "README.md", MARKER)
+# "torchrun" is where node scripts went before other runtimes than ours could be planned.
+_OWNED = ("nodes", "torchrun", "compose", "k8s", "policy.yaml", "README.md", MARKER)
 
 
 class EmitError(Exception):
@@ -22,11 +23,16 @@ class EmitError(Exception):
 def render(plan: Plan, summary: str, image: str, command: str) -> dict[str, str]:
     """Every emitted file, path relative to the output folder -> text."""
     files: dict[str, str] = {"policy.yaml": gateway_policy(plan, lambda r: r.url)}
-    files.update(torchrun_files(plan))
+    files.update(node_files(plan))
     files.update(compose_files(plan, image))
     files.update(k8s_files(plan, image))
     files["README.md"] = _readme(plan, summary, command, image)
     return files
+
+
+def _runtimes(plan: Plan) -> str:
+    seen = sorted({r.runtime for r in plan.replicas})
+    return ", ".join(seen)
 
 
 def _readme(plan: Plan, summary: str, command: str, image: str) -> str:
@@ -38,29 +44,40 @@ Regenerate with:
 
     {command}
 
+Runtimes in this plan: {_runtimes(plan)}. The gateway always serves `policy.yaml` with API keys on
+and its admin key from a secret (SWITCHYARD_ADMIN_KEY), because it listens on every address.
+Create API keys with `switchyard keys create --name NAME --redis URL` against the gateway's Redis.
+
 ## The plan
 
 ```
 {summary}
 ```
 
-## Bare metal (torchrun)
+## Bare metal (node scripts)
 
-On each node run its script from `torchrun/` ({nodes}); each starts
-`switchyard engine serve` for the replica ranks placed there, with rendezvous on the
-replica's first node (its leader, which serves HTTP). Then start the gateway anywhere that
-reaches the leaders: `torchrun/gateway.sh` (serves `policy.yaml` on :{GATEWAY_PORT}; set
-REDIS_URL to share state between several gateways).
+On each node run its script from `nodes/` ({nodes}); each starts the replica parts placed
+there with their exact commands (our engine under torchrun, `vllm serve` with a Ray cluster
+across nodes, `python3 -m sglang.launch_server` with its node rank, `llama-server`), with the
+leader of each replica serving HTTP. Then start the gateway anywhere that reaches the leaders:
+`SWITCHYARD_ADMIN_KEY=... nodes/gateway.sh` (serves `policy.yaml` on :{GATEWAY_PORT} with `--auth`; set
+REDIS_URL to share state and keys between several gateways).
 
 ## docker compose (one host)
 
     docker build -f deploy/Dockerfile -t {image} .
-    cd compose && docker compose up -d
+    cd compose && bash secrets.sh && docker compose up -d
+    docker compose exec gateway python -m switchyard.cli keys create --name me --redis redis://redis:6379/0
 
-## Kubernetes (LeaderWorkerSet)
+`secrets.sh` writes `gateway.env` (the admin key) and, with HF_TOKEN exported, `hf.env`.
 
+## Kubernetes (Deployments, LeaderWorkerSet for multi-node replicas)
+
+    HF_TOKEN=... bash k8s/secrets.sh     # Secrets switchyard-admin and switchyard-hf-token
     bash k8s/label-nodes.sh
     kubectl apply -f k8s/switchyard.yaml
+    kubectl exec deploy/switchyard-gateway -- python -m switchyard.cli keys create --name me \\
+        --redis redis://switchyard-redis:6379/0
 """
 
 

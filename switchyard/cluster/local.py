@@ -20,7 +20,7 @@ class LocalLaunch:
     host: str
     port: int
     url: str
-    command: list[str] | None  # None: the pool has no `engine:` section, so nothing to start
+    command: list[str] | None  # None: no `engine:` section, or another runtime than ours: nothing to start
 
 
 def _memory_gb() -> float:
@@ -63,7 +63,8 @@ def local_launches(policy: PolicySpec, base: Path | None = None, python: str | N
     for rep in plan.replicas:
         pool = policy.pools[rep.pool]
         cmd = None
-        if pool.engine is not None:
+        # `up` starts our engine; a pool on another runtime is expected to be running already.
+        if pool.engine is not None and pool.engine.runtime == "switchyard":
             cmd = node_command(rep, 0, host="127.0.0.1", python=py, torchrun=torchrun)
         out.append(LocalLaunch(rep.pool, rep.name, "127.0.0.1", rep.port, f"http://127.0.0.1:{rep.port}/v1", cmd))
     return out

@@ -7,6 +7,7 @@ from pathlib import Path
 from switchyard.policy.schema import PoolSpec
 
 GB = 1e9
+_WEIGHTS = {".safetensors", ".gguf", ".bin", ".pt"}
 
 
 def model_size_gb(pool: PoolSpec, base: Path | None) -> tuple[float | None, str]:
@@ -21,6 +22,9 @@ def model_size_gb(pool: PoolSpec, base: Path | None) -> tuple[float | None, str]
         for q in ([base / p] if base is not None and not p.is_absolute() else []) + [p]:
             if q.is_file():
                 return q.stat().st_size / GB, str(raw)
+            weights = [f for f in q.glob("*") if f.suffix in _WEIGHTS] if q.is_dir() else []
+            if weights:  # a Hugging Face folder, as vLLM and SGLang load it
+                return sum(f.stat().st_size for f in weights) / GB, str(raw)
     return None, ""
 
 

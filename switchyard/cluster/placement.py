@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 
 from switchyard.cluster.fabric import resolve_collective, ring_problem
 from switchyard.cluster.memory import model_size_gb, per_node_gb
+from switchyard.cluster.model_check import tp_problem
+from switchyard.cluster.runtimes import parallelism
 from switchyard.cluster.topology import Cluster
 from switchyard.policy.schema import PolicySpec, PoolSpec
 
@@ -40,6 +42,10 @@ class Replica:
     master_port: int
     bind_host: str
     nics: tuple[tuple[str, ...], ...] = ()
+    runtime: str = "switchyard"
+    pp: int = 1  # vllm: pipeline stages; the replica's ranks are tensor_parallel x pp
+    image: str | None = None  # engine.image: the container image when not the runtime's default
+    served_name: str = ""  # the pool's model name, which the gateway sends upstream
 
     @property
     def name(self) -> str:
@@ -47,7 +53,12 @@ class Replica:
 
     @property
     def tp(self) -> int:
+        """Every rank of the replica (our engine and SGLang shard the model over all of them)."""
         return len(self.nodes) * self.ranks_per_node
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.tp // self.pp
 
     @property
     def leader(self) -> str:
@@ -98,26 +109,25 @@ class _Shape:
     device: str
     collective: str
     args: tuple[str, ...]
+    runtime: str
+    pp: int
+    image: str | None
 
 
 def _shape(name: str, pool: PoolSpec, cluster: Cluster, errors: list[str]) -> _Shape:
-    npr, rpn = pool.nodes_per_replica, pool.ranks_per_node
     eng = pool.engine
-    if eng is not None and "tp" in eng.model_fields_set and eng.tp != npr * rpn:
-        if npr == 1 and rpn == 1:
-            rpn = eng.tp  # engine.tp alone means: that many ranks on one node
-        else:
-            errors.append(
-                f"pool {name}: engine.tp is {eng.tp} but nodes_per_replica {npr} x ranks_per_node {rpn} "
-                f"= {npr * rpn} ranks; make them agree (or drop engine.tp: it follows from the other two)"
-            )
+    device = eng.device if eng and "device" in eng.model_fields_set else cluster.device
+    par = parallelism(name, eng, pool.nodes_per_replica, pool.ranks_per_node, device, errors)
     return _Shape(
-        nodes_per_replica=npr,
-        ranks_per_node=rpn,
+        nodes_per_replica=pool.nodes_per_replica,
+        ranks_per_node=par.ranks_per_node,
         model=eng.model if eng else pool.model,
-        device=eng.device if eng and "device" in eng.model_fields_set else cluster.device,
+        device=device,
         collective=eng.collective if eng else "auto",
         args=tuple(eng.args) if eng else (),
+        runtime=eng.runtime if eng else "switchyard",
+        pp=par.pp,
+        image=eng.image if eng else None,
     )
 
 
@@ -177,11 +187,14 @@ def plan_cluster(cluster: Cluster, policy: PolicySpec, base: Path | None = None)
     # Widest pools first: contiguous runs of wide groups, then the single nodes.
     for name in sorted(shapes, key=lambda p: -shapes[p].nodes_per_replica):
         s, pool = shapes[name], policy.pools[name]
-        collective, err, note = resolve_collective(cluster, name, s.collective, s.nodes_per_replica)
-        if err:
-            errors.append(err)
-        if note:
-            notes.append(note)
+        collective = s.collective
+        if s.runtime == "switchyard":  # the one-shot rule and the head count are our engine's
+            collective, err, note = resolve_collective(cluster, name, s.collective, s.nodes_per_replica)
+            found = [(err, note)]
+            if pool.engine is not None:
+                found.append(tp_problem(name, s.model, s.nodes_per_replica * s.ranks_per_node, base))
+            errors += [e for e, _ in found if e]
+            notes += [n for _, n in found if n]
         for i in range(pool.replica_count):
             group = [order[(cursor + k) % n] for k in range(s.nodes_per_replica)]
             cursor = (cursor + s.nodes_per_replica) % n if cluster.share_nodes else cursor + s.nodes_per_replica
@@ -203,6 +216,10 @@ def plan_cluster(cluster: Cluster, policy: PolicySpec, base: Path | None = None)
                 master_port=cluster.master_port + slot,
                 bind_host="127.0.0.1" if cluster.share_nodes else "0.0.0.0",
                 nics=tuple(tuple(x.nics) for x in group),
+                runtime=s.runtime,
+                pp=s.pp,
+                image=s.image,
+                served_name=pool.model,
             )
             replicas.append(rep)
             problem = ring_problem(cluster, rep.name, list(rep.nodes))

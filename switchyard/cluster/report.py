@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from switchyard.cluster.capacity import Capacity, fmt_ratio
-from switchyard.cluster.placement import Plan
+from switchyard.cluster.placement import Plan, Replica
 from switchyard.cluster.simulate import SimResult
 
 
 def _table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def runtime_text(rep: Replica) -> str:
+    if rep.runtime == "switchyard":
+        return f"switchyard {rep.collective} (tp {rep.tp})"
+    if rep.runtime == "vllm":
+        return f"vllm (tp {rep.tensor_parallel} x pp {rep.pp})"
+    if rep.runtime == "sglang":
+        return f"sglang (tp {rep.tp})"
+    return rep.runtime
 
 
 def placement_text(plan: Plan) -> str:
@@ -26,7 +36,7 @@ def placement_text(plan: Plan) -> str:
         "",
         "placement:",
     ]
-    rows = [["replica", "node", "address", "node rank", "ranks", "memory GB", "collective", "serves"]]
+    rows = [["replica", "node", "address", "node rank", "ranks", "memory GB", "runtime", "serves"]]
     for rep in plan.replicas:
         for k, node in enumerate(rep.nodes):
             use = plan.usage[node]
@@ -39,7 +49,7 @@ def placement_text(plan: Plan) -> str:
                 f"{k}/{len(rep.nodes)}",
                 f"{ranks.start}" if len(ranks) == 1 else f"{ranks.start}-{ranks.stop - 1}",
                 mem,
-                f"{rep.collective} (tp {rep.tp})" if k == 0 else "",
+                runtime_text(rep) if k == 0 else "",
                 rep.url if k == 0 else "",
             ])  # fmt: skip
     lines += _table(rows)

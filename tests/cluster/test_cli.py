@@ -31,7 +31,8 @@ def test_reference_plan_prints_the_figures_simulates_plots_and_emits(tmp_path):
     assert abs(gap) < 5, sat
     assert "p99" in res.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    assert (out / "torchrun" / "node-spark-1.sh").exists()
+    leader = (out / "nodes" / "node-spark-1.sh").read_text().replace("\\\n    ", "")
+    assert "ray start --head" in leader and "exec vllm serve Qwen/Qwen3-235B-A22B-GPTQ-Int4" in leader
     assert yaml.safe_load((out / "compose" / "docker-compose.yaml").read_text())["services"]["large-0-n0"]
 
 

@@ -25,9 +25,10 @@ def test_reference_layout_plans_3_large_of_2_and_2_small_of_1(root):
     for r in plan.replicas:
         assert sorted(x for k in range(len(r.nodes)) for x in r.ranks_on(k)) == list(range(r.tp))
     large = plan.pool_replicas("large")[0]
-    assert large.tp == 2 and large.url == "http://10.0.0.1:8000/v1" and large.collective == "auto"
-    # 190 GB over 2 nodes + 12 GB KV + 8 GB reserve.
-    assert plan.usage["spark-1"].used_gb + plan.usage["spark-1"].reserve_gb == pytest.approx(115.0)
+    assert large.tp == 2 and large.url == "http://10.0.0.1:8000/v1"
+    assert (large.runtime, large.tensor_parallel, large.pp, large.served_name) == ("vllm", 2, 1, "qwen3-235b-a22b")
+    # 118 GB over 2 nodes + 12 GB KV + 8 GB reserve.
+    assert plan.usage["spark-1"].used_gb + plan.usage["spark-1"].reserve_gb == pytest.approx(79.0)
     assert plan.warnings == []
 
 
