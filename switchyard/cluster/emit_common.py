@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable
+from pathlib import PurePosixPath
 
 import yaml
 
@@ -65,6 +66,15 @@ def shell_cmd(argv: list[str], indent: str = "  ") -> str:
             lines.append([])
         lines[-1].append(tok)
     return f" \\\n{indent}".join(shlex.join(part) for part in lines)
+
+
+def model_dir(rep: Replica) -> str | None:
+    """The host folder to mount read-only at the same path when a replica's model is an absolute
+    path (a GGUF file's folder, or a model folder), so the container loads what the host has."""
+    if not rep.model.startswith("/"):
+        return None  # a registry name or hub id: downloaded into the runtime's cache
+    path = PurePosixPath(rep.model)
+    return str(path.parent if path.suffix in (".gguf", ".safetensors", ".bin") else path)
 
 
 def image_of(rep: Replica, ours: str) -> str:

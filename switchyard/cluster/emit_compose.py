@@ -20,6 +20,7 @@ from switchyard.cluster.emit_common import (
     gateway_command,
     gateway_policy,
     image_of,
+    model_dir,
     secrets_script,
 )
 from switchyard.cluster.launch import Site, node_launch
@@ -65,6 +66,8 @@ def _engine_service(rep: Replica, k: int, image: str) -> dict[str, Any]:
     if runtime.hub:
         svc["env_file"] = [{"path": HF_ENV, "required": False}]
     svc["volumes"] = [f"models:{runtime.cache}"]
+    if (folder := model_dir(rep)) is not None:
+        svc["volumes"].append(f"{folder}:{folder}:ro")
     svc["shm_size"] = "8gb"  # NCCL's and torch.distributed's shared-memory transports need more than 64 MB
     svc["restart"] = "unless-stopped"
     if rep.device == "cuda":

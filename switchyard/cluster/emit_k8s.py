@@ -29,6 +29,7 @@ from switchyard.cluster.emit_common import (
     gateway_command,
     gateway_policy,
     image_of,
+    model_dir,
     secrets_script,
 )
 from switchyard.cluster.launch import Site, node_launch
@@ -81,14 +82,19 @@ def _container(rep: Replica, image: str, site: Site) -> dict[str, Any]:
     if rep.device == "cuda":
         c["resources"] = {"limits": {"nvidia.com/gpu": rep.ranks_per_node}}
     c["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "models", "mountPath": runtime.cache}]
+    if (folder := model_dir(rep)) is not None:
+        c["volumeMounts"].append({"name": "model", "mountPath": folder, "readOnly": True})
     return c
 
 
 def _volumes(rep: Replica) -> list[dict[str, Any]]:
-    return [
+    volumes = [
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
         {"name": "models", "hostPath": {"path": f"{MODELS_ON_HOST}/{rep.runtime}", "type": "DirectoryOrCreate"}},
     ]
+    if (folder := model_dir(rep)) is not None:  # a model given as a path: the node's own copy
+        volumes.append({"name": "model", "hostPath": {"path": folder, "type": "Directory"}})
+    return volumes
 
 
 def _engine_labels(rep: Replica) -> dict[str, str]:

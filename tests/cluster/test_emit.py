@@ -212,6 +212,8 @@ def test_compose_is_valid_and_services_match_the_plan(case):
             assert s["deploy"]["resources"]["reservations"]["devices"][0]["count"] == rep.ranks_per_node
         if rep.runtime != "switchyard":
             assert s["env_file"] == [{"path": "hf.env", "required": False}] and s["image"] != "img:1"
+        if rep.model.startswith("/"):  # a model on the host is mounted where the command names it
+            assert "/models:/models:ro" in s["volumes"]
     assert seen == _expected(plan)
     assert placed == {(r.name, k): n for r in plan.replicas for k, n in enumerate(r.nodes)}
     policy = parse_policy(files["compose/policy.yaml"])
@@ -319,6 +321,9 @@ def test_k8s_engines_get_models_cache_and_hf_token_and_the_gateway_its_admin_key
         mounts = {m["name"]: m["mountPath"] for m in engine["volumeMounts"]}
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["models"]["hostPath"]["type"] == "DirectoryOrCreate" and mounts["models"].startswith("/root/.cache/")
+        if "model" in volumes:  # a model given as a path: the node's folder, read-only, at that path
+            assert volumes["model"]["hostPath"] == {"path": "/models", "type": "Directory"}
+            assert {"name": "model", "mountPath": "/models", "readOnly": True} in engine["volumeMounts"]
         hf = [e for e in engine.get("env", []) if e["name"] == "HF_TOKEN"]
         assert hf == [] or hf[0]["valueFrom"]["secretKeyRef"] == {"name": "switchyard-hf-token", "key": "HF_TOKEN",
                                                                   "optional": True}
