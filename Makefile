@@ -31,10 +31,12 @@ sysdeps:
 	@[ -x /usr/bin/chromium ] || (apt-get update -q && apt-get install -y -q chromium)
 
 test: $(STAMP) sysdeps
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15
 
+# ruff, and the layering contract in pyproject.toml (no upward import, no import circle).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python bench/gateway_overhead.py

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import typer
 
+from switchyard.api.cli import serve
 from switchyard.classify.cli import classifier_app
 from switchyard.cluster.cli import plan
+from switchyard.cluster.up import up
 from switchyard.engine.cli import engine_app, models_app
-from switchyard.gateway_cli import keys_app, policy_app, serve
+from switchyard.gateway.cli import keys_app, policy_app
 from switchyard.replay.cli import replay
-from switchyard.up import up
 
 app = typer.Typer(
     name="switchyard",

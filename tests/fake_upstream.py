@@ -189,12 +189,13 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=float, default=0.0)
     ap.add_argument("--fail", type=int, default=0)
     ap.add_argument("--fail-first", type=int, default=0)
+    ap.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle connection stays open")
     args = ap.parse_args()
     STATE.update(_config(args))
     import uvicorn
 
     uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools", log_level="warning",
-                access_log=False, lifespan="on")
+                access_log=False, lifespan="on", timeout_keep_alive=args.keep_alive)
 
 
 if __name__ == "__main__":

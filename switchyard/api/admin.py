@@ -18,20 +18,17 @@ import asyncio
 import logging
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import uvicorn
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from switchyard.api import errors
-from switchyard.auth import check_admin
-
-if TYPE_CHECKING:
-    from switchyard.api.app import Api
-    from switchyard.pools.replica import Replica
-    from switchyard.state.sync import StateSync
+from switchyard.errors import NotFound, Unauthorized
+from switchyard.gateway.auth import check_admin
+from switchyard.gateway.runtime import Runtime
+from switchyard.pools.replica import Replica
 
 log = logging.getLogger("switchyard.admin")
 
@@ -40,20 +37,20 @@ def _json(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status, media_type="application/json")
 
 
-def install_admin(app: FastAPI, api: Api, sync: StateSync, admin_key: str) -> None:
+def admin_router(rt: Runtime, admin_key: str) -> APIRouter:
     async def require_admin(request: Request) -> None:
         if not check_admin(request.headers, admin_key):
-            raise errors.APIError(401, "admin API: send 'Authorization: Bearer ADMIN_KEY'", "invalid_request_error",
-                                  None, "invalid_admin_key")
+            raise Unauthorized("admin API: send 'Authorization: Bearer ADMIN_KEY'", code="invalid_admin_key")
 
     router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
-    gateway = api.gateway
+    gateway = rt.gateway
+    sync = rt.sync
 
     def find(name: str) -> Replica:
         reg = gateway.registry.by_url
         r = reg.get(name) or next((r for r in reg.values() if r.name == name), None)
         if r is None:
-            raise errors.not_found(f"no replica named {name!r}; GET /admin/replicas lists them", None, "replica_not_found")
+            raise NotFound(f"no replica named {name!r}; GET /admin/replicas lists them", code="replica_not_found")
         return r
 
     @router.post("/reload")
@@ -99,14 +96,15 @@ def install_admin(app: FastAPI, api: Api, sync: StateSync, admin_key: str) -> No
         recs = await gateway.state.list_sessions(max(1, min(limit, 10_000)))
         out = []
         for key, rec in recs.items():
-            policy, _, sid = key.partition("\0")
-            out.append({"policy": policy, "session_id": sid, "pool": rec.pool, "label": rec.label or None,
+            parts = key.split("\0", 2)
+            policy, caller, sid = parts if len(parts) == 3 else (parts[0], "", parts[-1])
+            out.append({"policy": policy, "caller": caller or None, "session_id": sid, "pool": rec.pool, "label": rec.label or None,
                         "confidence": rec.confidence, "replica": rec.replica, "rule": rec.rule, "turns": rec.turns})
         return _json({"sessions": out, "state": gateway.state.kind})
 
     @router.get("/keys")
     async def keys() -> Response:
-        auth = api.auth
+        auth = rt.auth
         if auth is None:
             return _json({"auth": False, "keys": []})
         now = time.time()
@@ -118,7 +116,7 @@ def install_admin(app: FastAPI, api: Api, sync: StateSync, admin_key: str) -> No
             out.append(d)
         return _json({"auth": True, "store": auth.store.where, "keys": out})
 
-    app.include_router(router)
+    return router
 
 
 class DrainingServer(uvicorn.Server):
@@ -127,9 +125,9 @@ class DrainingServer(uvicorn.Server):
     graceful shutdown lets every open request finish and the process exits. A second signal
     (or SIGINT) exits the usual way."""
 
-    def __init__(self, config: uvicorn.Config, api: Api, grace: float, quiet: float = 0.3):
+    def __init__(self, config: uvicorn.Config, rt: Runtime, grace: float, quiet: float = 0.3):
         super().__init__(config)
-        self.api = api
+        self.rt = rt
         self.grace = grace
         self.quiet = quiet
         self._draining = False
@@ -137,8 +135,8 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: Any) -> None:
         if sig == signal.SIGTERM and not self._draining and self.grace > 0:
             self._draining = True
-            self.api.draining = True
-            log.warning("SIGTERM: draining (readiness 503, %d requests in flight)", self.api.active)
+            self.rt.draining = True
+            log.warning("SIGTERM: draining (readiness 503, %d requests in flight)", self.rt.active)
             loop = asyncio.get_event_loop()
             loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
             return
@@ -148,16 +146,16 @@ class DrainingServer(uvicorn.Server):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.grace
         quiet_since = None
-        seen = self.api.admitted
+        seen = self.rt.admitted
         while loop.time() < deadline and not self.should_exit:
             now = loop.time()
-            if self.api.active == 0 and self.api.admitted == seen:
+            if self.rt.active == 0 and self.rt.admitted == seen:
                 quiet_since = quiet_since or now
                 if now - quiet_since >= self.quiet:
                     break
             else:
-                quiet_since, seen = None, self.api.admitted
+                quiet_since, seen = None, self.rt.admitted
             await asyncio.sleep(0.05)
         log.warning("drained: %d requests still in flight, closing the listener and letting them finish",
-                    self.api.active)
+                    self.rt.active)
         self.should_exit = True

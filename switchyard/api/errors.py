@@ -1,71 +1,63 @@
-"""Errors in OpenAI's envelope: {"error": {"message", "type", "param", "code"}}."""
+"""The HTTP edge's side of errors: a `switchyard.errors` exception -> OpenAI's envelope,
+{"error": {"message", "type", "param", "code"}}, with its status and headers."""
 
 from __future__ import annotations
 
 import orjson
 from starlette.responses import Response
 
+from switchyard import errors as e
 
-class APIError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
+JSON = "application/json"
 
-    def body(self) -> bytes:
-        return error_body(self.message, self.type, self.param, self.code)
+# Most specific first: the first class an error is an instance of gives its status.
+STATUS: tuple[tuple[type[e.RequestError], int], ...] = (
+    (e.TooLarge, 413),
+    (e.Unauthorized, 401),
+    (e.Forbidden, 403),
+    (e.NotFound, 404),
+    (e.MethodNotAllowed, 405),
+    (e.RateLimited, 429),
+    (e.NoCapacity, 429),
+    (e.Unavailable, 503),
+    (e.UpstreamTimeout, 504),
+    (e.UpstreamFailed, 502),
+    (e.BadRequest, 400),
+)
 
-    def response(self, extra_headers: dict[str, str] | None = None) -> Response:
-        headers = dict(self.headers)
-        if extra_headers:
-            headers.update(extra_headers)
-        return Response(self.body(), self.status, headers=headers, media_type="application/json")
+
+def status_of(err: e.RequestError) -> int:
+    for cls, status in STATUS:
+        if isinstance(err, cls):
+            return status
+    return 400
+
+
+def headers_of(err: e.RequestError) -> dict[str, str]:
+    if isinstance(err, e.RateLimited):
+        return {
+            "Retry-After": str(max(1, int(err.reset_s + 0.999))),
+            f"x-ratelimit-limit-{err.kind}": str(err.limit),
+            f"x-ratelimit-remaining-{err.kind}": "0",
+            f"x-ratelimit-reset-{err.kind}": f"{err.reset_s:.0f}s",
+        }
+    if isinstance(err, e.NoCapacity):
+        return {"Retry-After": str(max(1, round(err.retry_after)))}
+    if isinstance(err, e.Unavailable):
+        return {"Retry-After": "1"}
+    return {}
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, "invalid_request_error", param, code)
-
-
-def not_found(message: str, param: str | None = None, code: str | None = "model_not_found") -> APIError:
-    return APIError(404, message, "invalid_request_error", param, code)
-
-
-def too_large(limit: int) -> APIError:
-    return APIError(413, f"request body is larger than {limit} bytes", "invalid_request_error", None, "request_too_large")
-
-
-def no_capacity(message: str, retry_after: float) -> APIError:
-    return APIError(
-        429, message, "rate_limit_error", None, "no_capacity", {"Retry-After": str(max(1, round(retry_after)))}
-    )
-
-
-def bad_gateway(message: str, code: str = "upstream_error") -> APIError:
-    return APIError(502, message, "upstream_error", None, code)
-
-
-def gateway_timeout(message: str) -> APIError:
-    return APIError(504, message, "upstream_error", None, "upstream_timeout")
-
-
-def unavailable(message: str, code: str = "no_healthy_replica") -> APIError:
-    return APIError(503, message, "service_unavailable", None, code, {"Retry-After": "1"})
+def response(err: e.RequestError, extra_headers: dict[str, str] | None = None) -> Response:
+    headers = headers_of(err)
+    if extra_headers:
+        headers.update(extra_headers)
+    return Response(error_body(err.message, err.type, err.param, err.code), status_of(err), headers=headers,
+                    media_type=JSON)
 
 
 def sse_error_event(message: str, code: str = "upstream_error") -> bytes:

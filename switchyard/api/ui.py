@@ -21,21 +21,21 @@ from __future__ import annotations
 import ipaddress
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 
-from switchyard.api import errors
+from switchyard.errors import BadRequest, Forbidden, NotFound, TooLarge, Unauthorized
+from switchyard.gateway.requests import kind_of
+from switchyard.gateway.requests import validate as validate_request
+from switchyard.gateway.runtime import Runtime
 from switchyard.ui import STATIC
 from switchyard.ui.access import COOKIE, UiAccess
 from switchyard.ui.editor import PolicyEditor, issue_dicts, schema_hints
 from switchyard.ui.live import LiveSampler
 from switchyard.ui.reports import list_reports, report_file
-
-if TYPE_CHECKING:
-    from switchyard.api.app import Api
 
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
                 ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
@@ -50,7 +50,7 @@ def _json(obj: Any, status: int = 200) -> Response:
 def _static(name: str) -> Response:
     p = (STATIC / name).resolve()
     if p.parent != STATIC or p.suffix not in STATIC_TYPES or not p.is_file():
-        raise errors.not_found(f"no UI file {name!r}", None, "not_found")
+        raise NotFound(f"no UI file {name!r}", code="not_found")
     return Response(p.read_bytes(), media_type=STATIC_TYPES[p.suffix], headers={"cache-control": "no-cache"})
 
 
@@ -62,10 +62,10 @@ def _loopback(request: Request) -> bool:
         return False
 
 
-def ui_router(api: Api, reports_dir: str | Path | None = None) -> APIRouter:
-    access = UiAccess(api.config.admin_key, api.config.keystore is not None)
-    sampler = LiveSampler(api)
-    editor = PolicyEditor(api.gateway)
+def ui_router(rt: Runtime, admin_key: str | None, keys_on: bool, reports_dir: str | Path | None = None) -> APIRouter:
+    access = UiAccess(admin_key, keys_on)
+    sampler = LiveSampler(rt)
+    editor = PolicyEditor(rt.gateway)
     reports = Path(reports_dir).expanduser() if reports_dir else None
 
     @asynccontextmanager
@@ -81,30 +81,30 @@ def ui_router(api: Api, reports_dir: str | Path | None = None) -> APIRouter:
         if access.allowed(request.headers, request.cookies):
             return
         if access.mode == "locked":
-            raise errors.APIError(403, "the UI needs an admin key when API keys are on: serve with --admin-key",
-                                  "invalid_request_error", None, "ui_locked")
-        raise errors.APIError(401, "the UI needs the admin key: log in on /ui or send 'Authorization: Bearer "
-                              "ADMIN_KEY'", "invalid_request_error", None, "invalid_admin_key")
+            raise Forbidden("the UI needs an admin key when API keys are on: serve with --admin-key",
+                            code="ui_locked")
+        raise Unauthorized("the UI needs the admin key: log in on /ui or send 'Authorization: Bearer ADMIN_KEY'",
+                           code="invalid_admin_key")
 
     async def body_of(request: Request) -> dict:
         # JSON only: a cross-site form cannot send it without a CORS preflight we never answer.
         if not request.headers.get("content-type", "").startswith("application/json"):
-            raise errors.bad_request("send the body as application/json")
+            raise BadRequest("send the body as application/json")
         raw = await request.body()
         if len(raw) > MAX_EDIT_BYTES:
-            raise errors.too_large(MAX_EDIT_BYTES)
+            raise TooLarge(MAX_EDIT_BYTES)
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
-            raise errors.bad_request(f"could not parse the JSON body: {e}") from None
+            raise BadRequest(f"could not parse the JSON body: {e}") from None
         if not isinstance(body, dict):
-            raise errors.bad_request("the body must be a JSON object")
+            raise BadRequest("the body must be a JSON object")
         return body
 
     def edit_args(body: dict) -> tuple[str, str]:
         name, text = body.get("name"), body.get("text")
         if not isinstance(name, str) or not isinstance(text, str):
-            raise errors.bad_request("send {\"name\": POLICY, \"text\": YAML}")
+            raise BadRequest("send {\"name\": POLICY, \"text\": YAML}")
         return name, text
 
     page = APIRouter(lifespan=lifespan)
@@ -150,8 +150,8 @@ def ui_router(api: Api, reports_dir: str | Path | None = None) -> APIRouter:
     @data.get("/api/policies")
     async def policies() -> Response:
         out = []
-        store = api.gateway.store
-        for lp in api.gateway.policies():
+        store = rt.gateway.store
+        for lp in rt.gateway.policies():
             try:
                 text = lp.path.read_text(encoding="utf-8")
             except OSError as e:
@@ -180,24 +180,20 @@ def ui_router(api: Api, reports_dir: str | Path | None = None) -> APIRouter:
         name, text = edit_args(body)
         req = body.get("request")
         if not isinstance(req, dict):
-            raise errors.bad_request("'request' must be a chat or completions request object")
+            raise BadRequest("'request' must be a chat or completions request object")
         req = req if "model" in req else {**req, "model": "auto"}
-        from switchyard.api.openai import validate as validate_request
-
-        kind = "completions" if "prompt" in req and "messages" not in req else "chat"
-        validate_request(req, kind)
+        validate_request(req, kind_of(req))
         raw_headers = body.get("headers") or {}
         if not isinstance(raw_headers, dict):
-            raise errors.bad_request("'headers' must be an object of NAME: VALUE")
+            raise BadRequest("'headers' must be an object of NAME: VALUE")
         headers = {str(k).lower(): str(v) for k, v in raw_headers.items()}
         return _json(await editor.preview(name, text, req, headers))
 
     @data.post("/api/policies/apply")
     async def apply(request: Request) -> Response:
         if access.mode == "open" and not _loopback(request):
-            raise errors.APIError(403, "without an admin key, policies can be applied from this host only; "
-                                  "serve with --admin-key to edit from elsewhere", "invalid_request_error",
-                                  None, "ui_apply_loopback_only")
+            raise Forbidden("without an admin key, policies can be applied from this host only; "
+                            "serve with --admin-key to edit from elsewhere", code="ui_apply_loopback_only")
         name, text = edit_args(await body_of(request))
         status, out = await editor.apply(name, text)
         return _json(out, status)
@@ -210,7 +206,7 @@ def ui_router(api: Api, reports_dir: str | Path | None = None) -> APIRouter:
     async def report(rid: str, name: str) -> Response:
         p = report_file(reports, rid, name)
         if p is None:
-            raise errors.not_found(f"no report file {rid}/{name}", None, "not_found")
+            raise NotFound(f"no report file {rid}/{name}", code="not_found")
         return FileResponse(p, headers={"cache-control": "no-cache"})
 
     page.include_router(data)

@@ -19,8 +19,9 @@ def _die(msg: str, code: int = 1) -> None:
 
 
 def _load(model: str):  # -> OnnxClassifier
-    from switchyard.classify.build import ClassifierLoadError, resolve_model_path
+    from switchyard.classify.model_file import resolve_model_path
     from switchyard.classify.onnx_classifier import OnnxClassifier
+    from switchyard.errors import ClassifierLoadError
 
     try:
         return OnnxClassifier.load(resolve_model_path(model, Path.cwd()))

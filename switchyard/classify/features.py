@@ -72,6 +72,13 @@ class Features:
     user_chars: int = 0  # all user text in the conversation
     cues_done: bool = False  # tokens, parallel_cues, enumerations, numbers, questions are filled in
 
+    def summary(self) -> dict[str, Any]:
+        """The features a policy's rules read, as `/v1/route`, the preview and explain show them."""
+        return {"tools": self.tools, "turns": self.turns, "messages": self.messages,
+                "tool_result": self.tool_result, "tool_error": self.tool_error,
+                "tool_calls_so_far": self.tool_calls_so_far, "prompt_tokens": self.prompt_tokens,
+                "model": self.model}
+
     def numeric(self) -> list[float]:
         """The numeric part of the classifier's input, in a fixed order (see NUMERIC_NAMES)."""
         return [

@@ -13,8 +13,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from switchyard.classify.errors import ClassifierLoadError
 from switchyard.classify.vectorize import FeatureSpec
+from switchyard.errors import ClassifierLoadError
+
+# The repository (or source tree) root: where the shipped `classifiers/` folder lives.
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def resolve_model_path(path: str, base_dir: Path) -> Path:
+    """An absolute path as is; else relative to the policy's folder; else to the switchyard tree
+    (so `classifiers/tool-complexity.onnx` finds the shipped model from any policy folder)."""
+    p = Path(path).expanduser()
+    candidates = [p] if p.is_absolute() else [base_dir / p, _ROOT / p]
+    for c in candidates:
+        if c.is_file():
+            return c
+    tried = ", ".join(str(c) for c in candidates)
+    raise ClassifierLoadError(f"classifier model {path!r} not found (looked in: {tried})")
+
 
 FORMAT = "switchyard-classifier"
 FORMAT_VERSION = 1

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from switchyard.classify.base import Label
-from switchyard.classify.errors import ClassifierLoadError
 from switchyard.classify.features import Features
 from switchyard.classify.model_file import ModelMeta, read_meta, sha256_bytes
 from switchyard.classify.vectorize import Vectorizer
+from switchyard.errors import ClassifierLoadError
 
 
 class OnnxClassifier:

@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from switchyard.errors import PolicyError, PolicyIssue
+from switchyard.policy.rules import compile_policy
 from switchyard.policy.schema import PolicySpec, reference_problems
 
+__all__ = ["PolicyError", "PolicyIssue", "load_policy", "parse_policy", "policy_files"]
+
 MAX_POLICY_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class PolicyIssue:
-    file: str
-    line: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.reason}"
-
-
-class PolicyError(Exception):
-    """A policy that cannot be used. `issues` holds every problem found, each with its line."""
-
-    def __init__(self, issues: list[PolicyIssue]):
-        self.issues = issues
-        super().__init__("\n".join(str(i) for i in issues))
 
 
 def _line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
@@ -103,41 +88,21 @@ def parse_policy(text: str, file: str = "<policy>", default_name: str | None = N
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg = f"unknown key {loc[-1]!r}"
-            issues.append(PolicyIssue(file, _line_for(loc, lines), f"{where}: {msg}" if where else msg))
+            issues.append(PolicyIssue(file, _line_for(loc, lines), f"{where}: {msg}" if where else msg, loc))
         raise PolicyError(issues) from None
     except (RecursionError, TypeError) as e:
         raise PolicyError([PolicyIssue(file, 1, f"{type(e).__name__}: {e}")]) from None
     refs = reference_problems(spec)
     if refs:
-        raise PolicyError([PolicyIssue(file, _line_for(loc, lines), msg) for loc, msg in refs])
+        raise PolicyError([PolicyIssue(file, _line_for(loc, lines), msg, loc) for loc, msg in refs])
     if spec.name is None and default_name:
         spec = spec.model_copy(update={"name": default_name})
     # Compile the rules now, so a bad regex or predicate is a load error, not a request error.
-    from switchyard.policy.rules import compile_policy
-
     try:
-        compile_policy(spec)
+        compile_policy(spec, file)
     except PolicyError as e:
-        raise PolicyError(
-            [
-                PolicyIssue(file, _line_for(_rule_loc(i.reason), lines), i.reason)
-                for i in e.issues
-            ]
-        ) from None
+        raise PolicyError([PolicyIssue(file, _line_for(i.path, lines), i.reason, i.path) for i in e.issues]) from None
     return spec
-
-
-def _rule_loc(reason: str) -> tuple:
-    # compile_policy's reasons start with "routes[i].when.key"; find that key's line.
-    import re
-
-    m = re.match(r"routes\[(\d+)\](?:\.when\.([^:]+))?", reason)
-    if not m:
-        return ()
-    loc: tuple = ("routes", int(m.group(1)))
-    if m.group(2):
-        loc += ("when", m.group(2))
-    return loc
 
 
 def load_policy(path: str | Path) -> PolicySpec:

@@ -12,6 +12,7 @@ from typing import Any
 
 from switchyard.classify.base import Label
 from switchyard.classify.features import Features
+from switchyard.errors import PolicyError, PolicyIssue
 from switchyard.policy.schema import PolicySpec
 
 Predicate = Callable[[Features, Label], bool]
@@ -53,6 +54,18 @@ class RouteDecision:
             "replica": self.replica,
             "session_id": self.session_id,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class RuleCheck:
+    """One rule tried for a request: its name, its predicates in words, whether it matched."""
+
+    rule: str
+    when: str
+    matched: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "match": self.matched, "when": self.when}
 
 
 class RuleError(ValueError):
@@ -127,15 +140,16 @@ class CompiledRule:
     pool: str | None
     split: list[tuple[str, int]] | None
     total: int = 0
+    when: str = ""  # the predicates in words, worked out once (every request's trace shows them)
+
+    def __post_init__(self) -> None:
+        self.when = " and ".join(text for _, text in self.predicates) or "always"
 
     def matches(self, f: Features, lab: Label) -> bool:
         for pred, _ in self.predicates:
             if not pred(f, lab):
                 return False
         return True
-
-    def reason(self) -> str:
-        return " and ".join(text for _, text in self.predicates) or "always"
 
     def choose(self, session_id: str | None, rng: random.Random) -> str:
         if self.pool is not None:
@@ -161,28 +175,33 @@ class CompiledPolicy:
     fallback: dict[str, tuple[str, ...]]
     rng: random.Random = field(default_factory=random.Random)
 
-    def evaluate(self, f: Features, label: Label, session_id: str | None = None) -> RouteDecision:
+    def evaluate(self, f: Features, label: Label, session_id: str | None = None
+                 ) -> tuple[RouteDecision, tuple[RuleCheck, ...]]:
+        """The first rule that matches, and every rule tried up to it (the trace)."""
+        checks: list[RuleCheck] = []
         for rule in self.rules:
-            if rule.matches(f, label):
+            hit = rule.matches(f, label)
+            checks.append(RuleCheck(rule.name, rule.when, hit))
+            if hit:
                 pool = rule.choose(session_id, self.rng)
-                reason = rule.reason()
+                reason = rule.when
                 if rule.split is not None:
                     reason += f"; split {dict(rule.split)} -> {pool}"
                 return RouteDecision(
                     self.name, pool, rule.name, reason, label, self.fallback.get(pool, ()), None, session_id
-                )
+                ), tuple(checks)
         # No rule matched: the last pool of the last rule keeps requests flowing, said in the reason.
         last = self.rules[-1]
         pool = last.pool or last.split[0][0]  # type: ignore[index]
         return RouteDecision(
             self.name, pool, "(no match)", "no rule matched; last rule's pool", label,
             self.fallback.get(pool, ()), None, session_id,
-        )
+        ), tuple(checks)
 
 
-def compile_policy(spec: PolicySpec) -> CompiledPolicy:
-    from switchyard.policy.loader import PolicyError, PolicyIssue
-
+def compile_policy(spec: PolicySpec, file: str = "") -> CompiledPolicy:
+    """Raises PolicyError whose issues carry each bad predicate's place in the document (the
+    loader, which knows the lines, fills them in)."""
     issues: list[PolicyIssue] = []
     rules: list[CompiledRule] = []
     for i, r in enumerate(spec.routes):
@@ -191,7 +210,7 @@ def compile_policy(spec: PolicySpec) -> CompiledPolicy:
             try:
                 preds.append(compile_predicate(key, value))
             except RuleError as e:
-                issues.append(PolicyIssue("", 0, f"routes[{i}].when.{key}: {e}"))
+                issues.append(PolicyIssue(file, 0, f"routes[{i}].when.{key}: {e}", ("routes", i, "when", key)))
         if isinstance(r.pool, str):
             rules.append(CompiledRule(r.name, preds, r.pool, None))
         else:

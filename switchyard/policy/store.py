@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from switchyard.policy.loader import PolicyError, PolicyIssue, load_policy, policy_files
+from switchyard.errors import PolicyError, PolicyIssue
+from switchyard.policy.loader import load_policy, policy_files
 from switchyard.policy.schema import PolicySpec
 
 log = logging.getLogger("switchyard.policy")
@@ -23,7 +24,11 @@ class ReloadStatus:
     file: str
     ok: bool
     at: float
-    error: str = ""
+    issues: list[PolicyIssue] = field(default_factory=list)  # why a rejected edit was rejected
+
+    @property
+    def error(self) -> str:
+        return "\n".join(str(i) for i in self.issues)
 
 
 @dataclass
@@ -81,7 +86,7 @@ class PolicyStore(Generic[T]):
                 raise PolicyError([PolicyIssue(str(path), 1, f"policy name {name!r} is used by another file")])
             obj = self.build(spec, path)
         except PolicyError as e:
-            st = ReloadStatus(str(path), False, time.time(), str(e))
+            st = ReloadStatus(str(path), False, time.time(), e.issues)
             if old_name:
                 self.status[old_name] = st
             log.error("policy edit rejected, the running policy stays:\n%s", e)

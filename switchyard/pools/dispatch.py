@@ -9,22 +9,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import aiohttp
 import orjson
 
-from switchyard.api import errors
+from switchyard import errors
+from switchyard.policy.rules import RouteDecision
 from switchyard.pools.pool import NoCapacity, NoHealthyReplica, Pool, release
 from switchyard.pools.replica import Replica
-from switchyard.state.base import CircuitRecord
-
-if TYPE_CHECKING:
-    from switchyard.api.metrics import Metrics
-    from switchyard.gateway import LoadedPolicy
-    from switchyard.policy.rules import RouteDecision
-    from switchyard.state.base import StateStore
+from switchyard.state.base import CircuitRecord, StateStore
 
 log = logging.getLogger("switchyard.dispatch")
 
@@ -72,25 +68,37 @@ def _record_failure(replica: Replica, reason: str, state: StateStore | None) -> 
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
 
+class DispatchEvents(Protocol):
+    """What the dispatcher reports as it goes (the gateway's metrics implement it)."""
+
+    def retried(self, pool: str) -> None: ...
+
+    def fell_back(self, src: str, dst: str) -> None: ...
+
+    def upstream_failed(self, pool: str, replica: str, reason: str) -> None: ...
+
+
 class Dispatcher:
-    def __init__(self, metrics: Metrics, state: StateStore):
-        self.metrics = metrics
+    def __init__(self, events: DispatchEvents, state: StateStore):
+        self.events = events
         self.state = state
 
     async def send(
-        self, lp: LoadedPolicy, decision: RouteDecision, body: dict, path: str, stream: bool
+        self, pools: Mapping[str, Pool], decision: RouteDecision, body: dict, path: str, stream: bool
     ) -> Answer:
+        """Send to the decision's pool (its pinned replica first), retrying on other replicas
+        before the first byte, then along its fallback chain. Raises a switchyard.errors error."""
         chain = (decision.pool, *decision.fallbacks)
         capacity: NoCapacity | None = None
-        failure: errors.APIError | None = None
+        failure: errors.RequestError | None = None
         attempts = 0
         prev = None
         for pname in chain:
-            pool = lp.pools.get(pname)
+            pool = pools.get(pname)
             if pool is None:
                 continue
             if prev is not None:
-                self.metrics.fallbacks.labels(prev, pname).inc()
+                self.events.fell_back(prev, pname)
             prev = pname
             body["model"] = pool.model
             payload = orjson.dumps(body)
@@ -100,34 +108,34 @@ class Dispatcher:
                 try:
                     replica = await pool.acquire(tried, prefer)
                 except NoHealthyReplica:
-                    failure = failure or errors.unavailable(f"pool {pname!r} has no healthy replica")
+                    failure = failure or errors.Unavailable(f"pool {pname!r} has no healthy replica")
                     break
                 except NoCapacity as e:
                     capacity = e
                     break
                 if attempt:
-                    self.metrics.retries.labels(pname).inc()
+                    self.events.retried(pname)
                 attempts += 1
                 tried.add(replica)
                 answer, failure = await self._attempt(pool, replica, path, payload, stream, attempts)
                 if answer is not None:
                     return answer
-                if failure is not None and failure.status == 504:
+                if isinstance(failure, errors.UpstreamTimeout):
                     # The upstream took the request and did not answer in time: trying again
                     # elsewhere would double the client's wait; retries are for quick failures.
                     raise failure
         if failure is not None and capacity is None:
             raise failure
         if capacity is not None:
-            raise errors.no_capacity(
+            raise errors.NoCapacity(
                 f"no capacity: every replica of pool {capacity.pool!r} is busy and its queue is full or timed out",
                 capacity.retry_after,
             )
-        raise failure or errors.unavailable("no pool could take the request")
+        raise failure or errors.Unavailable("no pool could take the request")
 
     async def _attempt(
         self, pool: Pool, replica: Replica, path: str, payload: bytes, stream: bool, attempts: int
-    ) -> tuple[Answer | None, errors.APIError | None]:
+    ) -> tuple[Answer | None, errors.RequestError | None]:
         t_sent = time.perf_counter()
         resp: aiohttp.ClientResponse | None = None
         try:
@@ -179,13 +187,13 @@ class Dispatcher:
                 resp.close()
             return None, self._failed(pool, replica, type(e).__name__, str(e), 502)
 
-    def _failed(self, pool: Pool, replica: Replica, reason: str, detail: str, status: int) -> errors.APIError:
-        self.metrics.upstream_errors.labels(pool.name, replica.name, reason).inc()
+    def _failed(self, pool: Pool, replica: Replica, reason: str, detail: str, status: int) -> errors.RequestError:
+        self.events.upstream_failed(pool.name, replica.name, reason)
         _record_failure(replica, f"{reason}: {detail}"[:300], self.state)
         release(replica)
         msg = f"upstream {replica.name} of pool {pool.name!r} failed: {reason}" + (f": {detail}" if detail else "")
         if status == 504:
-            return errors.gateway_timeout(msg)
+            return errors.UpstreamTimeout(msg)
         if status == 429:
-            return errors.APIError(429, msg, "rate_limit_error", None, "upstream_rate_limited", {"Retry-After": "1"})
-        return errors.bad_gateway(msg)
+            return errors.NoCapacity(msg, 1.0, "upstream_rate_limited")
+        return errors.UpstreamFailed(msg)

@@ -53,9 +53,6 @@ class HealthChecker:
             log.warning("replica %s is now %s%s", r.name, "healthy" if ok else "unhealthy", f": {why}" if why else "")
         r.healthy, r.health_error = ok, why
 
-    async def run_once(self) -> None:
-        await asyncio.gather(*(self._one(r, to) for r, _, to in self._replicas()))
-
     async def _run(self) -> None:
         while True:
             now = time.monotonic()

@@ -11,7 +11,7 @@ import aiohttp
 
 from switchyard.policy.schema import PoolSpec, ReplicaSpec
 from switchyard.pools.balancer import Strategy, make_strategy
-from switchyard.pools.replica import Replica
+from switchyard.pools.replica import CircuitBreaker, Replica, default_name
 
 
 class NoHealthyReplica(Exception):
@@ -131,8 +131,7 @@ def release(replica: Replica) -> None:
     """A request finished on `replica`: free its slot and let one queued request in."""
     replica.inflight -= 1
     for pool in replica.pools:
-        if pool.waiters:
-            pool.wake_one()
+        pool.wake_one()
 
 
 class ReplicaRegistry:
@@ -143,8 +142,6 @@ class ReplicaRegistry:
         self.by_url: dict[str, Replica] = {}
 
     def get(self, spec: ReplicaSpec, pool: PoolSpec) -> Replica:
-        from switchyard.pools.replica import CircuitBreaker, default_name
-
         r = self.by_url.get(spec.url)
         if r is None:
             r = Replica(
@@ -180,12 +177,16 @@ class ReplicaRegistry:
                 if p not in r.pools:
                     r.pools.append(p)
 
-    async def prune(self) -> None:
-        """Close replicas no pool uses any more."""
+    async def prune(self) -> list[str]:
+        """Close the connection pools of replicas that no pool uses any more (a policy edit dropped
+        them) and forget them; one still serving a request stays until a later prune."""
+        gone = []
         for url, r in list(self.by_url.items()):
             if not r.pools and r.inflight == 0:
                 del self.by_url[url]
                 await r.aclose()
+                gone.append(url)
+        return gone
 
     async def aclose(self) -> None:
         for r in self.by_url.values():

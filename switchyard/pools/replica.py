@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
 
-if TYPE_CHECKING:
-    from switchyard.pools.pool import Pool
-
 EWMA_ALPHA = 0.2
+
+
+class Waiters(Protocol):
+    """What a replica knows of a pool that uses it: its name, and how to let one queued request in."""
+
+    name: str
+
+    def wake_one(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -81,7 +85,7 @@ class Replica:
     ewma_ms: float = 0.0
     requests: int = 0
     failures: int = 0
-    pools: list[Pool] = field(default_factory=list)
+    pools: list[Waiters] = field(default_factory=list)  # the pools that use it now (ReplicaRegistry.attach)
     session: aiohttp.ClientSession | None = None
     health_path: str | None = None
 
@@ -150,6 +154,3 @@ def default_name(url: str) -> str:
     parts = urlsplit(url)
     return parts.netloc or url
 
-
-def now() -> float:
-    return time.monotonic()

@@ -23,10 +23,6 @@ from switchyard.replay.scoring import Call, score_case
 RETRY_STATUS = {429, 502, 503, 504}
 
 
-class GatewayUnreachable(RuntimeError):
-    pass
-
-
 def api_base(url: str) -> str:
     """`http://h:p`, `http://h:p/` or `http://h:p/v1` -> `http://h:p/v1`."""
     url = url.rstrip("/")

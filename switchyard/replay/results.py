@@ -25,6 +25,7 @@ class CaseResult:
     completion_tokens: int | None = None
     retries: int = 0
     calls: list[dict[str, Any]] | None = None
+    trace: dict[str, Any] | None = None  # how routing decided (dry run, counterfactual): gateway.routing's trace
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

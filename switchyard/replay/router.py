@@ -1,8 +1,9 @@
-"""Routing without the gateway: the policy's classifier and rules, in-process.
+"""Routing without a serving gateway, for --dry-run (the split alone) and --from-outcomes
+(counterfactual scoring).
 
-Used by --dry-run (the split alone) and --from-outcomes (counterfactual scoring). Session
-pins are honoured the way the gateway keeps them (a session stays on its first pool);
-the classifier's per-session caching is not modelled: every request is classified.
+It is the gateway's own routing: an offline Gateway (in-memory session state, the policy's
+real classifier, an llm classifier included) and `gateway.routing.route`, so a replayed
+session is pinned, escalated and classified exactly as a serving gateway would do it.
 """
 
 from __future__ import annotations
@@ -12,32 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from switchyard.classify.base import NO_LABEL, Classifier, Label, NoClassifier
+from switchyard.classify.base import Label
 from switchyard.classify.features import Features, extract
-from switchyard.policy.loader import load_policy
-from switchyard.policy.rules import CompiledPolicy, RouteDecision, compile_policy
+from switchyard.gateway import routing
+from switchyard.gateway.gateway import offline_gateway
+from switchyard.policy.rules import RouteDecision
 from switchyard.policy.schema import PolicySpec
 
 log = logging.getLogger(__name__)
 
 
-def build_classifier(spec: PolicySpec, base_dir: Path) -> tuple[Classifier, str | None]:
-    """The policy's classifier, or NoClassifier with the reason it could not be built."""
-    if spec.classifier.kind == "none":
-        return NoClassifier(), None
-    try:
-        from switchyard.classify.build import build_classifier as build
-    except ImportError:
-        return NoClassifier(), "switchyard.classify.build is not available: classifier replaced by none"
-    try:
-        return build(spec.classifier, base_dir=base_dir, call_pool=None), None
-    except Exception as e:  # a classifier that cannot load must not stop a dry run
-        return NoClassifier(), f"classifier {spec.classifier.kind} could not be built ({e}): replaced by none"
-
-
 def pick_large_pool(spec: PolicySpec, requested: str | None = None) -> str:
-    """The pool whose share is "the large share": the named one, else `large`, else the
-    pool the classifier's hardest label is routed to, else the last pool."""
+    """The pool whose share is "the large share": the named one, else `large`, else the last pool."""
     if requested and requested in spec.pools:
         return requested
     if "large" in spec.pools:
@@ -51,48 +38,35 @@ def hard_label(spec: PolicySpec) -> str:
 
 
 @dataclass(slots=True)
-class Routed:
-    decision: RouteDecision
+class RoutedCase:
+    routed: routing.Routed
     features: Features
+
+    @property
+    def decision(self) -> RouteDecision:
+        return self.routed.decision
 
 
 class Router:
     def __init__(self, policy_file: str | Path, large_pool: str | None = None):
         self.policy_file = Path(policy_file)
-        self.spec = load_policy(self.policy_file)
-        self.policy: CompiledPolicy = compile_policy(self.spec)
+        self.gateway = offline_gateway([self.policy_file])
+        self.policy = self.gateway.policies()[0]
+        self.spec = self.policy.spec
         self.name = self.policy.name
-        self.classifier, note = build_classifier(self.spec, self.policy_file.parent)
-        self.notes = [note] if note else []
         self.large = pick_large_pool(self.spec, large_pool)
         self.hard = hard_label(self.spec)
         self.easy = next((x for x in self.spec.classifier.labels if x != self.hard), "simple")
-        self._pins: dict[str, str] = {}
 
-    async def label(self, features: Features, body: dict[str, Any]) -> Label:
-        try:
-            return await self.classifier.classify(features, body)
-        except Exception:  # fail open, as the gateway does: the policy's failure label
-            if self.spec.classifier.kind == "none":
-                return NO_LABEL
-            return Label(self.spec.classifier.failure_label, 0.0, "fail-open", 0.0)
-
-    async def route(self, body: dict[str, Any], session_id: str | None = None) -> Routed:
+    async def route(self, body: dict[str, Any], session_id: str | None = None) -> RoutedCase:
         headers = {"x-session-id": session_id} if session_id else {}
         features = extract(body, headers)
-        label = await self.label(features, body)
-        return Routed(self.decide(features, label, session_id), features)
+        routed = await routing.route(self.policy, features, body, session_id, sessions=self.gateway.state)
+        return RoutedCase(routed, features)
 
-    def decide(self, features: Features, label: Label, session_id: str | None) -> RouteDecision:
-        decision = self.policy.evaluate(features, label, session_id)
-        if session_id and self.spec.session.pin != "none":
-            pinned = self._pins.setdefault(session_id, decision.pool)
-            if pinned != decision.pool:
-                decision = RouteDecision(
-                    decision.policy, pinned, "(session pin)", f"session {session_id} pinned to {pinned}",
-                    label, decision.fallbacks, None, session_id,
-                )
-        return decision
+    async def route_labelled(self, features: Features, body: dict[str, Any], label: Label) -> RouteDecision:
+        """The rules' choice for a request given its label (no session: a sweep point)."""
+        return (await routing.route(self.policy, features, body, label=label)).decision
 
     def hard_probability(self, label: Label) -> float:
         """The classifier's belief that the request is hard, from its (label, confidence)."""
@@ -108,7 +82,4 @@ class Router:
         return Label(self.hard if p_hard >= threshold else self.easy, 1.0, "sweep")
 
     async def aclose(self) -> None:
-        try:
-            await self.classifier.aclose()
-        except Exception:
-            log.debug("classifier close failed", exc_info=True)
+        await self.gateway.aclose()

@@ -12,7 +12,7 @@ from switchyard.replay.cases import Case
 from switchyard.replay.live import LiveClient
 from switchyard.replay.outcomes import OutcomeTable
 from switchyard.replay.results import CaseResult, RunResult
-from switchyard.replay.router import Router
+from switchyard.replay.router import RoutedCase, Router
 
 OnDone = Callable[[CaseResult], None] | None
 SWEEP_THRESHOLDS = [round(i / 20, 2) for i in range(21)] + [1.01]
@@ -39,22 +39,25 @@ async def run_live(
     return run
 
 
+def _routed(case: Any, rc: RoutedCase, status: str = "ok") -> CaseResult:
+    d = rc.decision
+    return CaseResult(
+        case.id, case.category, case.tier, case.kind, pool=d.pool, rule=d.rule,
+        label=d.label.name or None, confidence=d.label.confidence if d.label.name else None,
+        reason=d.reason, status=status, trace=rc.routed.trace(),
+    )
+
+
 async def run_dry(cases: list[Case], router: Router, on_done: OnDone = None) -> RunResult:
     t0 = time.perf_counter()
     results = []
     for case in cases:
-        routed = await router.route(case.request(router.name), case.session_id)
-        d = routed.decision
-        r = CaseResult(
-            case.id, case.category, case.tier, case.kind, pool=d.pool, rule=d.rule,
-            label=d.label.name or None, confidence=d.label.confidence if d.label.name else None,
-            reason=d.reason, status="routed",
-        )
+        r = _routed(case, await router.route(case.request(router.name), case.session_id), "routed")
         results.append(r)
         if on_done:
             on_done(r)
     return RunResult(router.name, "dry-run", results, str(router.policy_file), router.large,
-                     notes=list(router.notes), wall_s=time.perf_counter() - t0)
+                     wall_s=time.perf_counter() - t0)
 
 
 def _from_outcome(oc: Any, pool: str, r: CaseResult) -> CaseResult:
@@ -71,13 +74,13 @@ def _from_outcome(oc: Any, pool: str, r: CaseResult) -> CaseResult:
     return r
 
 
-async def _labels(table: OutcomeTable, router: Router) -> list[tuple[Any, Label]]:
+async def _labels(table: OutcomeTable, router: Router) -> list[tuple[RoutedCase, dict[str, Any], Label]]:
     out = []
     for oc in table.cases:
         body = dict(oc.request)
         body["model"] = router.name  # as if sent to the policy, not to the pool it was run on
         routed = await router.route(body, oc.session_id)
-        out.append((routed, routed.decision.label))
+        out.append((routed, body, routed.decision.label))
     return out
 
 
@@ -89,17 +92,12 @@ async def run_counterfactual(table: OutcomeTable, router: Router, on_done: OnDon
         body = dict(oc.request)
         body["model"] = router.name
         routed = await router.route(body, oc.session_id)
-        d = routed.decision
-        r = CaseResult(
-            oc.id, oc.category, oc.tier, oc.kind, pool=d.pool, rule=d.rule,
-            label=d.label.name or None, confidence=d.label.confidence if d.label.name else None,
-            reason=d.reason,
-        )
-        results.append(_from_outcome(oc, d.pool, r))
+        r = _routed(oc, routed)
+        results.append(_from_outcome(oc, routed.decision.pool, r))
         if on_done:
             on_done(r)
     run = RunResult(router.name, "counterfactual", results, str(router.policy_file), router.large,
-                    notes=list(router.notes), wall_s=time.perf_counter() - t0)
+                    wall_s=time.perf_counter() - t0)
     missing = sum(r.status == "missing" for r in results)
     if missing:
         run.notes.append(f"{missing} cases have no outcome for the pool the policy chose: left out of the score")
@@ -130,9 +128,9 @@ async def sweep(table: OutcomeTable, router: Router, thresholds: list[float] | N
     points: list[dict[str, Any]] = []
     for t in thresholds:
         rows = []
-        for oc, (routed, label) in zip(table.cases, labelled, strict=True):
+        for oc, (routed, body, label) in zip(table.cases, labelled, strict=True):
             lab = router.relabel(router.hard_probability(label), t)
-            pool = router.decide(routed.features, lab, None).pool
+            pool = (await router.route_labelled(routed.features, body, lab)).pool
             o = oc.by_pool.get(pool)
             rows.append((o.get("correct") if o else None, pool))
         points.append(_point(rows, router.large, t, "classifier"))

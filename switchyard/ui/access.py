@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Any
+from collections.abc import Mapping
 
-from switchyard.auth import check_admin
+from switchyard.gateway.auth import check_admin
 
 COOKIE = "switchyard_ui"
 
@@ -25,7 +25,7 @@ class UiAccess:
         self.token = hmac.new(admin_key.encode(), b"switchyard-ui-session", hashlib.sha256).hexdigest() \
             if admin_key else ""
 
-    def allowed(self, headers: Any, cookies: dict[str, str]) -> bool:
+    def allowed(self, headers: Mapping[str, str], cookies: dict[str, str]) -> bool:
         if self.mode == "open":
             return True
         if self.mode == "locked" or self.admin_key is None:

@@ -14,33 +14,31 @@ import asyncio
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from switchyard.classify.base import NO_LABEL, Classifier, Label
-from switchyard.classify.features import Features, extract
-from switchyard.policy.loader import PolicyError, PolicyIssue, parse_policy
+from switchyard.classify.base import Classifier
+from switchyard.classify.features import extract
+from switchyard.errors import PolicyError, PolicyIssue
+from switchyard.gateway import routing
+from switchyard.gateway.gateway import Gateway, LoadedPolicy
+from switchyard.policy.loader import parse_policy
 from switchyard.policy.rules import KNOWN_KEYS, CompiledPolicy, compile_policy
 from switchyard.policy.schema import PolicySpec
 
-if TYPE_CHECKING:
-    from switchyard.gateway import Gateway, LoadedPolicy
 
-_ISSUE = re.compile(r"^(?P<file>.*?):(?P<line>\d+): (?P<reason>.*)$")
-CLASSIFIER_TIMEOUT_S = 10.0
+@dataclass(frozen=True, slots=True)
+class _Edited:
+    """An edited policy as routing sees it (routing.RoutingPolicy)."""
+
+    spec: PolicySpec
+    compiled: CompiledPolicy
+    classifier: Classifier
 
 
 def issue_dicts(issues: list[PolicyIssue]) -> list[dict[str, Any]]:
     return [{"line": i.line, "reason": i.reason} for i in issues]
-
-
-def issues_from_text(error: str) -> list[dict[str, Any]]:
-    """A ReloadStatus error ("file:line: reason" lines) back into issues."""
-    out = []
-    for line in error.splitlines():
-        m = _ISSUE.match(line)
-        out.append({"line": int(m["line"]), "reason": m["reason"]} if m else {"line": 1, "reason": line})
-    return out
 
 
 def schema_hints() -> dict[str, Any]:
@@ -56,7 +54,7 @@ class PolicyEditor:
         self._classifiers: dict[tuple[str, str], Classifier] = {}
 
     def find(self, name: str) -> LoadedPolicy | None:
-        return next((lp for lp in self.gateway.policies() if lp.name == name), None)
+        return self.gateway.policy(name)
 
     # --- validate -------------------------------------------------------------------------
 
@@ -94,7 +92,7 @@ class PolicyEditor:
         key = (spec.classifier.model_dump_json(), str(path.parent))
         clf = self._classifiers.get(key)
         if clf is None:
-            clf = self.gateway._build_classifier(spec, path)
+            clf = self.gateway.build_classifier(spec, path)
             if len(self._classifiers) >= 8:
                 self._classifiers.pop(next(iter(self._classifiers)))
             self._classifiers[key] = clf
@@ -103,63 +101,32 @@ class PolicyEditor:
     # --- preview --------------------------------------------------------------------------
 
     async def preview(self, name: str, text: str, body: dict, headers: dict[str, str]) -> dict[str, Any]:
-        """The decision for `body` under the edited text and under the running policy (no session state)."""
+        """The decision for `body` under the edited text and under the running policy, each with its
+        trace, from the gateway's own routing function (no session state: one request alone)."""
         spec, issues = self.validate(name, text)
         features = extract(body, headers)
-        out: dict[str, Any] = {"features": {
-            "tools": features.tools, "turns": features.turns, "messages": features.messages,
-            "tool_result": features.tool_result, "prompt_tokens": features.prompt_tokens, "model": features.model,
-        }, "issues": issue_dicts(issues)}
-        sid = _session_id(body, headers)
-        if spec is not None:
-            lp = self.find(name)
-            path = lp.path if lp is not None else Path(f"{name}.yaml")
-            clf: Classifier | None = None
-            if spec.classifier.kind != "none":
-                if lp is not None and lp.spec.classifier == spec.classifier:
-                    clf = lp.classifier
-                else:
-                    try:
-                        clf = self._classifier(spec, path)
-                    except PolicyError as e:
-                        out["issues"] = issue_dicts(e.issues)
-                        return out
-            out["edited"] = await self._decide(compile_policy(spec), clf, features, body, sid)
+        out: dict[str, Any] = {"features": features.summary(), "issues": issue_dicts(issues)}
+        sid = routing.session_id_of(body, headers)
         lp = self.find(name)
+        if spec is not None:
+            path = lp.path if lp is not None else Path(f"{name}.yaml")
+            if lp is not None and lp.spec.classifier == spec.classifier:
+                clf = lp.classifier
+            else:
+                try:
+                    clf = self._classifier(spec, path)
+                except PolicyError as e:
+                    out["issues"] = issue_dicts(e.issues)
+                    return out
+            edited = _Edited(spec, compile_policy(spec, str(path)), clf)
+            out["edited"] = (await routing.route(edited, features, body, sid)).trace()
         if lp is not None:
-            running = await self._decide(lp.compiled, lp.classifier if lp.spec.classifier.kind != "none" else None,
-                                         features, body, sid)
+            running = (await routing.route(lp, features, body, sid)).trace()
             pool = lp.pools.get(running["pool"])
             running["replicas"] = [r.snapshot() for r in pool.replicas] if pool else []
             running["upstream_model"] = pool.model if pool else None
             out["running"] = running
         return out
-
-    async def _decide(self, compiled: CompiledPolicy, clf: Classifier | None, f: Features, body: dict,
-                      sid: str | None) -> dict[str, Any]:
-        label: Label = NO_LABEL
-        if clf is not None:
-            try:
-                label = await asyncio.wait_for(clf.classify(f, body), CLASSIFIER_TIMEOUT_S)
-            except Exception as e:  # as the gateway does: a failing classifier fails open
-                cspec = compiled.spec.classifier
-                label = Label(cspec.failure_label, 0.0, "fail-open", 0.0)
-                trace_err = f"{type(e).__name__}: {e}"
-            else:
-                trace_err = None
-        else:
-            trace_err = None
-        trace = []
-        for rule in compiled.rules:
-            hit = rule.matches(f, label)
-            trace.append({"rule": rule.name, "match": hit, "when": rule.reason()})
-            if hit:
-                break
-        d = compiled.evaluate(f, label, sid).to_dict()
-        d["trace"] = trace
-        d["classifier_error"] = trace_err
-        d["classifier_ms"] = round(label.ms, 3) if label.name else None
-        return d
 
     # --- apply ----------------------------------------------------------------------------
 
@@ -180,7 +147,7 @@ class PolicyEditor:
             st = store.reload_file(path)
             if not st.ok:
                 _write_atomic(path, old)  # the disk keeps matching the policy that serves
-                return 422, {"ok": False, "policy": name, "issues": issues_from_text(st.error),
+                return 422, {"ok": False, "policy": name, "issues": issue_dicts(st.issues),
                              "message": "not applied: the running policy stays"}
             new_name = store.files.get(path.resolve(), name)
             return 200, {"ok": True, "policy": new_name, "file": str(path), "at": st.at,
@@ -195,12 +162,6 @@ class PolicyEditor:
 def _key_line(lines: list[str], key: str) -> int:
     rx = re.compile(rf"^\s*{re.escape(key)}\s*:")
     return next((i for i, line in enumerate(lines, 1) if rx.match(line)), 1)
-
-
-def _session_id(body: dict, headers: dict[str, str]) -> str | None:
-    from switchyard.api.openai import session_id_of
-
-    return session_id_of(body, headers)
 
 
 def _write_atomic(path: Path, text: str) -> None:

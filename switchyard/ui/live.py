@@ -3,7 +3,7 @@
 A background task samples the Prometheus counters and histograms once a second into a
 bounded history (no request-path cost: it reads what the request path already counts);
 rates and splits are differences between samples. Per-replica latency percentiles come
-from the Api's ring buffer of recent decisions (the histograms are per pool only).
+from the runtime's ring buffer of recent decisions (the histograms are per pool only).
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from switchyard.api.app import Api
+from switchyard.gateway.runtime import RecentDecision, Runtime
 
 HISTORY_S = 300  # seconds of samples kept: the charts' span
 RATE_S = 5.0  # requests/s are averaged over this many seconds
@@ -98,8 +97,8 @@ def _ms(seconds: float | None) -> float | None:
 
 
 class LiveSampler:
-    def __init__(self, api: Api):
-        self.api = api
+    def __init__(self, rt: Runtime):
+        self.rt = rt
         self.samples: deque[Sample] = deque(maxlen=HISTORY_S + 1)
         # Requests/s per pool and per rule between consecutive samples, computed once when sampled.
         self.steps: deque[tuple[float, dict[str, float], dict[str, float]]] = deque(maxlen=HISTORY_S)
@@ -110,7 +109,7 @@ class LiveSampler:
     # --- sampling -----------------------------------------------------------------------
 
     def sample(self) -> Sample:
-        m = self.api.metrics
+        m = self.rt.metrics
         s = Sample(time.time())
         for labels, v in _counter_totals(m.requests):
             pk = f"{labels['policy']}/{labels['pool']}"
@@ -166,7 +165,7 @@ class LiveSampler:
         return self.samples[-1]
 
     def snapshot(self, window: float = 60.0) -> dict[str, Any]:
-        api = self.api
+        rt = self.rt
         now = time.time()
         cur = self.sample()  # now, so numbers are current between two background samples
         if not self.samples:
@@ -177,14 +176,14 @@ class LiveSampler:
         dt_rate = max(cur.t - rate_from.t, 1e-3)
         rps_pool = {k: v / dt_rate for k, v in _diff(cur.pools, rate_from.pools).items()}
         rps_rep = {k: v / dt_rate for k, v in _diff(cur.replicas, rate_from.replicas).items()}
-        recent = [e for e in list(api.recent) if now - e[0] <= window]
+        recent = [e for e in list(rt.recent) if now - e.at <= window]
         rep_lat: dict[str, list[float]] = {}
-        for _t, d, pool, replica, _code, seconds, _ovh in recent:
-            rep_lat.setdefault(f"{d.policy}/{pool}/{replica}", []).append(seconds)
+        for e in recent:
+            rep_lat.setdefault(f"{e.decision.policy}/{e.pool}/{e.replica}", []).append(e.seconds)
 
         policies = []
-        for lp in api.gateway.policies():
-            st = api.gateway.store.status.get(lp.name) if api.gateway.store else None
+        for lp in rt.gateway.policies():
+            st = rt.gateway.store.status.get(lp.name) if rt.gateway.store else None
             pools = []
             for name, pool in lp.pools.items():
                 key = f"{lp.name}/{name}"
@@ -222,9 +221,9 @@ class LiveSampler:
             })
         return {
             "now": now,
-            "uptime_s": round(now - api.started, 1),
+            "uptime_s": round(now - rt.started, 1),
             "window_s": window,
-            "status": api.health()["status"],
+            "status": rt.health()["status"],
             "policies": policies,
             "split": {
                 "window": {"pools": _diff(cur.pools, win_from.pools), "rules": _diff(cur.rules, win_from.rules)},
@@ -235,7 +234,7 @@ class LiveSampler:
             "fail_open": {"total": cur.fail_open, "window": _diff(cur.fail_open, win_from.fail_open)},
             "rejected": int(cur.rejected),
             "since": base.t,
-            "recent": [_decision(e) for e in list(api.recent)[-RECENT_SHOWN:][::-1]],
+            "recent": [_decision(e) for e in list(rt.recent)[-RECENT_SHOWN:][::-1]],
         }
 
     def _series(self) -> dict[str, Any]:
@@ -250,12 +249,12 @@ class LiveSampler:
         }
 
 
-def _decision(e: tuple) -> dict[str, Any]:
-    t, d, pool, replica, code, seconds, overhead = e
+def _decision(e: RecentDecision) -> dict[str, Any]:
+    d = e.decision
     return {
-        "t": t, "policy": d.policy, "pool": pool, "routed_pool": d.pool, "rule": d.rule, "reason": d.reason,
+        "t": e.at, "policy": d.policy, "pool": e.pool, "routed_pool": d.pool, "rule": d.rule, "reason": d.reason,
         "label": d.label.name or None, "confidence": round(d.label.confidence, 3) if d.label.name else None,
         "classifier": d.label.kind, "classifier_ms": round(d.label.ms, 3) if d.label.name else None,
-        "replica": replica, "status": code, "latency_ms": round(seconds * 1000.0, 2),
-        "overhead_ms": round(overhead * 1000.0, 3), "session": d.session_id,
+        "replica": e.replica, "status": e.status, "latency_ms": round(e.seconds * 1000.0, 2),
+        "overhead_ms": round(e.overhead * 1000.0, 3), "session": d.session_id,
     }

@@ -1,8 +1,10 @@
 """A tiny real OpenAI-style server for the LLM classifier tests (stdlib only, its own process).
 
 --delay S: sleep before answering (a slow pool). --mode: `label` answers one label token with
-logprobs over a fixed top list; `nologprobs` answers the word without logprobs; `garbage`
-answers a non-label word; `error` answers HTTP 500. Counts the chat calls it got at GET /calls.
+logprobs over a fixed top list; `keyword` answers " complex" when the request it is asked about
+says HARD, else " simple" (a deterministic classifier for routing tests); `nologprobs` answers
+the word without logprobs; `garbage` answers a non-label word; `error` answers HTTP 500.
+Counts the chat calls it got at GET /calls.
 """
 
 from __future__ import annotations
@@ -25,17 +27,20 @@ def completion(mode: str, body: dict) -> dict:
         return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Simple"}}]}
     # Split probability over label-starting tokens the way a real tokenizer does (" complex", "Complex").
     top = [(" complex", 0.5), ("Complex", 0.2), (" simple", 0.2), ("The", 0.1)]
+    if mode == "keyword":
+        hard = "HARD" in json.dumps(body.get("messages", []))
+        top = [(" complex", 0.9), (" simple", 0.1)] if hard else [(" simple", 0.8), (" complex", 0.2)]
     return {
         "id": "chatcmpl-test",
         "object": "chat.completion",
         "model": body.get("model", "test"),
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": " complex"},
+            "message": {"role": "assistant", "content": top[0][0]},
             "finish_reason": "length",
             "logprobs": {"content": [{
-                "token": " complex",
-                "logprob": math.log(0.5),
+                "token": top[0][0],
+                "logprob": math.log(top[0][1]),
                 "top_logprobs": [{"token": t, "logprob": math.log(p)} for t, p in top],
             }]},
         }],
@@ -47,7 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--delay", type=float, default=0.0)
-    ap.add_argument("--mode", default="label", choices=["label", "nologprobs", "garbage", "error"])
+    ap.add_argument("--mode", default="label", choices=["label", "keyword", "nologprobs", "garbage", "error"])
     args = ap.parse_args()
 
     class Handler(BaseHTTPRequestHandler):

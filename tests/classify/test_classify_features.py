@@ -155,7 +155,7 @@ def test_hashing_is_stable_across_processes() -> None:
 def test_text_cues_left_for_the_classifier_give_the_same_label() -> None:
     """The gateway extracts without text cues (rules never read them); the ONNX classifier
     fills them in, so its answer is the same as from fully extracted features."""
-    from switchyard.classify.build import build_classifier
+    from switchyard.policy.classifier import build_classifier
     from switchyard.policy.schema import ClassifierSpec
 
     clf = build_classifier(ClassifierSpec(kind="onnx", path="classifiers/tool-complexity.onnx"), Path("."), None)

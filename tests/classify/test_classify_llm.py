@@ -13,9 +13,9 @@ import httpx
 import pytest
 from procs import Proc, free_port, http_get
 
-from switchyard.classify.build import build_classifier
 from switchyard.classify.features import extract
 from switchyard.classify.llm import CallPool, LLMClassifier
+from switchyard.policy.classifier import build_classifier
 from switchyard.policy.loader import parse_policy
 from switchyard.policy.rules import compile_policy
 from switchyard.policy.schema import ClassifierSpec
@@ -111,7 +111,7 @@ async def test_dead_port_fails_open_within_budget() -> None:
         "  - {name: hard, when: {label: complex, confidence: '>= 0.6'}, pool: large}\n"
         "  - {name: default, pool: small}\n"
     ))
-    assert policy.evaluate(FEATURES, lab).pool == "large"
+    assert policy.evaluate(FEATURES, lab)[0].pool == "large"
 
 
 async def test_slow_pool_fails_open_at_the_budget_then_breaker_skips(label_server) -> None:

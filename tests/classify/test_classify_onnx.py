@@ -14,10 +14,11 @@ from classifykit import ROOT, SHIPPED
 
 from switchyard.classify.base import Label
 from switchyard.classify.bfcl import Case
-from switchyard.classify.build import ClassifierLoadError, build_classifier
 from switchyard.classify.features import extract
 from switchyard.classify.onnx_classifier import OnnxClassifier
 from switchyard.classify.vectorize import FeatureSpec, Vectorizer
+from switchyard.errors import ClassifierLoadError
+from switchyard.policy.classifier import build_classifier
 from switchyard.policy.schema import ClassifierSpec
 
 # The shipped model scores 0.892 on the held-out split (model card); this floor leaves room for
@@ -84,7 +85,7 @@ def test_serving_does_not_import_sklearn() -> None:
     code = (
         "import sys; sys.modules['sklearn'] = None; sys.modules['skl2onnx'] = None\n"
         "import asyncio, pathlib\n"
-        "from switchyard.classify.build import build_classifier\n"
+        "from switchyard.policy.classifier import build_classifier\n"
         "from switchyard.classify.features import extract\n"
         "from switchyard.policy.schema import ClassifierSpec\n"
         "c = build_classifier(ClassifierSpec(kind='onnx', path='classifiers/tool-complexity.onnx'), "
@@ -165,7 +166,7 @@ def test_labels_mismatch_with_policy(model_copy: Path) -> None:
 
 
 def test_policy_load_error_and_old_policy_keeps_serving(tmp_path: Path, model_copy: Path) -> None:
-    from switchyard.gateway import Gateway
+    from switchyard.gateway.gateway import Gateway
     from switchyard.policy.loader import PolicyError
     from switchyard.state.memory import MemoryStore
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import orjson
 import pytest
@@ -17,7 +18,7 @@ from procs import ROOT, http_get, http_post, start_gateway, start_upstream
 
 from switchyard.classify.base import Label
 from switchyard.classify.features import extract
-from switchyard.gateway import Gateway
+from switchyard.gateway.gateway import Gateway
 from switchyard.policy.loader import PolicyError, parse_policy
 from switchyard.policy.rules import compile_policy
 from switchyard.state.memory import MemoryStore
@@ -36,7 +37,7 @@ def policy(routes: str, extra: str = "") -> str:
 def route(text: str, body: dict, headers: dict | None = None, label: Label | None = None, sid: str | None = None):
     spec = parse_policy(text, "t.yaml")
     f = extract(body, headers or {})
-    return compile_policy(spec).evaluate(f, label or Label("", 0.0), sid)
+    return compile_policy(spec).evaluate(f, label or Label("", 0.0), sid)[0]
 
 
 def chat(content: str = "hi", tools: int = 0, **kw) -> dict:
@@ -161,11 +162,11 @@ def test_split_is_deterministic_per_session_and_follows_weights():
     compiled = compile_policy(parse_policy(policy("  - {name: canary, pool: {large: 25, small: 75}}\n")))
     f, lab = extract(chat(), {}), Label("", 0.0)
     for sid in ("alice", "bob", "carol"):
-        pools = {compiled.evaluate(f, lab, sid).pool for _ in range(20)}
+        pools = {compiled.evaluate(f, lab, sid)[0].pool for _ in range(20)}
         assert len(pools) == 1
-    counts = Counter(compiled.evaluate(f, lab, f"s{i}").pool for i in range(4000))
+    counts = Counter(compiled.evaluate(f, lab, f"s{i}")[0].pool for i in range(4000))
     assert 0.21 < counts["large"] / 4000 < 0.29
-    counts = Counter(compiled.evaluate(f, lab, None).pool for _ in range(4000))  # no session: random
+    counts = Counter(compiled.evaluate(f, lab, None)[0].pool for _ in range(4000))  # no session: random
     assert 0.21 < counts["large"] / 4000 < 0.29
 
 
@@ -220,7 +221,7 @@ def test_user_turn_keeps_label_through_tool_loop_and_reclassifies_next_turn(tmp_
 
     async def go(body):
         t = g.resolve("auto")
-        return await g.route(t, extract(body, {}), body, "sess-1")
+        return (await g.route(t, extract(body, {}), body, "sess-1")).decision
 
     d1 = asyncio.run(go(turns("plan a trip")))
     d2 = asyncio.run(go(turns("plan a trip", tool_result=True)))  # same turn, tool loop
@@ -237,7 +238,7 @@ def test_escalate_only_never_goes_back(tmp_path):
     lp.classifier = ScriptedClassifier(["simple", "complex", "simple"])
 
     async def go(body):
-        return await g.route(g.resolve("auto"), extract(body, {}), body, "sess-2")
+        return (await g.route(g.resolve("auto"), extract(body, {}), body, "sess-2")).decision
 
     assert asyncio.run(go(turns("a"))).pool == "small"
     assert asyncio.run(go(turns("a", "b"))).pool == "large"
@@ -252,7 +253,7 @@ def test_new_session_classifies_once(tmp_path):
     clf = lp.classifier = ScriptedClassifier(["complex"])
     for i in range(4):
         body = turns(*[f"m{j}" for j in range(i + 1)])
-        assert asyncio.run(g.route(g.resolve("auto"), extract(body, {}), body, "s")).pool == "large"
+        assert asyncio.run(g.route(g.resolve("auto"), extract(body, {}), body, "s")).decision.pool == "large"
     assert clf.calls == 1
 
 
@@ -261,9 +262,9 @@ def test_pin_pool_keeps_a_session_on_its_pool(tmp_path):
                   "session: {pin: pool}\n")
     g = gateway_for(tmp_path, text)
     b1, b2 = chat(tools=2), chat(tools=0)
-    d1 = asyncio.run(g.route(g.resolve("auto"), extract(b1, {}), b1, "pinned"))
-    d2 = asyncio.run(g.route(g.resolve("auto"), extract(b2, {}), b2, "pinned"))
-    d3 = asyncio.run(g.route(g.resolve("auto"), extract(b2, {}), b2, "other"))
+    d1 = asyncio.run(g.route(g.resolve("auto"), extract(b1, {}), b1, "pinned")).decision
+    d2 = asyncio.run(g.route(g.resolve("auto"), extract(b2, {}), b2, "pinned")).decision
+    d3 = asyncio.run(g.route(g.resolve("auto"), extract(b2, {}), b2, "other")).decision
     assert (d1.pool, d2.pool, d2.rule, d3.pool) == ("large", "large", "session-pin", "small")
 
 
@@ -334,6 +335,45 @@ def test_hot_reload_swaps_a_good_edit_and_keeps_serving_on_a_broken_one(tmp_path
         status, raw = http_post(url + "/v1/chat/completions",
                                 b'{"model": "live", "messages": [{"role": "user", "content": "x"}]}')
         assert status == 200
+    finally:
+        gw.stop()
+        u0.stop()
+        u1.stop()
+
+
+def _connections_to(port: int) -> int:
+    """Established TCP connections to 127.0.0.1:port on this host (from /proc/net/tcp)."""
+    n = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote, state = fields[2], fields[3]
+        if state == "01" and int(remote.split(":")[1], 16) == port:
+            n += 1
+    return n
+
+
+def test_a_policy_edit_that_drops_a_replica_closes_its_connections(tmp_path):
+    # The upstreams keep idle connections a minute: only the gateway closing them ends them soon.
+    (u0, url0) = start_upstream(tmp_path, "keep", None, "--keep-alive", "60")
+    (u1, url1) = start_upstream(tmp_path, "drop", None, "--keep-alive", "60")
+    port1 = int(url1.rsplit(":", 1)[1])
+    p = tmp_path / "live.yaml"
+    text = ("version: 1\nname: live\npools:\n  a: {{model: m, replicas: [{replicas}]}}\n"
+            "routes:\n  - {{name: r, pool: a}}\n")
+    both = f"{{url: {url0}/v1}}, {{url: {url1}/v1}}"
+    p.write_text(text.format(replicas=both))
+    gw, url = start_gateway(tmp_path, [p], "--no-health-checks")
+    body = b'{"model": "live", "messages": [{"role": "user", "content": "x"}]}'
+    try:
+        for _ in range(4):  # round the pool: both replicas get a kept-alive connection
+            assert http_post(url + "/v1/chat/completions", body)[0] == 200
+        assert _connections_to(port1) >= 1
+        p.write_text(text.format(replicas=f"{{url: {url0}/v1}}"))
+        deadline = time.time() + 4
+        while time.time() < deadline and _connections_to(port1):
+            time.sleep(0.1)
+        assert _connections_to(port1) == 0, "the dropped replica's connection pool is still open"
+        assert http_post(url + "/v1/chat/completions", body)[0] == 200
     finally:
         gw.stop()
         u0.stop()

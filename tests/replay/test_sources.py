@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from switchyard.cli import app
 from switchyard.datasets import BFCL, fetch_wheel
+from switchyard.gateway.recorder import TraceRecorder
 from switchyard.replay.bfcl import BfclData, load_category
 from switchyard.replay.cases import TraceError
 from switchyard.replay.jsonl import load_jsonl
-from switchyard.replay.record import TraceRecorder
 from switchyard.replay.sources import load_source
 from switchyard.replay.suite import SUITES, build_tooluse92, load_suite
 

@@ -14,8 +14,8 @@ import pytest
 from procs import ROOT, Proc, http_get
 from statekit import Shared, chat, health, post_many, wait_for
 
-from switchyard.keys import RedisKeyStore, make_key
-from switchyard.limits import StreamTap, usage_tokens
+from switchyard.gateway.keys import RedisKeyStore, make_key
+from switchyard.gateway.limits import StreamTap, usage_tokens
 
 
 @dataclass

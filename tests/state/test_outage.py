@@ -100,9 +100,9 @@ def test_redis_outage_mid_load_fails_no_request_and_recovers(fresh: Shared, tmp_
         assert 'switchyard_state_outages{kind="redis"} 2.0' in text
         assert 'switchyard_state_gateways{kind="redis"} 1.0' in text
         # The session decided during the outage reached the restarted (empty) Redis.
-        wait_for(lambda: rs.client().get(f"switchyard:sess:shared\x00{marker}") is not None, 2,
+        wait_for(lambda: rs.client().get(f"switchyard:sess:shared\x00\x00{marker}") is not None, 2,
                  what="the outage's session to be resynchronised")
-        assert b'"large"' in rs.client().get(f"switchyard:sess:shared\x00{marker}")
+        assert b'"large"' in rs.client().get(f"switchyard:sess:shared\x00\x00{marker}")
         # And its lease is back: this gateway is counted again.
         wait_for(lambda: rs.client().zcard("switchyard:gws") == 1, 2, what="the lease to be renewed")
     finally:

@@ -6,7 +6,7 @@ import random
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from switchyard.api.metrics import LATENCY_BUCKETS
+from switchyard.gateway.metrics import LATENCY_BUCKETS
 from switchyard.ui.live import _buckets, _diff_buckets, quantile
 
 

@@ -1,31 +1,19 @@
-"""Policy `classifier:` block -> a live Classifier. The gateway's one entry point into classify/."""
+"""The classifier factory: a policy's `classifier:` block -> a live Classifier.
+
+The one place that turns the policy schema into classify/'s objects (classify/ knows nothing
+of policies)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from switchyard.classify.base import Classifier, NoClassifier
-from switchyard.classify.errors import ClassifierLoadError
 from switchyard.classify.llm import CallPool, LLMClassifier
+from switchyard.classify.model_file import resolve_model_path
+from switchyard.errors import ClassifierLoadError
 from switchyard.policy.schema import ClassifierSpec
 
-__all__ = ["CallPool", "ClassifierLoadError", "build_classifier", "resolve_model_path"]
-
-# The repository (or source tree) root: where the shipped `classifiers/` folder lives.
-_ROOT = Path(__file__).resolve().parents[2]
-
-
-def resolve_model_path(path: str, base_dir: Path) -> Path:
-    """An absolute path as is; else relative to the policy's folder; else to the switchyard tree
-    (so `classifiers/tool-complexity.onnx` finds the shipped model from any policy folder)."""
-    p = Path(path).expanduser()
-    candidates = [p] if p.is_absolute() else [base_dir / p, _ROOT / p]
-    for c in candidates:
-        if c.is_file():
-            return c
-    tried = ", ".join(str(c) for c in candidates)
-    raise ClassifierLoadError(f"classifier model {path!r} not found (looked in: {tried})")
-
+__all__ = ["CallPool", "build_classifier"]
 
 def build_classifier(spec: ClassifierSpec, base_dir: Path, call_pool: CallPool | None) -> Classifier:
     """Raises ClassifierLoadError (message for the policy author) when the classifier cannot work."""

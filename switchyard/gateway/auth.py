@@ -2,7 +2,7 @@
 
 On the request path nothing waits on a store: keys are cached in memory and refreshed every
 second (a new key is also looked up once on a miss); rate limits count in local windows that
-the state sync (state/sync.py) adds up across gateways every tick. The key itself never goes
+the state sync (pools/sync.py) adds up across gateways every tick. The key itself never goes
 to a log or a metric label: keys are named by their `name` and `id`. Keys and their stores:
 keys.py; the counting: limits.py.
 """
@@ -13,23 +13,18 @@ import asyncio
 import hmac
 import logging
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import NoReturn
 
 from prometheus_client import CollectorRegistry, Counter
 
-from switchyard.api import errors
-from switchyard.keys import KeyRecord, KeyStore, hash_key
-from switchyard.limits import WINDOW, RateLimiter, usage_tokens
+from switchyard.errors import Forbidden, RateLimited, Unauthorized
+from switchyard.gateway.keys import KeyRecord, KeyStore, hash_key
+from switchyard.gateway.limits import WINDOW, RateLimiter, usage_tokens
 
-log = logging.getLogger("switchyard.auth")
+log = logging.getLogger("switchyard.gateway.auth")
 
 REFRESH = 1.0  # seconds between key-cache refreshes
-
-
-# --- the gate on the request path -----------------------------------------------------------
-
-def _error(status: int, message: str, type_: str, code: str, headers: dict[str, str] | None = None) -> errors.APIError:
-    return errors.APIError(status, message, type_, None, code, headers)
 
 
 class Auth:
@@ -73,29 +68,27 @@ class Auth:
         return {"enabled": True, "store": self.store.where, "keys": sum(1 for k in self._keys.values() if not k.revoked),
                 **({"error": self.error} if self.error else {})}
 
-    async def authenticate(self, headers: Any) -> KeyRecord:
+    async def authenticate(self, headers: Mapping[str, str]) -> KeyRecord:
         value = headers.get("authorization")
         if not value:
             self.m_auth_failures.labels("missing").inc()
-            raise _error(401, "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
-                         "invalid_request_error", "missing_api_key")
+            raise Unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
+                               code="missing_api_key")
         scheme, _, token = value.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             self.m_auth_failures.labels("malformed").inc()
-            raise _error(401, "The Authorization header must be 'Bearer KEY'.", "invalid_request_error",
-                         "invalid_api_key")
+            raise Unauthorized("The Authorization header must be 'Bearer KEY'.")
         digest = hash_key(token)
         rec = self._keys.get(digest)
         if rec is None:
             rec = await self._lookup(digest)
         if rec is None:
             self.m_auth_failures.labels("unknown").inc()
-            raise _error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
+            raise Unauthorized("Incorrect API key provided.")
         if rec.revoked:
             self.m_auth_failures.labels("revoked").inc()
-            raise _error(401, f"This API key ({rec.name}) has been revoked.", "invalid_request_error",
-                         "invalid_api_key")
+            raise Unauthorized(f"This API key ({rec.name}) has been revoked.")
         return rec
 
     async def _lookup(self, digest: str) -> KeyRecord | None:
@@ -115,22 +108,25 @@ class Auth:
             self._missed.pop(digest, None)
         return rec
 
-    def admit(self, rec: KeyRecord, model: str, policy: str, pool: str, direct: bool) -> None:
-        """403 for a policy or pool the key may not use; 429 over its rpm/tpm. Counts the request."""
+    def check(self, rec: KeyRecord, model: str, policy: str, pool: str, direct: bool) -> None:
+        """Forbidden for a policy or pool the key may not use."""
         if rec.policies is not None and not direct and model not in rec.policies and policy not in rec.policies:
             self.m_requests.labels(rec.name, "forbidden").inc()
-            raise _error(403, f"This API key ({rec.name}) may not use policy {policy!r} (model {model!r}); "
-                              f"allowed: {', '.join(rec.policies) or 'none'}.", "permission_error",
-                         "model_not_allowed")
+            raise Forbidden(f"This API key ({rec.name}) may not use policy {policy!r} (model {model!r}); "
+                            f"allowed: {', '.join(rec.policies) or 'none'}.", code="model_not_allowed")
         if direct and rec.policies is not None and rec.pools is None and model not in rec.policies:
             self.m_requests.labels(rec.name, "forbidden").inc()
-            raise _error(403, f"This API key ({rec.name}) may not send requests to pool {pool!r} directly; "
-                              f"allowed: {', '.join(rec.policies) or 'none'}.", "permission_error",
-                         "model_not_allowed")
+            raise Forbidden(f"This API key ({rec.name}) may not send requests to pool {pool!r} directly; "
+                            f"allowed: {', '.join(rec.policies) or 'none'}.", code="model_not_allowed")
         if rec.pools is not None and pool not in rec.pools and model not in rec.pools:
             self.m_requests.labels(rec.name, "forbidden").inc()
-            raise _error(403, f"This API key ({rec.name}) may not use pool {pool!r}; "
-                              f"allowed: {', '.join(rec.pools) or 'none'}.", "permission_error", "pool_not_allowed")
+            raise Forbidden(f"This API key ({rec.name}) may not use pool {pool!r}; "
+                            f"allowed: {', '.join(rec.pools) or 'none'}.", code="pool_not_allowed")
+
+    def admit(self, rec: KeyRecord, model: str, policy: str, pool: str, direct: bool) -> None:
+        """Forbidden for a policy or pool the key may not use; RateLimited over its rpm/tpm.
+        Counts the request."""
+        self.check(rec, model, policy, pool, direct)
         now = time.time()
         lim = self.limiter
         if rec.rpm is not None and lim.used(rec.id, "r", now) >= rec.rpm:
@@ -140,18 +136,11 @@ class Auth:
         lim.add(rec.id, "r", 1, now)
         self.m_requests.labels(rec.name, "admitted").inc()
 
-    def _over(self, rec: KeyRecord, kind: str, abbr: str, limit: int, used: int, now: float) -> None:
+    def _over(self, rec: KeyRecord, kind: str, abbr: str, limit: int, used: int, now: float) -> NoReturn:
         reset = WINDOW - (now % WINDOW)
         self.m_requests.labels(rec.name, f"limited_{kind}").inc()
-        headers = {
-            "Retry-After": str(max(1, int(reset + 0.999))),
-            f"x-ratelimit-limit-{kind}": str(limit),
-            f"x-ratelimit-remaining-{kind}": "0",
-            f"x-ratelimit-reset-{kind}": f"{reset:.0f}s",
-        }
-        raise _error(429, f"Rate limit reached for API key {rec.name} on {kind} per min ({abbr}): "
-                          f"Limit {limit}, Used {used}. Please try again in {reset:.0f}s.",
-                     kind, "rate_limit_exceeded", headers)
+        raise RateLimited(f"Rate limit reached for API key {rec.name} on {kind} per min ({abbr}): "
+                          f"Limit {limit}, Used {used}. Please try again in {reset:.0f}s.", kind, limit, reset)
 
     def account(self, rec: KeyRecord, tokens: int, estimated: bool) -> None:
         if tokens <= 0:
@@ -179,7 +168,7 @@ class Auth:
         await self.store.aclose()
 
 
-def check_admin(headers: Any, admin_key: str) -> bool:
+def check_admin(headers: Mapping[str, str], admin_key: str) -> bool:
     value = headers.get("authorization") or ""
     scheme, _, token = value.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), admin_key.encode())

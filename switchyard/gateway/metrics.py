@@ -90,5 +90,16 @@ class Metrics:
         children[1].observe(overhead)
         self.requests.labels(policy, pool, replica, rule, str(code)).inc()
 
+    # pools/dispatch.DispatchEvents: what the dispatcher reports as it goes.
+
+    def retried(self, pool: str) -> None:
+        self.retries.labels(pool).inc()
+
+    def fell_back(self, src: str, dst: str) -> None:
+        self.fallbacks.labels(src, dst).inc()
+
+    def upstream_failed(self, pool: str, replica: str, reason: str) -> None:
+        self.upstream_errors.labels(pool, replica, reason).inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

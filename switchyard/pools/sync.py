@@ -11,22 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from switchyard.pools.pool import ReplicaRegistry
+from switchyard.pools.replica import Replica
 from switchyard.state.base import CounterDelta, SharedView, StateStore
 
-if TYPE_CHECKING:
-    from switchyard.pools.pool import ReplicaRegistry
-    from switchyard.pools.replica import Replica
-
-log = logging.getLogger("switchyard.state.sync")
+log = logging.getLogger("switchyard.pools.sync")
 
 
 class CounterSource(Protocol):
-    """Something that keeps counters in shared windows (limits.RateLimiter)."""
+    """Something that keeps counters in shared windows (gateway/limits.RateLimiter)."""
 
     def take_deltas(self) -> tuple[list[CounterDelta], list[str]]:
         """What to add, and which buckets to read back."""

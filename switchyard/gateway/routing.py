@@ -1,0 +1,163 @@
+"""The one routing function: (policy, request features, session state, classifier) -> a decision
+and its trace.
+
+The gateway's proxy, `/v1/route`, the UI preview, `switchyard policy explain`, and replay's dry
+run and counterfactual all call `route`; none keeps its own copy, so what the preview explains
+is what production does. The trace says which rules were tried and why each matched or not,
+the label and where it came from (the classifier, the session, a fail-open), and the session
+record the decision started from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from switchyard.classify.base import NO_LABEL, Classifier, Label
+from switchyard.classify.features import Features
+from switchyard.policy.rules import CompiledPolicy, RouteDecision, RuleCheck
+from switchyard.policy.schema import PolicySpec
+from switchyard.state.base import SessionRecord, StateStore
+
+log = logging.getLogger("switchyard.routing")
+
+PIN_RULE = "session-pin"
+MAX_SESSION_ID_BYTES = 256
+
+
+class RoutingPolicy(Protocol):
+    """What routing needs of a policy: its spec, its compiled rules and its classifier."""
+
+    @property
+    def spec(self) -> PolicySpec: ...
+
+    @property
+    def compiled(self) -> CompiledPolicy: ...
+
+    @property
+    def classifier(self) -> Classifier: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    decision: RouteDecision
+    checks: tuple[RuleCheck, ...] = ()  # every rule tried, in order, up to the one that matched
+    session: SessionRecord | None = None  # the session's record this decision started from
+    classifier_error: str | None = None  # why the label is a fail-open one
+
+    def trace(self) -> dict[str, Any]:
+        """The decision and how it was reached, as every entry point shows it."""
+        d = self.decision.to_dict()
+        lab = self.decision.label
+        d["classifier_ms"] = round(lab.ms, 3) if lab.name else None
+        d["classifier_error"] = self.classifier_error
+        d["trace"] = [c.to_dict() for c in self.checks]
+        d["session"] = None if self.session is None else {
+            "pool": self.session.pool, "label": self.session.label or None, "replica": self.session.replica,
+            "rule": self.session.rule, "turns": self.session.turns,
+        }
+        return d
+
+
+def session_id_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
+    """The session a request belongs to: `x-session-id`, else `metadata.session_id`, else `user`.
+    Ids longer than MAX_SESSION_ID_BYTES are kept as a digest, so a client cannot make the
+    gateway store megabytes per session."""
+    sid = headers.get("x-session-id")
+    if not sid:
+        meta = body.get("metadata")
+        s = meta.get("session_id") if isinstance(meta, dict) else None
+        sid = s if isinstance(s, str) and s else None
+    if not sid:
+        user = body.get("user")
+        sid = user if isinstance(user, str) and user else None
+    # A UTF-8 character is at most 4 bytes: short ids skip the encode (every request comes here).
+    if sid and len(sid) > MAX_SESSION_ID_BYTES // 4 and len(sid.encode()) > MAX_SESSION_ID_BYTES:
+        sid = "sha256:" + hashlib.sha256(sid.encode()).hexdigest()
+    return sid
+
+
+def session_key(policy: str, session_id: str, caller: str = "") -> str:
+    """Where a session's state lives: per policy, per caller (API key id) and per session id, so
+    one key can never steer another key's session."""
+    return f"{policy}\0{caller}\0{session_id}"
+
+
+def direct(policy: RoutingPolicy, pool: str, model: str, session_id: str | None = None) -> Routed:
+    """A request whose `model` names a pool or an upstream model: that pool, unclassified."""
+    return Routed(RouteDecision(
+        policy.compiled.name, pool, "direct", f"model {model!r} names pool {pool!r}", NO_LABEL,
+        policy.compiled.fallback.get(pool, ()), None, session_id,
+    ))
+
+
+async def route(policy: RoutingPolicy, features: Features, body: dict[str, Any], session_id: str | None = None,
+                *, sessions: StateStore | None = None, caller: str = "", commit: bool = True,
+                label: Label | None = None) -> Routed:
+    """Route one request.
+
+    `sessions` None routes without session state (a preview of one request); `commit` False
+    reads the session's state without writing it (`/v1/route`); `label`, when given, is taken as
+    the classifier's answer (replay's threshold sweeps relabel a request at each threshold).
+    """
+    spec = policy.spec
+    cspec = spec.classifier
+    uses_session = sessions is not None and bool(session_id) and (
+        spec.session.pin != "none" or cspec.classify_on != "every_request" or cspec.escalate_only
+    )
+    key = session_key(policy.compiled.name, session_id, caller) if uses_session and session_id else ""
+    rec = await sessions.get_session(key) if key and sessions is not None else None
+    error = None
+    if label is None:
+        label, error = await _label(policy, features, body, rec)
+    decision, checks = policy.compiled.evaluate(features, label, session_id)
+    if rec is not None and rec.pool in spec.pools and spec.session.pin != "none" and rec.label == label.name:
+        # Pinned: a session stays on its pool (and replica) until its label changes.
+        replica = rec.replica if spec.session.pin == "replica" else None
+        if rec.pool != decision.pool or replica:
+            decision = RouteDecision(
+                decision.policy, rec.pool, decision.rule if rec.pool == decision.pool else PIN_RULE,
+                f"session pinned to pool {rec.pool}" + (f" replica {replica}" if replica else ""),
+                label, policy.compiled.fallback.get(rec.pool, ()), replica, session_id,
+            )
+    if key and commit and sessions is not None:
+        turns = features.turns if (rec is None or label.kind != "session") else rec.turns
+        await sessions.put_session(key, SessionRecord(
+            decision.policy, decision.pool, label.name, label.confidence, rec.replica if rec else None,
+            decision.rule, turns,
+        ), spec.session.ttl)
+    return Routed(decision, checks, rec, error)
+
+
+async def _label(policy: RoutingPolicy, f: Features, body: dict[str, Any],
+                 rec: SessionRecord | None) -> tuple[Label, str | None]:
+    cspec = policy.spec.classifier
+    if cspec.kind == "none":
+        return NO_LABEL, None
+    reuse = rec is not None and rec.label and (
+        cspec.classify_on == "new_session"
+        or (cspec.classify_on == "user_turn" and f.turns <= rec.turns)
+    )
+    if reuse:
+        assert rec is not None
+        return Label(rec.label, rec.confidence, "session", 0.0), None
+    t0 = time.perf_counter()
+    error = None
+    try:
+        label = await policy.classifier.classify(f, body)
+    except Exception as e:  # a classifier bug must not fail the request: fail open, say so
+        log.exception("classifier failed: %s", e)
+        error = f"{type(e).__name__}: {e}"
+        # A fail-open label is a firm decision (the llm classifier's own fail-opens say 1.0 too):
+        # a confidence-gated rule still sends it where `on_failure` means it to go.
+        label = Label(cspec.failure_label, 1.0, "fail-open", (time.perf_counter() - t0) * 1000)
+    if (
+        cspec.escalate_only and rec is not None and rec.label in cspec.labels and label.name in cspec.labels
+        and cspec.labels.index(label.name) < cspec.labels.index(rec.label)
+    ):
+        return Label(rec.label, rec.confidence, "session", label.ms), error
+    return label, error
