@@ -44,6 +44,12 @@ class MethodNotAllowed(RequestError):
     default_code = "method_not_allowed"
 
 
+class RequestTimeout(RequestError):
+    """The client took too long to send its request."""
+
+    default_code = "request_timeout"
+
+
 class TooLarge(RequestError):
     default_code = "request_too_large"
 

@@ -30,6 +30,8 @@ def _config(args: argparse.Namespace) -> dict:
         "die_after_chunks": 2,
         "stream_chunks": 5,
         "chunk_delay_ms": 0.0,
+        "chunk_pad": 0,  # extra characters in each streamed chunk (a stream of megabytes)
+        "fail_message": "failing on purpose",  # the error message of `fail` answers
         "health": 200,
         "tool_call": None,  # {"name": ..., "arguments": {...}} to answer with a tool call
         "served": 0,
@@ -125,7 +127,7 @@ async def app(scope, receive, send) -> None:
             STATE["fail_first"] -= 1
             return await _send_json(send, 503, {"error": {"message": "warming up", "type": "server_error"}})
         if STATE["fail"]:
-            return await _send_json(send, STATE["fail"], {"error": {"message": "failing on purpose",
+            return await _send_json(send, STATE["fail"], {"error": {"message": STATE["fail_message"],
                                                                      "type": "server_error"}})
         if STATE["delay_ms"]:
             try:
@@ -153,11 +155,12 @@ async def _stream(body: dict, kind: str, send, receive) -> None:
     headers = [(b"content-type", b"text/event-stream"), (b"x-upstream-name", STATE["name"].encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     n = STATE["stream_chunks"]
+    pad = "x" * STATE["chunk_pad"]
     for i in range(n):
         if STATE["die_midstream"] and i >= STATE["die_after_chunks"]:
             os._exit(17)  # the replica dies mid-stream: the connection drops without a proper end
         if kind == "chat":
-            delta = {"role": "assistant", "content": f"tok{i} "} if i == 0 else {"content": f"tok{i} "}
+            delta = {"role": "assistant", "content": f"tok{i} {pad}"} if i == 0 else {"content": f"tok{i} {pad}"}
             obj = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body.get("model"),
                    "system_fingerprint": STATE["name"],
                    "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}

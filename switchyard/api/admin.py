@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from typing import Any
 
 import orjson
-import uvicorn
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
@@ -56,7 +54,7 @@ def admin_router(rt: Runtime, admin_key: str) -> APIRouter:
     @router.post("/reload")
     async def reload() -> Response:
         assert gateway.store is not None
-        sts = gateway.store.reload_all()
+        sts = await gateway.store.reload_all()
         body = {"reloaded": [{"file": s.file, "ok": s.ok, "error": s.error or None} for s in sts],
                 "policies": [lp.name for lp in gateway.policies()]}
         return _json(body, 200 if all(s.ok for s in sts) else 422)
@@ -117,45 +115,3 @@ def admin_router(rt: Runtime, admin_key: str) -> APIRouter:
         return _json({"auth": True, "store": auth.store.where, "keys": out})
 
     return router
-
-
-class DrainingServer(uvicorn.Server):
-    """SIGTERM: readiness answers 503 at once; keep serving until nothing has been in flight for
-    a short quiet spell (or `grace` runs out), so a load balancer stops sending; then uvicorn's
-    graceful shutdown lets every open request finish and the process exits. A second signal
-    (or SIGINT) exits the usual way."""
-
-    def __init__(self, config: uvicorn.Config, rt: Runtime, grace: float, quiet: float = 0.3):
-        super().__init__(config)
-        self.rt = rt
-        self.grace = grace
-        self.quiet = quiet
-        self._draining = False
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        if sig == signal.SIGTERM and not self._draining and self.grace > 0:
-            self._draining = True
-            self.rt.draining = True
-            log.warning("SIGTERM: draining (readiness 503, %d requests in flight)", self.rt.active)
-            loop = asyncio.get_event_loop()
-            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
-            return
-        super().handle_exit(sig, frame)
-
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.grace
-        quiet_since = None
-        seen = self.rt.admitted
-        while loop.time() < deadline and not self.should_exit:
-            now = loop.time()
-            if self.rt.active == 0 and self.rt.admitted == seen:
-                quiet_since = quiet_since or now
-                if now - quiet_since >= self.quiet:
-                    break
-            else:
-                quiet_since, seen = None, self.rt.admitted
-            await asyncio.sleep(0.05)
-        log.warning("drained: %d requests still in flight, closing the listener and letting them finish",
-                    self.rt.active)
-        self.should_exit = True

@@ -22,8 +22,9 @@ from starlette.responses import Response
 
 from switchyard import errors
 from switchyard.api import errors as http_errors
+from switchyard.api.guard import EdgeGuard, GuardConfig
 from switchyard.api.proxy import FastPath, Proxy
-from switchyard.gateway.auth import Auth
+from switchyard.gateway.auth import Auth, check_admin
 from switchyard.gateway.gateway import Gateway
 from switchyard.gateway.keys import KeyStore
 from switchyard.gateway.metrics import Metrics
@@ -50,12 +51,21 @@ class GatewayConfig:
     sync_interval: float = 0.05  # shared-state sync tick, seconds (with --redis)
     ui: bool = True  # the browser UI at /ui (api/ui.py)
     reports_dir: str | None = None  # replay reports shown by the UI
+    body_timeout: float = 30.0  # longest wait for the next piece of a request body (408 after it)
+    allowed_hosts: tuple[str, ...] = ()  # open mode: Host names served besides loopback ones
+    check_host: bool = True  # open mode: refuse Host names that are not loopback (off: --insecure-open)
+    classifier_dirs: tuple[str, ...] = ()  # folders besides the policy's and the shipped one for ONNX models
+
+    @property
+    def open_mode(self) -> bool:
+        """No API keys: anyone who reaches the gateway may use it, so it must only be reachable locally."""
+        return self.keystore is None
 
 
 def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAPI:
     """Build the app. Policies load here, so a bad policy fails before the server starts."""
     metrics = Metrics()
-    gateway = Gateway(state or MemoryStore(), metrics)
+    gateway = Gateway(state or MemoryStore(), metrics, config.classifier_dirs)
     gateway.load(config.policies)
     metrics.attach_live(gateway.all_pools, lambda: (gateway.state.kind, gateway.state.healthy()))
     sync = StateSync(gateway.registry, gateway.state, config.sync_interval)
@@ -64,7 +74,7 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
     if auth is not None:
         sync.sources.append(auth.limiter)
     rt = Runtime(gateway, metrics, sync, auth)
-    proxy = Proxy(rt, config.max_body_bytes)
+    proxy = Proxy(rt)
 
     checker = HealthChecker(
         lambda: [
@@ -105,6 +115,10 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
 
     app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(FastPath, proxy=proxy)
+    # Outermost: refuse what the front door must refuse before any handler reads a byte.
+    app.add_middleware(EdgeGuard, config=GuardConfig(
+        max_body_bytes=config.max_body_bytes, body_timeout=config.body_timeout,
+        open_mode=config.open_mode, check_host=config.check_host, allowed_hosts=frozenset(config.allowed_hosts)))
     app.state.runtime = rt
     app.state.gateway = gateway
 
@@ -134,9 +148,19 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
             await auth.authenticate(request.headers)
         return proxy.models()
 
+    def details_allowed(request: Request) -> bool:
+        """Pools, replica URLs, errors and key names are for the operator: the admin key holder,
+        or anyone in open mode without an admin key (it serves loopback only)."""
+        if config.admin_key:
+            return check_admin(request.headers, config.admin_key)
+        return config.open_mode
+
     @app.get("/health")
-    async def health() -> Response:
-        return Response(orjson.dumps(rt.health()), media_type=JSON)
+    async def health(request: Request) -> Response:
+        """Liveness and readiness for anyone; the details with the admin key."""
+        full = rt.health()
+        body = full if details_allowed(request) else {"status": full["status"], "ready": full["ready"]}
+        return Response(orjson.dumps(body), media_type=JSON)
 
     @app.get("/health/ready")
     async def ready() -> Response:
@@ -159,7 +183,10 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
         app.include_router(ui_router(rt, config.admin_key, config.keystore is not None, config.reports_dir))
 
     @app.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
+        if not details_allowed(request):
+            raise errors.Unauthorized("/metrics: send 'Authorization: Bearer ADMIN_KEY' (a scrape config's "
+                                      "bearer token)", code="invalid_admin_key")
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app

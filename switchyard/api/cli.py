@@ -25,12 +25,15 @@ def serve(
     health_checks: Annotated[bool, typer.Option(help="Check replicas' /health in the background")] = True,
     max_body_mb: Annotated[float, typer.Option(help="Largest request body accepted, MB")] = 16.0,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error")] = "info",
-    access_log: Annotated[bool, typer.Option(help="Log every request line")] = False,
+    access_log: Annotated[bool, typer.Option(help="Log every request line (query strings left out)")] = False,
     auth: Annotated[bool, typer.Option(help="Require 'Authorization: Bearer KEY' (keys: switchyard keys)")] = False,
     keys_file: Annotated[Path | None, typer.Option(
         help="API keys file (default: Redis with --redis, else ~/.config/switchyard/keys.json)")] = None,
     admin_key: Annotated[str | None, typer.Option(
-        envvar="SWITCHYARD_ADMIN_KEY", help="Key of the admin API (/admin/...); without it there is none")] = None,
+        envvar="SWITCHYARD_ADMIN_KEY", show_envvar=True,
+        help="Key of the admin API (/admin/...); prefer the variable or --admin-key-file (a command "
+             "line shows in ps); without a key there is no admin API")] = None,
+    admin_key_file: Annotated[Path | None, typer.Option(help="Read the admin key from this file")] = None,
     drain_grace: Annotated[float, typer.Option(
         help="SIGTERM: seconds at most to keep serving with readiness 503 before closing the listener")] = 5.0,
     lease_ttl: Annotated[float, typer.Option(
@@ -38,55 +41,84 @@ def serve(
     ui: Annotated[bool, typer.Option(help="Serve the dashboard and policy editor at /ui")] = True,
     reports: Annotated[Path | None, typer.Option(
         help="Folder of replay reports (`switchyard replay --out`) the UI lists")] = None,
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        help="Without --auth: a Host name to answer besides loopback ones (repeatable)")] = None,
+    insecure_open: Annotated[bool, typer.Option(
+        help="Serve a non-loopback address without API keys (anyone who reaches it may use it)")] = False,
+    client_timeout: Annotated[float, typer.Option(
+        help="Seconds a response write may make no progress before the request ends")] = 30.0,
+    header_timeout: Annotated[float, typer.Option(help="Seconds a client has to send a request's headers")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(help="Seconds to wait for the next piece of a request body")] = 30.0,
+    max_connections: Annotated[int, typer.Option(help="Open connections and requests; beyond them, 503")] = 1024,
+    classifier_dir: Annotated[list[Path] | None, typer.Option(
+        help="A folder ONNX classifiers may load from, besides the policy's and the shipped one (repeatable)")] = None,
     config: Annotated[Path | None, typer.Option(
         help="Gateway config YAML: any of these options by name (redis: URL, port: 8000, policy: [...]); "
              "options on the command line win")] = None,
 ) -> None:
-    import uvicorn
-
     from switchyard.api.app import GatewayConfig, create_app
+    from switchyard.api.guard import host_name, is_loopback
+    from switchyard.api.server import (
+        DrainingServer,
+        GatewayServerConfig,
+        ServerLimits,
+        strip_query_strings_from_access_log,
+    )
     from switchyard.errors import PolicyError
 
+    o = {k: v for k, v in locals().items() if k not in ("ctx", "config")}
     if config is not None:
-        o = _config_file(ctx, config, {k: v for k, v in locals().items() if k not in ("ctx", "config")})
-        policy, host, port, redis, record = o["policy"], o["host"], o["port"], o["redis"], o["record"]
-        watch, health_checks, max_body_mb, log_level = o["watch"], o["health_checks"], o["max_body_mb"], o["log_level"]
-        access_log, auth, keys_file, admin_key = o["access_log"], o["auth"], o["keys_file"], o["admin_key"]
-        drain_grace, lease_ttl, ui, reports = o["drain_grace"], o["lease_ttl"], o["ui"], o["reports"]
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = GatewayConfig(
-        policies=list(policy), max_body_bytes=int(max_body_mb * 1024 * 1024), watch=watch,
-        health_checks=health_checks, record=str(record) if record else None,
-        admin_key=admin_key or None, ui=ui, reports_dir=str(reports) if reports else None,
+        o = _config_file(ctx, config, o)
+    logging.basicConfig(level=o["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    key = o["admin_key"]
+    if o["admin_key_file"] is not None:
+        try:
+            key = Path(o["admin_key_file"]).read_text().strip()
+        except OSError as e:
+            typer.echo(f"--admin-key-file: cannot read {o['admin_key_file']}: {e.strerror or e}", err=True)
+            raise typer.Exit(2) from None
+    loopback = is_loopback(host_name(o["host"]))
+    if not o["auth"] and not loopback and not o["insecure_open"]:
+        typer.echo(f"refusing to serve {o['host']} without API keys: anyone who reaches it could use every pool "
+                   "and, without an admin key, rewrite the policy. Serve with --auth (and --admin-key-file), "
+                   "or pass --insecure-open if that is really what you want.", err=True)
+        raise typer.Exit(2)
+    gw_config = GatewayConfig(
+        policies=list(o["policy"]), max_body_bytes=int(o["max_body_mb"] * 1024 * 1024), watch=o["watch"],
+        health_checks=o["health_checks"], record=str(o["record"]) if o["record"] else None,
+        admin_key=key or None, ui=o["ui"], reports_dir=str(o["reports"]) if o["reports"] else None,
+        body_timeout=o["body_timeout"], allowed_hosts=tuple(o["allowed_host"] or ()),
+        check_host=not o["insecure_open"], classifier_dirs=tuple(str(d) for d in o["classifier_dir"] or ()),
     )
-    if auth:
+    if o["auth"]:
         from switchyard.gateway.keys import open_keystore
 
-        config.keystore = open_keystore(keys_file, redis)
+        gw_config.keystore = open_keystore(o["keys_file"], o["redis"])
     state = None
-    if redis:
-        try:
-            from switchyard.state.redis import RedisStore
-        except ImportError:
-            typer.echo("--redis: the Redis state store is not available in this build", err=True)
-            raise typer.Exit(2) from None
-        state = RedisStore(redis, lease_ttl=lease_ttl)
+    if o["redis"]:
+        from switchyard.state.redis import RedisStore
+
+        state = RedisStore(o["redis"], lease_ttl=o["lease_ttl"])
     try:
-        app = create_app(config, state)
+        app = create_app(gw_config, state)
     except PolicyError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
     names = [lp.name for lp in app.state.gateway.policies()]
-    typer.echo(f"switchyard: serving policies {', '.join(names)} on http://{host}:{port}/v1 (model 'auto' = {names[0]})")
-    if ui:
-        typer.echo(f"switchyard: dashboard and policy editor on http://{host}:{port}/ui")
-    from switchyard.api.admin import DrainingServer
-
-    uv = uvicorn.Config(
-        app, host=host, port=port, loop="uvloop", http="httptools", log_level=log_level.lower(),
-        access_log=access_log, timeout_graceful_shutdown=30, lifespan="on",
+    where = f"http://{o['host']}:{o['port']}"
+    typer.echo(f"switchyard: serving policies {', '.join(names)} on {where}/v1 (model 'auto' = {names[0]})")
+    if o["ui"]:
+        typer.echo(f"switchyard: dashboard and policy editor on {where}/ui")
+    if o["access_log"]:
+        strip_query_strings_from_access_log()
+    rt = app.state.runtime
+    limits = ServerLimits(header_timeout=o["header_timeout"], body_timeout=o["body_timeout"],
+                          client_timeout=o["client_timeout"], max_connections=o["max_connections"])
+    uv = GatewayServerConfig(
+        app, limits, rt.metrics.client_stalls.inc, host=o["host"], port=o["port"], loop="uvloop",
+        log_level=o["log_level"].lower(), access_log=o["access_log"], timeout_graceful_shutdown=30, lifespan="on",
     )
-    DrainingServer(uv, app.state.runtime, drain_grace).run()
+    DrainingServer(uv, rt, o["drain_grace"]).run()
 
 
 def _config_file(ctx: typer.Context, path: Path, opts: dict) -> dict:

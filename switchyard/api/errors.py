@@ -13,6 +13,7 @@ JSON = "application/json"
 # Most specific first: the first class an error is an instance of gives its status.
 STATUS: tuple[tuple[type[e.RequestError], int], ...] = (
     (e.TooLarge, 413),
+    (e.RequestTimeout, 408),
     (e.Unauthorized, 401),
     (e.Forbidden, 403),
     (e.NotFound, 404),

@@ -59,8 +59,8 @@ class StreamRelay(Response):
                 sent += len(chunk)
                 read = asyncio.ensure_future(content.readany())
                 await asyncio.wait((read, disconnect), return_when=asyncio.FIRST_COMPLETED)
-                if not read.done():  # the client left: stop reading; on_done closes the upstream
-                    read.cancel()
+                if disconnect.done():  # the client left: stop reading; on_done closes the upstream
+                    read.cancel()  # (a read that already finished is simply dropped)
                     return
                 try:
                     chunk = read.result()

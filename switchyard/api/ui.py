@@ -27,24 +27,23 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 
-from switchyard.errors import BadRequest, Forbidden, NotFound, TooLarge, Unauthorized
+from switchyard.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from switchyard.gateway.requests import kind_of
 from switchyard.gateway.requests import validate as validate_request
 from switchyard.gateway.runtime import Runtime
 from switchyard.ui import STATIC
-from switchyard.ui.access import COOKIE, UiAccess
-from switchyard.ui.editor import PolicyEditor, issue_dicts, schema_hints
+from switchyard.ui.access import COOKIE, SESSION_TTL_S, UiAccess
+from switchyard.ui.editor import PolicyEditor, issue_dicts, redact_secrets, schema_hints
 from switchyard.ui.live import LiveSampler
 from switchyard.ui.reports import list_reports, report_file
 
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
                 ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
-MAX_EDIT_BYTES = 1 << 20
 
 
-def _json(obj: Any, status: int = 200) -> Response:
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(obj), status, media_type="application/json",
-                    headers={"cache-control": "no-store"})
+                    headers={"cache-control": "no-store", **(headers or {})})
 
 
 def _static(name: str) -> Response:
@@ -90,9 +89,7 @@ def ui_router(rt: Runtime, admin_key: str | None, keys_on: bool, reports_dir: st
         # JSON only: a cross-site form cannot send it without a CORS preflight we never answer.
         if not request.headers.get("content-type", "").startswith("application/json"):
             raise BadRequest("send the body as application/json")
-        raw = await request.body()
-        if len(raw) > MAX_EDIT_BYTES:
-            raise TooLarge(MAX_EDIT_BYTES)
+        raw = await request.body()  # bounded in size and time by api/guard.py
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -128,17 +125,26 @@ def ui_router(rt: Runtime, admin_key: str | None, keys_on: bool, reports_dir: st
 
     @page.post("/ui/api/login")
     async def login(request: Request) -> Response:
+        client = request.client.host if request.client else ""
+        wait = access.retry_after(client)
+        if wait > 0:
+            return _json({"ok": False, "error": f"too many failed logins: try again in {wait:.0f}s"}, 429,
+                         {"Retry-After": str(max(1, round(wait)))})
         body = await body_of(request)
         key = body.get("key")
-        if access.mode != "admin" or not isinstance(key, str) or not access.login(key):
-            return _json({"ok": False, "error": "wrong admin key" if access.mode == "admin" else
-                          f"no login: the UI is {access.mode}"}, 401 if access.mode == "admin" else 400)
+        if access.mode != "admin":
+            return _json({"ok": False, "error": f"no login: the UI is {access.mode}"}, 400)
+        token = access.login(key, client) if isinstance(key, str) else None
+        if token is None:
+            return _json({"ok": False, "error": "wrong admin key"}, 401)
         resp = _json({"ok": True})
-        resp.set_cookie(COOKIE, access.token, httponly=True, samesite="strict", path="/ui")
+        resp.set_cookie(COOKIE, token, max_age=int(SESSION_TTL_S), httponly=True, samesite="strict", path="/ui",
+                        secure=request.url.scheme == "https")
         return resp
 
     @page.post("/ui/api/logout")
-    async def logout() -> Response:
+    async def logout(request: Request) -> Response:
+        access.logout(request.cookies)  # the token is dead on the server, whatever the browser keeps
         resp = _json({"ok": True})
         resp.delete_cookie(COOKIE, path="/ui")
         return resp
@@ -153,7 +159,7 @@ def ui_router(rt: Runtime, admin_key: str | None, keys_on: bool, reports_dir: st
         store = rt.gateway.store
         for lp in rt.gateway.policies():
             try:
-                text = lp.path.read_text(encoding="utf-8")
+                text = redact_secrets(lp.path.read_text(encoding="utf-8"))
             except OSError as e:
                 text = f"# cannot read {lp.path}: {e}\n"
             st = store.status.get(lp.name) if store else None
@@ -169,7 +175,7 @@ def ui_router(rt: Runtime, admin_key: str | None, keys_on: bool, reports_dir: st
     @data.post("/api/policies/validate")
     async def validate(request: Request) -> Response:
         name, text = edit_args(await body_of(request))
-        spec, issues = editor.validate(name, text)
+        spec, issues = await editor.validate(name, text)
         summary = None if spec is None else {"name": spec.name or name, "pools": list(spec.pools),
                                              "routes": [r.name for r in spec.routes]}
         return _json({"ok": spec is not None, "issues": issue_dicts(issues), "summary": summary})

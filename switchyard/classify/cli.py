@@ -24,7 +24,7 @@ def _load(model: str):  # -> OnnxClassifier
     from switchyard.errors import ClassifierLoadError
 
     try:
-        return OnnxClassifier.load(resolve_model_path(model, Path.cwd()))
+        return OnnxClassifier.load(resolve_model_path(model, Path.cwd(), None))
     except ClassifierLoadError as e:
         _die(str(e))
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,16 +22,32 @@ from switchyard.errors import ClassifierLoadError
 _ROOT = Path(__file__).resolve().parents[2]
 
 
-def resolve_model_path(path: str, base_dir: Path) -> Path:
-    """An absolute path as is; else relative to the policy's folder; else to the switchyard tree
-    (so `classifiers/tool-complexity.onnx` finds the shipped model from any policy folder)."""
+SHIPPED_DIR = _ROOT / "classifiers"
+
+
+def resolve_model_path(path: str, base_dir: Path, extra_dirs: Sequence[Path] | None = ()) -> Path:
+    """A policy's `classifier.path`: relative to the policy's folder, else to the switchyard tree
+    (so `classifiers/tool-complexity.onnx` finds the shipped model from any policy folder).
+
+    The file must lie in the policy's folder, the shipped classifiers/ or one of `extra_dirs`
+    (`serve --classifier-dir`); `extra_dirs=None` lifts that (a path typed on the command line).
+    A missing, unreadable and out-of-bounds file all get the same error, so a policy cannot be
+    used to learn which files exist elsewhere."""
     p = Path(path).expanduser()
     candidates = [p] if p.is_absolute() else [base_dir / p, _ROOT / p]
+    roots = None if extra_dirs is None else [base_dir, SHIPPED_DIR, *extra_dirs]
     for c in candidates:
-        if c.is_file():
-            return c
-    tried = ", ".join(str(c) for c in candidates)
-    raise ClassifierLoadError(f"classifier model {path!r} not found (looked in: {tried})")
+        try:
+            real = c.resolve()
+        except (OSError, RuntimeError):
+            continue
+        if roots is not None and not any(real.is_relative_to(r.resolve()) for r in roots):
+            continue
+        if real.is_file() and os.access(real, os.R_OK):
+            return real
+    where = "the policy's folder, the shipped classifiers/ or a --classifier-dir" if roots is not None else \
+        ", ".join(str(c) for c in candidates)
+    raise ClassifierLoadError(f"classifier model {path!r}: not found or not readable in {where}")
 
 
 FORMAT = "switchyard-classifier"

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from switchyard.cluster.launch import node_command
+from switchyard.cluster.launch import engine_serve
 from switchyard.cluster.placement import Plan, PlanError, plan_cluster
 from switchyard.cluster.topology import local_cluster
 from switchyard.policy.schema import PolicySpec
@@ -57,15 +57,15 @@ def local_launches(policy: PolicySpec, base: Path | None = None, python: str | N
     """For `switchyard up`: each replica's address and the command that starts it."""
     plan = plan_local(policy, base)
     py = python or sys.executable
-    # torchrun through this interpreter: the console script may not be on PATH in a venv.
-    torchrun = (py, "-m", "torch.distributed.run")
     out = []
     for rep in plan.replicas:
         pool = policy.pools[rep.pool]
         cmd = None
         # `up` starts our engine; a pool on another runtime is expected to be running already.
         if pool.engine is not None and pool.engine.runtime == "switchyard":
-            cmd = node_command(rep, 0, host="127.0.0.1", python=py, torchrun=torchrun)
+            # `engine serve --tp N` supervises its ranks itself (not torchrun): on Ctrl-C it asks
+            # rank 0 to stop, which stops the others in order, so a shutdown logs as one.
+            cmd = engine_serve(rep, "127.0.0.1", py)
         out.append(LocalLaunch(rep.pool, rep.name, "127.0.0.1", rep.port, f"http://127.0.0.1:{rep.port}/v1", cmd))
     return out
 

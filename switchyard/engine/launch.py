@@ -100,7 +100,12 @@ def run_rank(model_path: Path, model_name: str, rank: int, world: int, host: str
     opts = RunnerOptions(model_path=model_path, tp=world, **opts_kwargs)  # type: ignore[arg-type]
     runner = Runner(opts, rank, world)
     if rank != 0:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
+        # Stopping is rank 0's to do: it tells the followers (STOP) once its requests are done.
+        # torchrun signals every rank at once; a follower that died on it would leave rank 0 a
+        # broken collective to log instead of an orderly shutdown. A follower whose rank 0 is
+        # gone still exits: its next collective times out.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             runner.setup()
             code = runner.follow()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,8 +65,10 @@ class _NoEvents:
 
 
 class Gateway:
-    def __init__(self, state: StateStore, events: DispatchEvents | None = None) -> None:
+    def __init__(self, state: StateStore, events: DispatchEvents | None = None,
+                 classifier_dirs: Sequence[str | Path] = ()) -> None:
         self.state = state
+        self.classifier_dirs = [Path(d) for d in classifier_dirs]  # besides the policy's and the shipped one
         self.registry = ReplicaRegistry()
         self.dispatcher = Dispatcher(events or _NoEvents(), state)
         self.store: PolicyStore[LoadedPolicy] | None = None
@@ -102,7 +104,7 @@ class Gateway:
             return await self.call_pool(own, pool_name, body, timeout)
 
         try:
-            return build_classifier(spec.classifier, path.parent, call_pool)
+            return build_classifier(spec.classifier, path.parent, call_pool, self.classifier_dirs)
         except ClassifierLoadError as e:
             raise PolicyError([PolicyIssue(str(path), _classifier_line(path), f"classifier: {e}",
                                            ("classifier",))]) from None

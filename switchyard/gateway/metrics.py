@@ -70,6 +70,8 @@ class Metrics:
             "switchyard_upstream_errors", "Failed upstream attempts", ["pool", "replica", "reason"], registry=r
         )
         self.rejected = Counter("switchyard_rejected", "Requests refused before routing", ["code"], registry=r)
+        self.client_stalls = Counter(
+            "switchyard_client_stalls", "Connections closed because the client stopped reading a response", registry=r)
         self.classifier_latency = Histogram(
             "switchyard_classifier_seconds", "Classifier time per request", ["kind"], buckets=CLASSIFIER_BUCKETS, registry=r
         )

@@ -10,6 +10,7 @@ and counted rather than slowing requests down.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 import time
@@ -26,7 +27,10 @@ class TraceRecorder:
     def __init__(self, path: str | Path, max_queue: int = 10_000):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("ab")
+        # Traces hold whole conversations: readable by the gateway's user alone.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)
+        self._file = os.fdopen(fd, "ab")
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._prefix = uuid.uuid4().hex[:8]
         self._counter = itertools.count(1)

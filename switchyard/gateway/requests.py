@@ -9,6 +9,7 @@ from typing import Any
 from switchyard.errors import BadRequest
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool"})
 
 
 def validate(body: Any, kind: str) -> dict:
@@ -32,17 +33,29 @@ def validate(body: Any, kind: str) -> dict:
             if not isinstance(m, dict):
                 raise BadRequest(f"messages[{i}] must be an object", f"messages[{i}]")
             role = m.get("role")
-            if role not in ROLES:
+            if not isinstance(role, str) or role not in ROLES:
                 raise BadRequest(
                     f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}", f"messages[{i}].role"
                 )
             c = m.get("content")
+            if c is None and role in CONTENT_REQUIRED:
+                # OpenAI answers 400 here too; only an assistant turn may leave it out (tool calls).
+                raise BadRequest(f"messages[{i}].content is required for a {role} message",
+                                 f"messages[{i}].content")
             if c is not None and not isinstance(c, str | list):
                 raise BadRequest(f"messages[{i}].content must be a string, an array or null",
-                                         f"messages[{i}].content")
+                                 f"messages[{i}].content")
         tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise BadRequest("'tools' must be an array", "tools")
+        if tools is not None:
+            if not isinstance(tools, list):
+                raise BadRequest("'tools' must be an array", "tools")
+            for i, t in enumerate(tools):
+                fn = t.get("function") if isinstance(t, dict) else None
+                if not isinstance(fn, dict):
+                    raise BadRequest(f"tools[{i}] must be an object with a 'function'", f"tools[{i}].function")
+                name = fn.get("name")
+                if not isinstance(name, str) or not name:
+                    raise BadRequest(f"tools[{i}].function.name is required", f"tools[{i}].function.name")
     else:
         p = body.get("prompt")
         if p is None:

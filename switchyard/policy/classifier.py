@@ -5,6 +5,7 @@ of policies)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from switchyard.classify.base import Classifier, NoClassifier
@@ -15,15 +16,17 @@ from switchyard.policy.schema import ClassifierSpec
 
 __all__ = ["CallPool", "build_classifier"]
 
-def build_classifier(spec: ClassifierSpec, base_dir: Path, call_pool: CallPool | None) -> Classifier:
-    """Raises ClassifierLoadError (message for the policy author) when the classifier cannot work."""
+def build_classifier(spec: ClassifierSpec, base_dir: Path, call_pool: CallPool | None,
+                     model_dirs: Sequence[Path] = ()) -> Classifier:
+    """Raises ClassifierLoadError (message for the policy author) when the classifier cannot work.
+    An ONNX model loads from the policy's folder, the shipped classifiers/ or `model_dirs`."""
     if spec.kind == "none":
         return NoClassifier()
     if spec.kind == "onnx":
         from switchyard.classify.onnx_classifier import OnnxClassifier
 
         assert spec.path is not None  # the schema requires it for onnx
-        return OnnxClassifier.load(resolve_model_path(spec.path, base_dir), expect_labels=list(spec.labels))
+        return OnnxClassifier.load(resolve_model_path(spec.path, base_dir, model_dirs), expect_labels=list(spec.labels))
     if spec.kind == "llm":
         if call_pool is None:
             raise ClassifierLoadError("classifier kind llm needs the gateway's pools (no call_pool given)")

@@ -33,6 +33,40 @@ def _line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dic
     return out
 
 
+MAX_NODES = 50_000  # a real policy has a few hundred; 7 levels of nested aliases make millions
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Nodes the document holds once every alias is expanded (memoized: linear in the nodes)."""
+    got = memo.get(id(node))
+    if got is not None:
+        return got
+    memo[id(node)] = 1  # a recursive alias counts once, not forever
+    n = 1
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            n += _expanded_size(k, memo) + _expanded_size(v, memo)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            n += _expanded_size(item, memo)
+    memo[id(node)] = n
+    return n
+
+
+def _check_expansion(node: yaml.Node, file: str) -> None:
+    memo: dict[int, int] = {}
+    total = _expanded_size(node, memo)
+    if total <= MAX_NODES:
+        return
+    line = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode) and node.value:  # point at the biggest top-level key
+        key, _ = max(node.value, key=lambda kv: memo.get(id(kv[1]), 0))
+        line = key.start_mark.line + 1
+    raise PolicyError([PolicyIssue(file, line, (
+        f"the document expands to {total:,} nodes through YAML aliases (&anchor / *alias); a policy may "
+        f"expand to at most {MAX_NODES:,}"))])
+
+
 def _line_for(loc: tuple, lines: dict[tuple, int]) -> int:
     loc = tuple(x for x in loc if not (isinstance(x, str) and x in {"list[ReplicaSpec]", "int", "str"}))
     # pydantic puts union branches and "function-after" names into loc; skip what is not a key.
@@ -60,8 +94,18 @@ def parse_policy(text: str, file: str = "<policy>", default_name: str | None = N
     if len(text.encode("utf-8", "replace")) > MAX_POLICY_BYTES:
         raise PolicyError([PolicyIssue(file, 1, f"policy file over {MAX_POLICY_BYTES} bytes")])
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data: Any = yaml.safe_load(text)
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            # Aliases share nodes, so the document composes in linear time whatever it expands to;
+            # building the data (and validating it) walks every expansion: count before that.
+            if node is not None:
+                _check_expansion(node, file)
+            data: Any = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except PolicyError:
+        raise
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1

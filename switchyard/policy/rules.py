@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import re2
+
 from switchyard.classify.base import Label
 from switchyard.classify.features import Features
 from switchyard.errors import PolicyError, PolicyIssue
@@ -26,8 +28,26 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
 }
 _CMP = re.compile(r"^\s*(>=|<=|==|!=|>|<)?\s*(-?\d+(?:\.\d+)?)\s*$")
+# `text` predicates run on RE2 (linear time in the text, no backtracking: a pattern like (a+)+$
+# cannot stall the event loop) over at most this much of the last user turn.
+TEXT_REGEX_CHARS = 64 * 1024
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # the error comes back to the policy author, not to stderr
 NUMERIC_KEYS = {"tools", "turns", "prompt_tokens", "confidence", "messages", "tool_calls_so_far"}
 KNOWN_KEYS = NUMERIC_KEYS | {"label", "model", "text", "tool_result", "tool_error"}
+
+
+def compile_text_regex(pattern: str) -> Any:
+    """A `text` predicate's pattern, on RE2. RuleError for bad syntax and for what RE2 refuses
+    by design (backreferences, lookaround: constructs that need backtracking)."""
+    if len(pattern) > 4096:
+        raise RuleError("text: a regular expression may be at most 4096 characters")
+    try:
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as e:
+        why = e.args[0].decode() if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise RuleError(f"text: bad regular expression {pattern!r} ({why}); it runs on RE2, which has no "
+                        "backreferences or lookaround") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +135,8 @@ def compile_predicate(key: str, spec: Any) -> tuple[Predicate, str]:
     if key == "text":
         if not isinstance(spec, str):
             raise RuleError(f"text: expected a regular expression string, got {spec!r}")
-        try:
-            rx = re.compile(spec)
-        except re.error as e:
-            raise RuleError(f"text: bad regular expression {spec!r}: {e}") from None
-        return (lambda f, lab: rx.search(f.text) is not None), f"text ~ /{spec}/"
+        rx = compile_text_regex(spec)
+        return (lambda f, lab: rx.search(f.text[:TEXT_REGEX_CHARS]) is not None), f"text ~ /{spec}/"
     if key.startswith("header."):
         name = key[len("header.") :].lower()
         if not name:

@@ -16,6 +16,8 @@ from switchyard.policy.schema import PolicySpec
 
 log = logging.getLogger("switchyard.policy")
 
+PARSE_DEADLINE_S = 5.0  # reading and validating one policy file; a sane one takes milliseconds
+
 T = TypeVar("T")
 
 
@@ -75,22 +77,32 @@ class PolicyStore(Generic[T]):
             self.status[name] = ReloadStatus(str(f), True, time.time())
         self._swapped()
 
-    def reload_file(self, path: Path) -> ReloadStatus:
-        """Re-read one file; swap its policy in only when it is valid and builds."""
+    async def reload_file(self, path: Path) -> ReloadStatus:
+        """Re-read one file; swap its policy in only when it is valid and builds.
+
+        Reading and validating run in a thread with a deadline, so a pathological file never
+        stalls the event loop; building (pools, classifier) and the swap happen on the loop."""
+        path = path.resolve()
+        try:
+            spec = await asyncio.wait_for(asyncio.to_thread(load_policy, path), PARSE_DEADLINE_S)
+        except PolicyError as e:
+            return self._rejected(path, e)
+        except TimeoutError:
+            return self._rejected(path, PolicyError([PolicyIssue(
+                str(path), 1, f"took longer than {PARSE_DEADLINE_S:g}s to read and validate")]))
+        return self.install(path, spec)
+
+    def install(self, path: Path, spec: PolicySpec) -> ReloadStatus:
+        """Swap in a validated spec read from `path`, if it builds."""
         path = path.resolve()
         old_name = self.files.get(path)
         try:
-            spec = load_policy(path)
             name = spec.name or path.stem
             if name != old_name and name in self.by_name:
                 raise PolicyError([PolicyIssue(str(path), 1, f"policy name {name!r} is used by another file")])
             obj = self.build(spec, path)
         except PolicyError as e:
-            st = ReloadStatus(str(path), False, time.time(), e.issues)
-            if old_name:
-                self.status[old_name] = st
-            log.error("policy edit rejected, the running policy stays:\n%s", e)
-            return st
+            return self._rejected(path, e)
         by_name = dict(self.by_name)
         order = list(self.order)
         if old_name and old_name != name:
@@ -108,8 +120,16 @@ class PolicyStore(Generic[T]):
         self._swapped()
         return st
 
-    def reload_all(self) -> list[ReloadStatus]:
-        return [self.reload_file(f) for f in policy_files(self.paths)]
+    def _rejected(self, path: Path, e: PolicyError) -> ReloadStatus:
+        st = ReloadStatus(str(path), False, time.time(), e.issues)
+        old_name = self.files.get(path)
+        if old_name:
+            self.status[old_name] = st
+        log.error("policy edit rejected, the running policy stays:\n%s", e)
+        return st
+
+    async def reload_all(self) -> list[ReloadStatus]:
+        return [await self.reload_file(f) for f in policy_files(self.paths)]
 
     def _swapped(self) -> None:
         for cb in self.on_swap:
@@ -137,7 +157,7 @@ class PolicyStore(Generic[T]):
             for _, path in sorted(changes, key=lambda c: c[1]):
                 p = Path(path)
                 if p.exists():
-                    self.reload_file(p)
+                    await self.reload_file(p)
 
     async def aclose(self) -> None:
         if self._watch_task:

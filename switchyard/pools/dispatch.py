@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -25,6 +26,11 @@ from switchyard.state.base import CircuitRecord, StateStore
 log = logging.getLogger("switchyard.dispatch")
 
 RETRIABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# Answers a client must not see as they are: an upstream's 401/403 is about the gateway's own
+# credentials (its body may name our upstream key), and 5xx bodies carry internals (a database
+# URL with its password was seen in one). The client gets a generic 502 with a request id; the
+# detail goes to the log under that id.
+HIDDEN_STATUS = frozenset({401, 403})
 MAX_ERROR_BODY = 64 * 1024
 
 
@@ -56,6 +62,10 @@ class Answer:
         else:
             self.replica.breaker.trial_in_flight = False  # a client leaving says nothing of the replica
         release(self.replica)
+
+
+def _request_id() -> str:
+    return "req_" + uuid.uuid4().hex[:20]
 
 
 def _record_failure(replica: Replica, reason: str, state: StateStore | None) -> None:
@@ -120,9 +130,10 @@ class Dispatcher:
                 answer, failure = await self._attempt(pool, replica, path, payload, stream, attempts)
                 if answer is not None:
                     return answer
-                if isinstance(failure, errors.UpstreamTimeout):
+                if isinstance(failure, errors.UpstreamTimeout) or (failure and failure.code == "upstream_auth_failed"):
                     # The upstream took the request and did not answer in time: trying again
                     # elsewhere would double the client's wait; retries are for quick failures.
+                    # Refused credentials would be refused by every replica alike.
                     raise failure
         if failure is not None and capacity is None:
             raise failure
@@ -143,10 +154,15 @@ class Dispatcher:
                 replica.url + path, data=payload, headers=pool.upstream_headers, timeout=pool.timeout
             )
             status = resp.status
-            if status in RETRIABLE_STATUS:
+            if status in RETRIABLE_STATUS or status in HIDDEN_STATUS or status >= 500:
                 detail = (await resp.content.read(MAX_ERROR_BODY)).decode("utf-8", "replace")[:300]
                 resp.close()
-                return None, self._failed(pool, replica, f"HTTP {status}", detail, status)
+                if status in HIDDEN_STATUS:  # the replica is up; our credentials are wrong: no retry
+                    replica.breaker.on_success()
+                    release(replica)
+                    return None, self._hidden(pool, replica, status, detail)
+                return None, self._failed(pool, replica, f"HTTP {status}", detail,
+                                          status if status in RETRIABLE_STATUS else 502)
             ctype = resp.headers.get("Content-Type", "application/json")
             if stream and status == 200:
                 first = await resp.content.readany()
@@ -189,11 +205,23 @@ class Dispatcher:
 
     def _failed(self, pool: Pool, replica: Replica, reason: str, detail: str, status: int) -> errors.RequestError:
         self.events.upstream_failed(pool.name, replica.name, reason)
-        _record_failure(replica, f"{reason}: {detail}"[:300], self.state)
+        _record_failure(replica, reason, self.state)  # /health shows the reason, never the upstream's text
         release(replica)
-        msg = f"upstream {replica.name} of pool {pool.name!r} failed: {reason}" + (f": {detail}" if detail else "")
+        rid = _request_id()
+        log.warning("%s: upstream %s of pool %r failed: %s%s", rid, replica.name, pool.name, reason,
+                    f": {detail}" if detail else "")
+        msg = f"upstream {replica.name} of pool {pool.name!r} failed: {reason} (request id {rid})"
         if status == 504:
             return errors.UpstreamTimeout(msg)
         if status == 429:
             return errors.NoCapacity(msg, 1.0, "upstream_rate_limited")
         return errors.UpstreamFailed(msg)
+
+    def _hidden(self, pool: Pool, replica: Replica, status: int, detail: str) -> errors.RequestError:
+        self.events.upstream_failed(pool.name, replica.name, f"HTTP {status}")
+        rid = _request_id()
+        log.error("%s: upstream %s of pool %r refused the gateway's credentials: HTTP %d: %s", rid, replica.name,
+                  pool.name, status, detail)
+        return errors.UpstreamFailed(
+            f"upstream {replica.name} of pool {pool.name!r} refused the gateway's credentials (HTTP {status}); "
+            f"the operator can find the detail under request id {rid}", code="upstream_auth_failed")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -42,8 +44,9 @@ class Pool:
             total=self.spec.timeout, sock_connect=self.spec.connect_timeout
         )
         self.upstream_headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
-        if self.spec.api_key:
-            self.upstream_headers["Authorization"] = f"Bearer {self.spec.api_key}"
+        key = expand_env(self.spec.api_key, f"pool {self.name!r}: api_key") if self.spec.api_key else None
+        if key:
+            self.upstream_headers["Authorization"] = f"Bearer {key}"
 
     @property
     def model(self) -> str:
@@ -125,6 +128,21 @@ class Pool:
             "healthy": sum(1 for r in self.replicas if r.state == "healthy"),
             "replicas": [r.snapshot() for r in self.replicas],
         }
+
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_env(value: str, what: str) -> str:
+    """'${NAME}' (anywhere in the value) -> that environment variable; ValueError if it is unset."""
+
+    def sub(m: re.Match[str]) -> str:
+        got = os.environ.get(m.group(1))
+        if got is None:
+            raise ValueError(f"{what}: the environment variable {m.group(1)} is not set")
+        return got
+
+    return _ENV.sub(sub, value)
 
 
 def release(replica: Replica) -> None:

@@ -3,20 +3,23 @@
 Validation is the loader's own (`parse_policy`: the errors of `switchyard policy check`,
 with their lines) plus what the gateway would refuse when serving the file (a planning
 policy's replica counts, a policy name another file uses, an ONNX classifier that will not
-load). Apply writes the file and goes through `PolicyStore.reload_file`, the hot-reload
-path the file watcher uses: an edit that fails never replaces the running policy, and the
+load). Apply writes the file and goes through `PolicyStore.install`, the swap the hot-reload
+path uses: an edit that fails never replaces the running policy, and the
 file is put back as it was so the disk keeps matching what serves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from switchyard.classify.base import Classifier
 from switchyard.classify.features import extract
@@ -26,6 +29,7 @@ from switchyard.gateway.gateway import Gateway, LoadedPolicy
 from switchyard.policy.loader import parse_policy
 from switchyard.policy.rules import KNOWN_KEYS, CompiledPolicy, compile_policy
 from switchyard.policy.schema import PolicySpec
+from switchyard.policy.store import PARSE_DEADLINE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,47 @@ class _Edited:
     spec: PolicySpec
     compiled: CompiledPolicy
     classifier: Classifier
+
+
+REDACTED = "<redacted>"
+
+
+def _secret_spans(text: str) -> list[tuple[str, int, int, str]]:
+    """(pool, start, end, value) of each literal `pools.NAME.api_key` in a policy's text. A
+    '${VARIABLE}' reference is no secret and is left alone."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return []
+    spans = []
+    if isinstance(root, yaml.MappingNode):
+        for k, pools in root.value:
+            if getattr(k, "value", None) != "pools" or not isinstance(pools, yaml.MappingNode):
+                continue
+            for pk, pool in pools.value:
+                if not isinstance(pool, yaml.MappingNode):
+                    continue
+                for ak, av in pool.value:
+                    if getattr(ak, "value", None) == "api_key" and isinstance(av, yaml.ScalarNode) \
+                            and av.value and not av.value.startswith("${"):
+                        spans.append((str(pk.value), av.start_mark.index, av.end_mark.index, av.value))
+    return spans
+
+
+def redact_secrets(text: str) -> str:
+    """The policy text as the UI may show it: literal upstream keys replaced by REDACTED."""
+    for _, start, end, _ in reversed(_secret_spans(text)):
+        text = text[:start] + f'"{REDACTED}"' + text[end:]
+    return text
+
+
+def restore_secrets(text: str, running: str) -> str:
+    """An edit sent back from the UI: each REDACTED key takes the running file's key of that pool."""
+    old = {pool: value for pool, _, _, value in _secret_spans(running)}
+    for pool, start, end, value in reversed(_secret_spans(text)):
+        if value == REDACTED and pool in old:
+            text = text[:start] + json.dumps(old[pool]) + text[end:]
+    return text
 
 
 def issue_dicts(issues: list[PolicyIssue]) -> list[dict[str, Any]]:
@@ -58,13 +103,18 @@ class PolicyEditor:
 
     # --- validate -------------------------------------------------------------------------
 
-    def validate(self, name: str, text: str) -> tuple[PolicySpec | None, list[PolicyIssue]]:
+    async def validate(self, name: str, text: str) -> tuple[PolicySpec | None, list[PolicyIssue]]:
+        """The loader's checks (in a thread, with a deadline: a pathological text never stalls the
+        event loop) plus what serving the text would refuse."""
         lp = self.find(name)
         path = lp.path if lp is not None else Path(f"{name}.yaml")
         try:
-            spec = parse_policy(text, str(path), default_name=path.stem)
+            spec = await asyncio.wait_for(
+                asyncio.to_thread(parse_policy, text, str(path), path.stem), PARSE_DEADLINE_S)
         except PolicyError as e:
             return None, e.issues
+        except TimeoutError:
+            return None, [PolicyIssue(str(path), 1, f"took longer than {PARSE_DEADLINE_S:g}s to read and validate")]
         issues = self._serve_problems(spec, path, text, name)
         return (spec if not issues else None), issues
 
@@ -103,7 +153,7 @@ class PolicyEditor:
     async def preview(self, name: str, text: str, body: dict, headers: dict[str, str]) -> dict[str, Any]:
         """The decision for `body` under the edited text and under the running policy, each with its
         trace, from the gateway's own routing function (no session state: one request alone)."""
-        spec, issues = self.validate(name, text)
+        spec, issues = await self.validate(name, text)
         features = extract(body, headers)
         out: dict[str, Any] = {"features": features.summary(), "issues": issue_dicts(issues)}
         sid = routing.session_id_of(body, headers)
@@ -135,16 +185,17 @@ class PolicyEditor:
             lp = self.find(name)
             if lp is None:
                 return 404, {"ok": False, "issues": [{"line": 0, "reason": f"no running policy named {name!r}"}]}
-            spec, issues = self.validate(name, text)
+            old = lp.path.read_text(encoding="utf-8")
+            text = await asyncio.to_thread(restore_secrets, text, old)
+            spec, issues = await self.validate(name, text)
             if spec is None:
                 return 422, {"ok": False, "policy": name, "issues": issue_dicts(issues),
                              "message": "not applied: the running policy stays"}
             store = self.gateway.store
             assert store is not None
             path = lp.path
-            old = path.read_text(encoding="utf-8")
             _write_atomic(path, text)
-            st = store.reload_file(path)
+            st = store.install(path, spec)
             if not st.ok:
                 _write_atomic(path, old)  # the disk keeps matching the policy that serves
                 return 422, {"ok": False, "policy": name, "issues": issue_dicts(st.issues),

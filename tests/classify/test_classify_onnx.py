@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -77,8 +78,21 @@ async def test_build_shipped_model_from_any_policy_folder(tmp_path: Path) -> Non
 
 def test_path_relative_to_the_policy_folder_and_absolute(model_copy: Path) -> None:
     rel = build_classifier(ClassifierSpec(kind="onnx", path="m.onnx"), model_copy.parent, None)
-    absolute = build_classifier(ClassifierSpec(kind="onnx", path=str(model_copy)), Path("/nonexistent"), None)
+    absolute = build_classifier(ClassifierSpec(kind="onnx", path=str(model_copy)), Path("/nonexistent"), None,
+                                [model_copy.parent])
     assert rel.kind == absolute.kind == "onnx"
+
+
+def test_a_model_outside_the_allowed_folders_is_refused_like_a_missing_one(model_copy: Path, tmp_path: Path) -> None:
+    """A policy cannot load, or learn of, files outside its folder, classifiers/ and --classifier-dir."""
+    elsewhere = tmp_path / "policies"
+    elsewhere.mkdir()
+    errors = []
+    for path in (str(model_copy), "../m.onnx", "/etc/passwd", "/no/such.onnx"):
+        with pytest.raises(ClassifierLoadError) as e:
+            build_classifier(ClassifierSpec(kind="onnx", path=path), elsewhere, None)
+        errors.append(str(e.value).replace(repr(path), "PATH"))
+    assert len(set(errors)) == 1 and "not found or not readable" in errors[0]
 
 
 def test_serving_does_not_import_sklearn() -> None:
@@ -118,7 +132,7 @@ def _edit_sidecar(model: Path, **changes: object) -> None:
 
 def test_missing_model(tmp_path: Path) -> None:
     msg = _load(tmp_path / "nope.onnx")
-    assert "'" + str(tmp_path / "nope.onnx") + "' not found" in msg
+    assert "'" + str(tmp_path / "nope.onnx") + "': not found" in msg
 
 
 def test_missing_sidecar(model_copy: Path) -> None:
@@ -182,7 +196,7 @@ def test_policy_load_error_and_old_policy_keeps_serving(tmp_path: Path, model_co
     gw.load([policy])
     old = gw.policies()[0].classifier
     model_copy.write_bytes(b"corrupt")
-    st = gw.store.reload_file(policy)
+    st = asyncio.run(gw.store.reload_file(policy))
     assert not st.ok and "classifier:" in st.error and "does not match its sidecar" in st.error
     assert "p.yaml:5" in st.error  # the line of the classifier block
     assert gw.policies()[0].classifier is old

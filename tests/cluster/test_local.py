@@ -44,8 +44,9 @@ def test_local_launches_give_commands():
         "--collective", "auto", "--port", "8101", "--host", "127.0.0.1", "--device", "cpu",
     ]  # fmt: skip
     large = launches["large-1"].command
-    assert large[:7] == ["/py", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node"]
-    assert large[7] == "3" and large[large.index("--port") + 1] == "8202"
+    # TP > 1 on this machine: `engine serve --tp 3` supervises its ranks (an orderly Ctrl-C), not torchrun.
+    assert large[:5] == ["/py", "-m", "switchyard.cli", "engine", "serve"]
+    assert large[large.index("--tp") + 1] == "3" and large[large.index("--port") + 1] == "8202"
     assert launches["remote-0"].command is None and launches["large-1"].url == "http://127.0.0.1:8202/v1"
     default = local_launches(parse_policy(yaml.safe_dump(POLICY)))
     assert default[0].command is not None and default[0].command[0] == sys.executable

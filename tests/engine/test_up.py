@@ -62,6 +62,10 @@ def test_up_end_to_end(gguf_path: Path, tmp_path: Path) -> None:
         assert proc.wait(60) == 0, (tmp_path / "up.out").read_text()
         for port in (small, large, gw):
             assert not _listening(port), f"port {port} still open after up stopped"
+        # An orderly shutdown logs as one: no replica (the TP=3 one included) records an error.
+        for f in (tmp_path / "logs").glob("*.log"):
+            text = f.read_text(errors="replace")
+            assert "ERROR" not in text and "Traceback" not in text, f"{f.name}:\n{text[-3000:]}"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,8 +162,13 @@ async def post_many(url: str, bodies: list[bytes], headers: dict | None = None,
         return await asyncio.gather(*(one(b) for b in bodies))
 
 
-def health(url: str) -> dict:
-    return orjson.loads(http_get(url + "/health")[1])
+ADMIN_KEY = "adm-secret"  # the shared gateways' admin key (conftest.py): /health details need it
+
+
+def health(url: str, admin_key: str = ADMIN_KEY) -> dict:
+    req = urllib.request.Request(url + "/health", headers={"Authorization": f"Bearer {admin_key}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return orjson.loads(r.read())
 
 
 def replica(url: str, name: str) -> dict:

@@ -6,13 +6,14 @@ import asyncio
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
 import pytest
 from procs import ROOT, Proc, http_get
-from statekit import Shared, chat, health, post_many, wait_for
+from statekit import ADMIN_KEY, Shared, chat, health, post_many, wait_for
 
 from switchyard.gateway.keys import RedisKeyStore, make_key
 from switchyard.gateway.limits import StreamTap, usage_tokens
@@ -25,6 +26,12 @@ class AuthPair:
     e2: Proc
     e2_url: str
     keys: dict[str, str]  # name -> key
+
+
+def admin_get(url: str) -> str:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return r.read().decode()
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -54,9 +61,9 @@ def pair(shared: Shared) -> Iterator[AuthPair]:
         await store.aclose()
 
     asyncio.run(put_all())
-    e1, e1_url = shared.gateway("--auth", name="gw-auth1")
+    e1, e1_url = shared.gateway("--auth", "--admin-key", ADMIN_KEY, name="gw-auth1")
     try:
-        e2, e2_url = shared.gateway("--auth", name="gw-auth2")
+        e2, e2_url = shared.gateway("--auth", "--admin-key", ADMIN_KEY, name="gw-auth2")
     except BaseException:
         e1.stop()
         raise
@@ -146,12 +153,12 @@ def test_tpm_counts_upstream_usage_and_estimates_streams(pair: AuthPair) -> None
     skey = pair.keys["tpm-stream"]
     st, _, _ = _post(pair.e2_url, chat("x" * 120, stream=True), skey)
     assert st == 200
-    metrics = http_get(pair.e2_url + "/metrics")[1].decode()
+    metrics = admin_get(pair.e2_url + "/metrics")
     est = [ln for ln in metrics.splitlines() if ln.startswith('switchyard_key_tokens_total{key="tpm-stream",source="estimated"}')]
     assert est and float(est[0].split()[-1]) >= 30, est
     st, _, body = _post(pair.e2_url, chat(stream=True), skey)
     assert st == 429 and body["error"]["type"] == "tokens"
-    usage = [ln for ln in http_get(pair.e1_url + "/metrics")[1].decode().splitlines()
+    usage = [ln for ln in admin_get(pair.e1_url + "/metrics").splitlines()
              if ln.startswith('switchyard_key_tokens_total{key="tpm40",source="usage"}')]
     assert usage and float(usage[0].split()[-1]) == 45.0
 
@@ -160,7 +167,7 @@ def test_keys_never_reach_logs_or_metrics(shared: Shared, pair: AuthPair) -> Non
     for k in pair.keys.values():
         _post(pair.e1_url, chat(), k)
     _post(pair.e1_url, chat(), "sk-sy-not-a-real-key-but-still-secret")
-    text = http_get(pair.e1_url + "/metrics")[1].decode() + http_get(pair.e1_url + "/health")[1].decode()
+    text = admin_get(pair.e1_url + "/metrics") + admin_get(pair.e1_url + "/health")
     text += (shared.tmp / "gw-auth1.log").read_text() + (shared.tmp / "gw-auth2.log").read_text()
     for k in [*pair.keys.values(), "sk-sy-not-a-real-key-but-still-secret"]:
         assert k not in text and k[6:20] not in text
@@ -210,7 +217,8 @@ def test_keys_file_without_redis(shared: Shared, tmp_path) -> None:
     assert r.returncode == 0, r.stderr
     key = r.stdout.strip()
     assert key not in keys_file.read_text() and oct(keys_file.stat().st_mode & 0o777) == "0o600"
-    gw, url = start_gateway(tmp_path, [shared.policy_b], "--auth", "--keys-file", str(keys_file), name="gw-file")
+    gw, url = start_gateway(tmp_path, [shared.policy_b], "--auth", "--keys-file", str(keys_file), "--admin-key", ADMIN_KEY,
+                           name="gw-file")
     try:
         if time.time() % 60 > 57:
             time.sleep(60 - time.time() % 60 + 0.2)

@@ -1,0 +1,195 @@
+"""The gateway's HTTP server: uvicorn (uvloop, httptools) with the limits an internet-facing
+proxy needs, and a drain on SIGTERM.
+
+uvicorn bounds idle keep-alive connections and, with `limit_concurrency`, open connections;
+it has no bound on how long a client may take to send its headers, how large they may be, or
+how long a response may sit unread. GuardedHttpProtocol adds those three at the connection
+(nginx's client_header_timeout, large_client_header_buffers and send_timeout; Envoy's
+max_request_headers_kb); request bodies are bounded in size and pace by api/guard.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from switchyard.gateway.runtime import Runtime
+
+log = logging.getLogger("switchyard.server")
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Defaults a reviewer of an internet-facing proxy would accept (nginx/Envoy's order of size)."""
+
+    header_timeout: float = 10.0  # from connect (or the end of the last response) to a request's full headers
+    max_header_bytes: int = 64 * 1024  # request line + headers (Envoy: 60 KiB; nginx: 4 x 8 KiB)
+    body_timeout: float = 30.0  # longest wait for the next piece of a request body (nginx: 60 s)
+    client_timeout: float = 30.0  # a response write that makes no progress this long ends the request
+    keep_alive: float = 5.0  # idle keep-alive connections close after this (uvicorn's default)
+    max_connections: int = 1024  # open connections + requests; beyond it, 503 (uvicorn limit_concurrency)
+
+
+class GatewayServerConfig(uvicorn.Config):
+    """uvicorn's config plus our limits, and a hook counting clients that stopped reading."""
+
+    def __init__(self, app: Any, limits: ServerLimits, on_client_stall: Callable[[], None], **kw: Any) -> None:
+        super().__init__(app, http=GuardedHttpProtocol, timeout_keep_alive=int(max(1, limits.keep_alive)),
+                         limit_concurrency=limits.max_connections, **kw)
+        self.limits = limits
+        self.on_client_stall = on_client_stall
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    def __init__(self, config: GatewayServerConfig, *args: Any, **kw: Any) -> None:
+        super().__init__(config, *args, **kw)
+        self._limits = config.limits
+        self._on_stall = config.on_client_stall
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._header_bytes = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_headers()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for t in (self._header_timer, self._stall_timer):
+            if t is not None:
+                t.cancel()
+        super().connection_lost(exc)
+
+    # A silent socket, or headers sent a byte at a time: close once the header time is up.
+
+    def _arm_headers(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        self._header_bytes = 0
+        self._header_timer = self.loop.call_later(self._limits.header_timeout, self._close, "header timeout")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._header_timer is None:
+            self._arm_headers()
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm_headers()  # the next request's headers get their own time
+
+    def _count(self, n: int) -> None:
+        self._header_bytes += n
+        if self._header_bytes > self._limits.max_header_bytes:
+            self._header_bytes = 0
+            self._refuse_headers()
+
+    def _refuse_headers(self) -> None:
+        msg = b"request headers too large"
+        if not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\n"
+                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(msg), msg))
+            self.transport.close()
+
+    # A client that stops reading a response: its writes stop draining; close after client_timeout,
+    # which wakes the relay (the client is gone), so the upstream request is cancelled and the
+    # replica's slot freed.
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self._limits.client_timeout, self._stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _stalled(self) -> None:
+        self._stall_timer = None
+        self._on_stall()
+        # abort, not close: close() would wait to flush a buffer the client is not reading.
+        log.info("aborting a connection from %s: the client stopped reading", self.client)
+        self.transport.abort()
+
+    def _close(self, why: str) -> None:
+        if not self.transport.is_closing():
+            log.info("closing a connection from %s: %s", self.client, why)
+            self.transport.close()
+
+
+class DrainingServer(uvicorn.Server):
+    """SIGTERM: readiness answers 503 at once; keep serving until nothing has been in flight for
+    a short quiet spell (or `grace` runs out), so a load balancer stops sending; then uvicorn's
+    graceful shutdown lets every open request finish and the process exits. A second signal
+    (or SIGINT) exits the usual way."""
+
+    def __init__(self, config: uvicorn.Config, rt: Runtime, grace: float, quiet: float = 0.3):
+        super().__init__(config)
+        self.rt = rt
+        self.grace = grace
+        self.quiet = quiet
+        self._draining = False
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if sig == signal.SIGTERM and not self._draining and self.grace > 0:
+            self._draining = True
+            self.rt.draining = True
+            log.warning("SIGTERM: draining (readiness 503, %d requests in flight)", self.rt.active)
+            loop = asyncio.get_event_loop()
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
+            return
+        super().handle_exit(sig, frame)
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace
+        quiet_since = None
+        seen = self.rt.admitted
+        while loop.time() < deadline and not self.should_exit:
+            now = loop.time()
+            if self.rt.active == 0 and self.rt.admitted == seen:
+                quiet_since = quiet_since or now
+                if now - quiet_since >= self.quiet:
+                    break
+            else:
+                quiet_since, seen = None, self.rt.admitted
+            await asyncio.sleep(0.05)
+        log.warning("drained: %d requests still in flight, closing the listener and letting them finish",
+                    self.rt.active)
+        self.should_exit = True
+
+
+class _NoQueryStrings(logging.Filter):
+    """Access log lines without query strings: they may carry tokens or personal data."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], args[2].split("?", 1)[0], *args[3:])
+        return True
+
+
+def strip_query_strings_from_access_log() -> None:
+    logging.getLogger("uvicorn.access").addFilter(_NoQueryStrings())
