@@ -6,11 +6,15 @@ import random
 from collections.abc import Sequence
 from typing import Protocol
 
+from switchyard.pools.affinity import CacheAware
 from switchyard.pools.replica import Replica
 
 
 class Strategy(Protocol):
-    def pick(self, candidates: Sequence[Replica]) -> Replica: ...
+    def pick(self, candidates: Sequence[Replica], affinity: str | None = None) -> Replica:
+        """One of `candidates` (never empty). `affinity` keys requests that share a KV-cache
+        prefix (pools/affinity.py); strategies that do not place by it ignore it."""
+        ...
 
 
 class LeastInflight:
@@ -19,7 +23,7 @@ class LeastInflight:
     def __init__(self) -> None:
         self._turn = 0
 
-    def pick(self, candidates: Sequence[Replica]) -> Replica:
+    def pick(self, candidates: Sequence[Replica], affinity: str | None = None) -> Replica:
         if len(candidates) == 1:
             return candidates[0]
         self._turn += 1
@@ -40,7 +44,7 @@ class PowerOfTwo:
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()
 
-    def pick(self, candidates: Sequence[Replica]) -> Replica:
+    def pick(self, candidates: Sequence[Replica], affinity: str | None = None) -> Replica:
         if len(candidates) == 1:
             return candidates[0]
         a, b = self._rng.sample(range(len(candidates)), 2)
@@ -55,7 +59,7 @@ class RoundRobin:
         self._weights = weights or {}
         self._current: dict[str, int] = {}
 
-    def pick(self, candidates: Sequence[Replica]) -> Replica:
+    def pick(self, candidates: Sequence[Replica], affinity: str | None = None) -> Replica:
         if len(candidates) == 1:
             return candidates[0]
         total = 0
@@ -79,4 +83,6 @@ def make_strategy(name: str, weights: dict[str, int] | None = None) -> Strategy:
         return PowerOfTwo()
     if name == "round_robin":
         return RoundRobin(weights)
+    if name == "cache_aware":
+        return CacheAware()
     raise ValueError(f"unknown strategy {name!r}")

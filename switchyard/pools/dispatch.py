@@ -19,6 +19,7 @@ import orjson
 
 from switchyard import errors
 from switchyard.policy.rules import RouteDecision
+from switchyard.pools.affinity import prefix_key
 from switchyard.pools.pool import NoCapacity, NoHealthyReplica, Pool, release
 from switchyard.pools.replica import Replica
 from switchyard.state.base import CircuitRecord, StateStore
@@ -114,9 +115,10 @@ class Dispatcher:
             payload = orjson.dumps(body)
             tried: set[Replica] = set()
             prefer = decision.replica if pname == decision.pool else None
+            affinity = prefix_key(body) if pool.spec.strategy == "cache_aware" else None
             for attempt in range(pool.spec.retries + 1):
                 try:
-                    replica = await pool.acquire(tried, prefer)
+                    replica = await pool.acquire(tried, prefer, affinity)
                 except NoHealthyReplica:
                     failure = failure or errors.Unavailable(f"pool {pname!r} has no healthy replica")
                     break

@@ -65,7 +65,8 @@ class Pool:
                 out.append(r)
         return out, usable
 
-    def try_acquire(self, exclude: set[Replica] | None = None, prefer: str | None = None) -> Replica | None:
+    def try_acquire(self, exclude: set[Replica] | None = None, prefer: str | None = None,
+                    affinity: str | None = None) -> Replica | None:
         now = time.monotonic()
         cands, usable = self._candidates(now, exclude)
         if not cands:
@@ -76,17 +77,18 @@ class Pool:
         if prefer is not None:
             r = next((c for c in cands if c.url == prefer), None)
         if r is None:
-            r = self.strategy.pick(cands)
+            r = self.strategy.pick(cands, affinity)
         r.inflight += 1
         r.breaker.on_start()
         return r
 
-    async def acquire(self, exclude: set[Replica] | None = None, prefer: str | None = None) -> Replica:
+    async def acquire(self, exclude: set[Replica] | None = None, prefer: str | None = None,
+                      affinity: str | None = None) -> Replica:
         """A replica with a free slot, waiting in the queue if all are busy.
 
         Raises NoHealthyReplica (go to the fallback pool now) or NoCapacity (queue full / timed out).
         """
-        r = self.try_acquire(exclude, prefer)
+        r = self.try_acquire(exclude, prefer, affinity)
         if r is not None:
             return r
         if len(self.waiters) >= self.spec.queue_size:
@@ -107,7 +109,7 @@ class Pool:
                     self.waiters.remove(fut)
                 except ValueError:
                     pass
-            r = self.try_acquire(exclude, prefer)
+            r = self.try_acquire(exclude, prefer, affinity)
             if r is not None:
                 return r
             if loop.time() >= deadline:
