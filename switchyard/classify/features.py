@@ -71,13 +71,16 @@ class Features:
     questions: int = 0  # question marks in the last user turn
     user_chars: int = 0  # all user text in the conversation
     cues_done: bool = False  # tokens, parallel_cues, enumerations, numbers, questions are filled in
+    tool_choice: str = ""  # "" (not given) | auto | none | required | named (one function by name)
+    response_format: str = ""  # "" (not given) | text | json_object | json_schema
 
     def summary(self) -> dict[str, Any]:
         """The features a policy's rules read, as `/v1/route`, the preview and explain show them."""
         return {"tools": self.tools, "turns": self.turns, "messages": self.messages,
                 "tool_result": self.tool_result, "tool_error": self.tool_error,
                 "tool_calls_so_far": self.tool_calls_so_far, "prompt_tokens": self.prompt_tokens,
-                "model": self.model}
+                "model": self.model, "tool_choice": self.tool_choice or None,
+                "response_format": self.response_format or None}
 
     def numeric(self) -> list[float]:
         """The numeric part of the classifier's input, in a fixed order (see NUMERIC_NAMES)."""
@@ -199,6 +202,14 @@ def extract(body: Mapping[str, Any], headers: Mapping[str, str] | None = None, *
         f.prompt_chars = len(f.text)
         f.user_chars = len(f.text)
     f.prompt_tokens = (f.prompt_chars + 3) // 4
+    choice = body.get("tool_choice")
+    if isinstance(choice, str):
+        f.tool_choice = choice
+    elif isinstance(choice, Mapping):
+        f.tool_choice = "named"
+    fmt = body.get("response_format")
+    if isinstance(fmt, Mapping) and isinstance(fmt.get("type"), str):
+        f.response_format = fmt["type"]
     if text_cues:
         fill_text_cues(f)
     return f

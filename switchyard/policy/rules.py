@@ -34,7 +34,10 @@ TEXT_REGEX_CHARS = 64 * 1024
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # the error comes back to the policy author, not to stderr
 NUMERIC_KEYS = {"tools", "turns", "prompt_tokens", "confidence", "messages", "tool_calls_so_far"}
-KNOWN_KEYS = NUMERIC_KEYS | {"label", "model", "text", "tool_result", "tool_error"}
+KNOWN_KEYS = NUMERIC_KEYS | {"label", "model", "text", "tool_result", "tool_error", "tool_choice", "response_format"}
+# What a request's `tool_choice` and `response_format` may be, as the predicates name them.
+TOOL_CHOICES = frozenset({"auto", "none", "required", "named"})
+RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
 
 
 def compile_text_regex(pattern: str) -> Any:
@@ -127,6 +130,15 @@ def compile_predicate(key: str, spec: Any) -> tuple[Predicate, str]:
     if key == "model":
         names = _one_of(spec, key)
         return (lambda f, lab: f.model in names), f"model in {sorted(names)}"
+    if key in ("tool_choice", "response_format"):
+        # Structured output: e.g. send `required` tool calls or a JSON schema to the pool whose
+        # engine constrains its decoding, or to the larger model.
+        allowed = TOOL_CHOICES if key == "tool_choice" else RESPONSE_FORMATS
+        names = _one_of(spec, key)
+        if not names <= allowed:
+            raise RuleError(f"{key}: {sorted(names - allowed)} is not one of {sorted(allowed)}")
+        attr = key
+        return (lambda f, lab: getattr(f, attr) in names), f"{key} in {sorted(names)}"
     if key in ("tool_result", "tool_error"):
         if not isinstance(spec, bool):
             raise RuleError(f"{key}: expected true or false, got {spec!r}")

@@ -171,7 +171,8 @@ class RouteSpec(_Strict):
     when: dict[str, Any] = Field(
         default_factory=dict,
         description="Predicates, all must hold: label, confidence, tools, turns, prompt_tokens, "
-        "model, tool_result, header.NAME, text (regex). Empty: always matches.",
+        "model, tool_result, tool_error, tool_choice (auto|none|required|named), response_format "
+        "(text|json_object|json_schema), header.NAME, text (regex). Empty: always matches.",
     )
     pool: str | dict[str, int] = Field(description="A pool, or a weighted split {pool: weight}")
 

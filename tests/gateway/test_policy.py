@@ -147,6 +147,24 @@ def test_each_predicate_routes():
     assert route(p, tool_loop).rule == "toolres"
 
 
+def test_structured_output_predicates_route():
+    p = policy(
+        "  - {name: must-call, when: {tool_choice: [required, named]}, pool: large}\n"
+        "  - {name: schema, when: {response_format: json_schema}, pool: large}\n"
+        "  - {name: default, pool: small}\n"
+    )
+    assert route(p, chat(tools=1)).rule == "default"  # no tool_choice given
+    assert route(p, chat(tools=1, tool_choice="auto")).rule == "default"
+    assert route(p, chat(tools=1, tool_choice="required")).rule == "must-call"
+    named = {"type": "function", "function": {"name": "f"}}
+    assert route(p, chat(tools=1, tool_choice=named)).rule == "must-call"
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    assert route(p, chat(response_format=fmt)).rule == "schema"
+    assert route(p, chat(response_format={"type": "json_object"})).rule == "default"
+    with pytest.raises(PolicyError, match="tool_choice: \\['always'\\] is not one of"):
+        parse_policy(policy("  - {name: x, when: {tool_choice: always}, pool: large}\n"), "t.yaml")
+
+
 def test_first_match_wins_and_all_predicates_must_hold():
     p = policy(
         "  - {name: both, when: {tools: '>= 1', text: 'urgent'}, pool: large}\n"
