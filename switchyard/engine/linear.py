@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from switchyard.engine.native import Int4Weight
 from switchyard.engine.native import load as load_native
 
 GROUP = 32
@@ -42,7 +43,7 @@ class Int4:
     Otherwise on torch's kernel: bfloat16 in and out, bfloat16 scales and offsets.
     """
 
-    __slots__ = ("packed", "sz", "s", "z", "b", "n", "k", "native")
+    __slots__ = ("packed", "sz", "s", "z", "b", "n", "k", "native", "weight")
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None) -> None:
         n, k = w.shape
@@ -62,11 +63,15 @@ class Int4:
             self.s = scale.view(n, -1).t().contiguous()  # [groups, n] float32
             self.z = zero.view(n, -1).t().contiguous()
             self.sz = None
+            # What the fused layer calls (native/layer.c) take; the tensors above keep it valid.
+            self.weight: Int4Weight | None = Int4Weight(self.packed.data_ptr(), self.s.data_ptr(), self.z.data_ptr(),
+                                                        n, k)
         else:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
             self.sz = torch.stack([scale.view(n, -1).t(), zero.view(n, -1).t()], dim=-1).to(
                 torch.bfloat16).contiguous()
             self.s = self.z = None
+            self.weight = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

@@ -21,6 +21,7 @@ from switchyard.engine.rowops import RowOps, rotate_torch
 from switchyard.engine.weights import Shard
 
 _REFINE = 32  # logits recomputed exactly per row when the LM head runs in bfloat16
+_LAYER_ERRORS = {1: "shape unsupported", 2: "position outside the cache", 3: "out of memory"}
 
 
 def rope_inv_freq(c: ModelConfig, freqs_factor: torch.Tensor | None = None) -> torch.Tensor:
@@ -135,6 +136,14 @@ class TPModel:
         self._q_size = self.heads * self.hd
         self.ops = RowOps(lib, self.cos, self.sin)
         self._kv_size = self.kv_heads * self.hd
+        # One rank with our int4 kernels: each layer's work around its attention is two native
+        # calls (native/layer.c), bit-identical to the op-by-op path below.
+        self._lib = lib
+        self.fused = (lib is not None and shard.tp == 1 and config.hidden_size % 16 == 0 and all(
+            layer.q_norm is None and all(isinstance(p, Int4) and p.weight is not None
+                                         for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            for layer in self.layers))
+        self._ws = torch.empty(0)
 
     def _native_attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                           pos: torch.Tensor, scale: float) -> torch.Tensor:
@@ -244,22 +253,10 @@ class TPModel:
         ops = self.ops
         eps = self.c.rms_eps
         step = self._plan(positions, slots, lens, ctx_lens, view_slots)
-        h = ops.rms_norm(x, self.layers[0].ln1, eps, self.dtype)
-        for li, layer in enumerate(self.layers):
-            qkv = layer.qkv(h).float()  # attention and the KV cache stay in float32
-            rotated = layer.q_norm is None and ops.rope_(qkv, positions, self.heads + self.kv_heads, self.hd)
-            kc, vc = self.k_cache[li], self.v_cache[li]
-            if T == 1 and self.attn is not None and rotated:  # the usual decode step: no views, no copies
-                o = self._native_attention(qkv, kc, vc, slots, step.pos_flat, step.scale)
-            else:
-                o = self._attend(qkv, rotated, layer, kc, vc, step)
-            o = o.to(self.dtype)
-            h = ops.add_rms_norm(x, self.comm.all_reduce(layer.o(o)).float(), layer.ln2, eps, self.dtype)
-            delta = self.comm.all_reduce(layer.down(ops.silu_mul(layer.gate_up(h)))).float()
-            if li + 1 < len(self.layers):  # the residual add, fused with the next layer's norm
-                h = ops.add_rms_norm(x, delta, self.layers[li + 1].ln1, eps, self.dtype)
-            else:
-                x.add_(delta)
+        if self.fused:
+            self._fused_layers(x, step)
+        else:
+            self._layers(x, step)
         last = x[torch.arange(B), lens - 1]
         h = ops.rms_norm(last, self.norm, eps)
         if self.lm_head_q4 is None and self.lm_head_lowp is None:
@@ -271,3 +268,53 @@ class TPModel:
         top = ops.topk(logits, _REFINE)
         exact = ops.gather_dot(self.lm_head, h.contiguous(), top)
         return logits.scatter_(1, top, exact)
+
+    def _attention(self, qkv: torch.Tensor, rotated: bool, layer: Layer, li: int, st: _Step) -> torch.Tensor:
+        kc, vc = self.k_cache[li], self.v_cache[li]
+        if st.T == 1 and self.attn is not None and rotated:  # the usual decode step: no views, no copies
+            return self._native_attention(qkv, kc, vc, st.slots, st.pos_flat, st.scale)
+        return self._attend(qkv, rotated, layer, kc, vc, st)
+
+    def _layers(self, x: torch.Tensor, step: _Step) -> None:
+        """The layers op by op (any rank count, any weights), updating the residual x in place."""
+        ops, eps, positions = self.ops, self.c.rms_eps, step.positions
+        h = ops.rms_norm(x, self.layers[0].ln1, eps, self.dtype)
+        for li, layer in enumerate(self.layers):
+            qkv = layer.qkv(h).float()  # attention and the KV cache stay in float32
+            rotated = layer.q_norm is None and ops.rope_(qkv, positions, self.heads + self.kv_heads, self.hd)
+            o = self._attention(qkv, rotated, layer, li, step).to(self.dtype)
+            h = ops.add_rms_norm(x, self.comm.all_reduce(layer.o(o)).float(), layer.ln2, eps, self.dtype)
+            delta = self.comm.all_reduce(layer.down(ops.silu_mul(layer.gate_up(h)))).float()
+            if li + 1 < len(self.layers):  # the residual add, fused with the next layer's norm
+                h = ops.add_rms_norm(x, delta, self.layers[li + 1].ln1, eps, self.dtype)
+            else:
+                x.add_(delta)
+
+    def _fused_layers(self, x: torch.Tensor, step: _Step) -> None:
+        """The layers in two native calls each around attention (see native/layer.c)."""
+        B, T, D = step.B, step.T, self.c.hidden_size
+        M = B * T
+        first = self.layers[0]
+        n_qkv, inter = first.qkv.n, first.down.k
+        sizes = (M * D, M * n_qkv, M * D, M * 2 * inter, M * inter, M * D)  # h, qkv, t, gu, act, delta
+        if self._ws.numel() < sum(sizes):  # kept between steps: no allocation, no page faults
+            self._ws = torch.empty(sum(sizes))
+        h, qkv, t, gu, act, delta = self._ws[:sum(sizes)].split(sizes)
+        pos = step.positions.contiguous()
+        threads, eps, lib = torch.get_num_threads(), self.c.rms_eps, self._lib
+        ptr = [v.data_ptr() for v in (x, h, qkv, t, gu, act, delta)]
+        cos, sin, rope_heads = self.cos.data_ptr(), self.sin.data_ptr(), self.heads + self.kv_heads
+        for li, layer in enumerate(self.layers):
+            bias = layer.qkv.b
+            rc = lib.sy_layer_in(ptr[0], ptr[6] if li else None, layer.ln1.data_ptr(), eps, layer.qkv.weight,
+                                 None if bias is None else bias.data_ptr(), ptr[1], ptr[2], M, rope_heads, self.hd,
+                                 cos, sin, pos.data_ptr(), self.max_len, threads)
+            if rc:
+                raise RuntimeError(f"native layer (norm, QKV, RoPE) failed: {_LAYER_ERRORS.get(rc, rc)}")
+            o = self._attention(qkv.view(B, T, n_qkv), True, layer, li, step).contiguous()
+            rc = lib.sy_layer_out(o.data_ptr(), ptr[0], layer.ln2.data_ptr(), eps, layer.o.weight,
+                                  layer.gate_up.weight, layer.down.weight, ptr[3], ptr[1], ptr[4], ptr[5], ptr[6], M,
+                                  threads)
+            if rc:
+                raise RuntimeError(f"native layer (output, norm, MLP) failed: {_LAYER_ERRORS.get(rc, rc)}")
+        x.view(M, D).add_(delta.view(M, D))

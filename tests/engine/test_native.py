@@ -139,8 +139,9 @@ def test_a_build_that_fails_leaves_the_next(monkeypatch: pytest.MonkeyPatch) -> 
         nat.load.cache_clear()
 
 
-def _greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
-    """Prefill the prompts together (right-padded), then n - 1 decode steps."""
+def _greedy(model, prompts: list[list[int]], n: int, trace: list | None = None) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Prefill the prompts together (right-padded), then n - 1 decode steps; each step's
+    logits appended to `trace` when given."""
     B, T = len(prompts), max(map(len, prompts))
     ids = torch.zeros(B, T, dtype=torch.int64)
     for i, p in enumerate(prompts):
@@ -150,6 +151,8 @@ def _greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:  # type
     out = [[int(t)] for t in logits.argmax(-1)]
     ctx = lens.clone()
     for _ in range(n - 1):
+        if trace is not None:
+            trace.append(logits.clone())
         ctx = ctx + 1
         logits = model.forward(torch.tensor([[o[-1]] for o in out]), (ctx - 1).unsqueeze(1), slots,
                                torch.ones(B, dtype=torch.int64), ctx, B)
@@ -158,21 +161,32 @@ def _greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:  # type
     return out
 
 
-def test_smollm2_int4_equals_float32_and_batched_equals_alone(gguf_path: Path) -> None:
-    from switchyard.engine.comm import SingleRank
-    from switchyard.engine.model import TPModel
+@pytest.fixture(scope="module")
+def smollm2(gguf_path: Path):  # type: ignore[no-untyped-def]
+    """SmolLM2's config, float32 weights and the three test prompts."""
     from switchyard.engine.tokenizer import from_gguf
-    from switchyard.engine.weights import Shard, load_shard, open_source
+    from switchyard.engine.weights import load_shard, open_source
 
     src = open_source(gguf_path)
-    weights = load_shard(src, 0, 1)
     tok = from_gguf(src.reader)
     prompts = [tok.encode(tok.render([{"role": "user", "content": p}]))
                for p in ("What is the capital of France?", "Name three fruits.", "Count from one to five.")]
+    return src.config, load_shard(src, 0, 1), tok, prompts
+
+
+def _model(smollm2, dtype: str = "float32"):  # type: ignore[no-untyped-def]
+    from switchyard.engine.comm import SingleRank
+    from switchyard.engine.model import TPModel
+    from switchyard.engine.weights import Shard
+
+    config, weights, _, _ = smollm2
+    return TPModel(config, Shard(0, 1, config), weights, SingleRank(), max_slots=3, max_len=128, dtype=dtype)
+
+
+def test_smollm2_int4_equals_float32_and_batched_equals_alone(smollm2) -> None:  # type: ignore[no-untyped-def]
+    tok, prompts = smollm2[2], smollm2[3]
     with torch.inference_mode():
-        f32 = TPModel(src.config, Shard(0, 1, src.config), weights, SingleRank(), max_slots=3, max_len=128)
-        i4 = TPModel(src.config, Shard(0, 1, src.config), weights, SingleRank(), max_slots=3, max_len=128,
-                     dtype="int4")
+        f32, i4 = _model(smollm2), _model(smollm2, "int4")
         exact = _greedy(f32, prompts, 24)
         together = _greedy(i4, prompts, 24)
         alone = [_greedy(i4, [p], 24)[0] for p in prompts]
@@ -181,6 +195,28 @@ def test_smollm2_int4_equals_float32_and_batched_equals_alone(gguf_path: Path) -
     assert together == exact
     assert alone == together
     assert "Paris" in tok.decode(together[0])
+
+
+def test_fused_layers_equal_op_by_op(smollm2) -> None:  # type: ignore[no-untyped-def]
+    """One rank with the int4 kernels runs each layer as two native calls around attention
+    (native/layer.c); every step's logits, prefill and decode, are bit-identical to the
+    op-by-op path's."""
+    prompts = smollm2[3]
+    with torch.inference_mode():
+        i4 = _model(smollm2, "int4")
+        if i4._lib is None:
+            pytest.skip("native kernels unavailable here")
+        assert i4.fused
+        fused: list[torch.Tensor] = []
+        _greedy(i4, prompts, 6, fused)
+        i4.fused = False
+        i4.k_cache.zero_()
+        i4.v_cache.zero_()
+        ops: list[torch.Tensor] = []
+        _greedy(i4, prompts, 6, ops)
+    assert len(fused) == len(ops) == 5
+    for a, b in zip(fused, ops, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("kv_dtype", ["float32", "float16"])

@@ -1,8 +1,9 @@
 """Native CPU kernels, compiled on first use with the system C compiler and cached.
 
 The hot spots of a CPU decode step: the int4 matmul (`int4_*.c`), decode attention with its
-KV-cache write (`decode_attn_*.c`), and the row-wise steps between them (`rowops.c`: RMSNorm
-with the residual add, SwiGLU, RoPE, the logits' top-k), in three builds, the first this CPU can run:
+KV-cache write (`decode_attn_*.c`), the row-wise steps between them (`rowops.c`: RMSNorm
+with the residual add, SwiGLU, RoPE, the logits' top-k), and a layer's steps around its
+attention in two calls (`layer.c`), in three builds, the first this CPU can run:
 - `amx-bf16` (Intel Sapphire Rapids and later): the int4 matmul on AMX tile multiplies, the
   rest as `avx512-bf16`;
 - `avx512-bf16` (AMD Zen 4, Intel Sapphire Rapids and later): bfloat16 dot products;
@@ -32,6 +33,13 @@ log = logging.getLogger("switchyard.engine.native")
 COMMON_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
 
 
+class Int4Weight(ctypes.Structure):
+    """layer.c's `struct int4_weight`: one int4 projection's packed codes, scales, offsets."""
+
+    _fields_ = [("w", ctypes.c_void_p), ("s", ctypes.c_void_p), ("z", ctypes.c_void_p), ("n", ctypes.c_int64),
+                ("k", ctypes.c_int64)]
+
+
 @dataclass(frozen=True)
 class Build:
     name: str
@@ -43,7 +51,8 @@ class Build:
     @property
     def sources(self) -> list[Path]:
         here = Path(__file__).parent
-        return [here / f"int4_{self.matmul}.c", here / f"decode_attn_{self.attention}.c", here / "rowops.c"]
+        return [here / f"int4_{self.matmul}.c", here / f"decode_attn_{self.attention}.c", here / "rowops.c",
+                here / "layer.c"]
 
 
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c"})
@@ -161,7 +170,10 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     lib.sy_rope.argtypes = [p, i64, i64, i64, i64, p, p, p, i64, i32]
     lib.sy_topk.argtypes = [p, i64, i64, i32, p, i32]
     lib.sy_gather_dot.argtypes = [p, p, p, p, i64, i64, i64, i64, i32]
+    wp = ctypes.POINTER(Int4Weight)
+    lib.sy_layer_in.argtypes = [p, p, p, f32, wp, p, p, p, i64, i64, i64, p, p, p, i64, i32]
+    lib.sy_layer_out.argtypes = [p, p, p, f32, wp, wp, wp, p, p, p, p, p, i64, i32]
     for fn in (lib.sy_int4_mm, lib.sy_decode_attn, lib.sy_add_rmsnorm, lib.sy_silu_mul, lib.sy_rope, lib.sy_topk,
-               lib.sy_gather_dot):
+               lib.sy_gather_dot, lib.sy_layer_in, lib.sy_layer_out):
         fn.restype = ctypes.c_int
     return lib, build.name
