@@ -1,14 +1,18 @@
-"""Engine decode benchmark on this machine, ours vs transformers `generate` on the same GGUF.
+"""Engine decode benchmark on this machine, ours vs a peer on the same GGUF: transformers
+`generate`, or llama.cpp (`--peer llama.cpp`, built by `make llama-cpp`).
 
   python bench/engine.py [--tokens 64] [--batch 16] [--dtype float32] [--threads 0]
+  python bench/engine.py --peer llama.cpp [--threads 2]   # + prefill of a 512-token prompt vs pp512
   python bench/engine.py --long-prompt     # chunked prefill: a running stream vs a long prompt
   python bench/engine.py --device cuda [bench/engine_cuda.py options]   # one GPU, see that file
 
 Prints decode tokens/s at batch 1 and the aggregate at batch N for our engine (the real
 scheduler and runner, in-process, no HTTP) and for transformers (in a process of its own), the
 ratios, and time to first token. Greedy, EOS ignored so every run generates exactly --tokens
-tokens. All four measurements alternate, --repeats rounds; each ratio is the median of the
-rounds' ratios, with their range.
+tokens. All measurements alternate, --repeats rounds; each ratio is the median of the
+rounds' ratios, with their range. With --peer llama.cpp: llama-bench (pp512, tg) and
+llama-batched-bench (1 and N sequences, prompts of our prompts' length) with the same thread
+count, and our prefill of a 512-token prompt (512 / its time to first token) against pp512.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def ours(path: Path, dtype: str, threads: int, tokens: int, batch: int):  # type
     from switchyard.engine.sampling import SamplingParams
     from switchyard.engine.scheduler import Sequence
 
-    sched, loop = _start_engine(path, dtype, threads, max(batch, 1), 512)
+    sched, loop = _start_engine(path, dtype, threads, max(batch, 1), 1024)
     tok = sched.tok
 
     def run(n: int) -> tuple[float, list[float]]:
@@ -96,7 +100,31 @@ def ours(path: Path, dtype: str, threads: int, tokens: int, batch: int):  # type
         loop.join(5)
 
     run(1)  # warm-up
-    return run, stop
+    return run, stop, sched
+
+
+def prefill_rate(sched, n: int, salt: int) -> float:  # type: ignore[no-untyped-def]
+    """Prefill tok/s of one n-token prompt: n / its time to first token. `salt` makes each
+    round's prompt differ from its first token on, so no cached prefix could serve it."""
+    from switchyard.engine.sampling import SamplingParams
+    from switchyard.engine.scheduler import Sequence
+
+    tok = sched.tok
+    words = " ".join(f"{w}{salt}" for w in ("ship", "river", "stone", "lamp", "field", "glass") * 200)
+    ids = tok.encode(f"{salt} {words}")[:n]
+    first: list[float] = []
+    done = threading.Event()
+
+    def sink(ev: dict) -> None:
+        if ev["type"] == "delta" and not first:
+            first.append(time.perf_counter())
+        if ev["type"] in ("finish", "error"):
+            done.set()
+
+    start = time.perf_counter()
+    sched.submit(Sequence(prompt=ids, sink=sink, params=SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)))
+    done.wait()
+    return n / (first[0] - start)
 
 
 def long_prompt(path: Path, dtype: str, threads: int, budget: int) -> dict[str, float]:
@@ -233,7 +261,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=5,
                     help="rounds, each measuring every figure once, back to back; medians are reported")
-    ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--peer", default="transformers", choices=["transformers", "llama.cpp", "none"])
+    ap.add_argument("--skip-transformers", action="store_true", help="same as --peer none")
     ap.add_argument("--long-prompt", action="store_true",
                     help="only: a stream's longest token gap while a ~1,800-token prompt is prefilled, "
                          "chunked (--max-num-batched-tokens 512) vs in one step")
@@ -248,9 +277,12 @@ def main() -> None:
             print(f"prefill {budget} tokens a step: {r['prompt_tokens']}-token prompt TTFT {r['ttft_ms']:.0f} ms; "
                   f"running stream: longest gap {r['max_gap_ms']:.0f} ms, median {r['median_gap_ms']:.0f} ms")
         return
-    theirs, stop_theirs = (None, None) if a.skip_transformers else transformers_process(path, a.threads, a.tokens,
-                                                                                       a.batch)
-    run, stop = ours(path, a.dtype, a.threads, a.tokens, a.batch)
+    peer = "none" if a.skip_transformers else a.peer
+    if peer == "llama.cpp":
+        _vs_llama_cpp(path, a)
+        return
+    theirs, stop_theirs = (None, None) if peer == "none" else transformers_process(path, a.threads, a.tokens, a.batch)
+    run, stop, _ = ours(path, a.dtype, a.threads, a.tokens, a.batch)
     # Every measurement alternates with the others, `repeats` rounds, each figure a median. The
     # shared 2-core VM has slow and fast spells of tens of seconds (the same step 1.5x slower):
     # a ratio is taken within a round, where both sides saw the same spell.
@@ -272,8 +304,7 @@ def main() -> None:
         return statistics.median(r[key][0] for r in rounds)
 
     def ratio(num: str, den: str) -> str:
-        v = sorted(r[num][0] / r[den][0] for r in rounds)
-        return f"{statistics.median(v):.2f}x (rounds {v[0]:.2f}-{v[-1]:.2f}x)"
+        return _ratio([r[num][0] / r[den][0] for r in rounds])
 
     ttft1 = statistics.median(r["o1"][1][0] for r in rounds) * 1000
     ttftN = statistics.median(statistics.median(r["oN"][1]) for r in rounds) * 1000
@@ -288,6 +319,53 @@ def main() -> None:
           f"batch {a.batch} {med('tN'):.1f} tok/s aggregate decode")
     print(f"ours / transformers: batch 1 {ratio('o1', 't1')} (target >= 3x), batch {a.batch} {ratio('oN', 'tN')}, "
           f"TTFT {t_ttft / ttft1:.2f}x")
+
+
+def _ratio(values: list[float]) -> str:
+    v = sorted(values)
+    return f"{statistics.median(v):.2f}x (rounds {v[0]:.2f}-{v[-1]:.2f}x)"
+
+
+def _vs_llama_cpp(path: Path, a: argparse.Namespace) -> None:
+    """Ours against llama.cpp's llama-bench and llama-batched-bench, round by round."""
+    import os
+
+    from peer_llamacpp import peer_round
+
+    from switchyard.llamacpp import LlamaCppMissing, locate
+
+    try:
+        bins = locate()
+    except LlamaCppMissing as e:
+        raise SystemExit(f"--peer llama.cpp: {e}") from None
+    threads = a.threads or torch.get_num_threads() or os.cpu_count() or 1
+    run, stop, sched = ours(path, a.dtype, threads, a.tokens, a.batch)
+    prompt_len = round(statistics.mean(len(_prompt_ids(sched.tok, k)) for k in range(a.batch)))
+    prefill_rate(sched, 512, -1)  # warm-up at this length
+    rows: list[dict[str, float]] = []
+    for i in range(a.repeats):
+        r = {"o1": run(1)[0], "oN": run(a.batch)[0], "op": prefill_rate(sched, 512, i)}
+        time.sleep(1.5)  # our idle OpenMP workers spin for up to ~0.6 s
+        p = peer_round(bins, path, threads, a.tokens, prompt_len, a.batch)
+        r.update(l1=p.decode[1], lN=p.decode[a.batch], lp=p.pp512, ltg=p.tg)
+        rows.append(r)
+        print(f"round {i + 1}: ours b1 {r['o1']:.1f} bN {r['oN']:.1f} prefill {r['op']:.0f} | llama.cpp b1 "
+              f"{r['l1']:.1f} (tg{a.tokens} {r['ltg']:.1f}) bN {r['lN']:.1f} pp512 {r['lp']:.0f} tok/s", flush=True)
+    stop()
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    def ratio(num: str, den: str) -> str:
+        return _ratio([r[num] / r[den] for r in rows])
+
+    print(f"threads {threads}, {a.tokens} new tokens, prompts of ~{prompt_len} tokens, {a.repeats} rounds (medians)")
+    print(f"ours ({a.dtype}): batch 1 {med('o1'):.1f} tok/s | batch {a.batch} {med('oN'):.1f} tok/s aggregate | "
+          f"prefill 512 {med('op'):.0f} tok/s")
+    print(f"llama.cpp {bins.version}: batch 1 {med('l1'):.1f} tok/s (llama-batched-bench; llama-bench "
+          f"tg{a.tokens} {med('ltg'):.1f}) | batch {a.batch} {med('lN'):.1f} tok/s aggregate | pp512 {med('lp'):.0f} tok/s")
+    print(f"ours / llama.cpp: batch 1 {ratio('o1', 'l1')} (target >= 1.2x; vs tg{a.tokens} {ratio('o1', 'ltg')}), "
+          f"batch {a.batch} {ratio('oN', 'lN')} (target >= 2x), prefill 512 {ratio('op', 'lp')} (target >= 1x)")
 
 
 if __name__ == "__main__":
