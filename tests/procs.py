@@ -98,10 +98,11 @@ def start_upstream(tmp: Path, name: str, port: int | None = None, *extra: str) -
     return proc, f"http://127.0.0.1:{port}"
 
 
-def start_gateway(tmp: Path, policies: list[Path], *extra: str, name: str = "gw") -> tuple[Proc, str]:
+def start_gateway(tmp: Path, policies: list[Path], *extra: str, name: str = "gw",
+                  env: dict | None = None) -> tuple[Proc, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "switchyard.cli", "serve", "--port", str(port), "--log-level", "info"]
     for p in policies:
         cmd += ["--policy", str(p)]
-    proc = Proc([*cmd, *extra], f"http://127.0.0.1:{port}/health", tmp / f"{name}.log")
+    proc = Proc([*cmd, *extra], f"http://127.0.0.1:{port}/health", tmp / f"{name}.log", env=env)
     return proc, f"http://127.0.0.1:{port}"
