@@ -34,6 +34,9 @@ def _config(args: argparse.Namespace) -> dict:
         "fail_message": "failing on purpose",  # the error message of `fail` answers
         "health": 200,
         "tool_call": None,  # {"name": ..., "arguments": {...}} to answer with a tool call
+        "cached_tokens": 0,  # usage.prompt_tokens_details.cached_tokens (0: no details)
+        "metrics": None,  # text served at GET /metrics (Prometheus), None: 404
+        "metrics_served": 0,
         "served": 0,
         "inflight": 0,
         "max_inflight": 0,
@@ -63,6 +66,13 @@ async def _send_json(send, status: int, obj, extra: list | None = None) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _usage() -> dict:
+    usage: dict = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    if STATE["cached_tokens"]:
+        usage["prompt_tokens_details"] = {"cached_tokens": STATE["cached_tokens"]}
+    return usage
+
+
 def _completion(body: dict, kind: str) -> dict:
     msgs = body.get("messages") or []
     last = ""
@@ -71,7 +81,7 @@ def _completion(body: dict, kind: str) -> dict:
             c = m.get("content")
             last = c if isinstance(c, str) else orjson.dumps(c).decode()
     text = f"{STATE['name']} echoes: {last or body.get('prompt', '')}"[:2000]
-    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    usage = _usage()
     common = {"id": f"cmpl-{STATE['served']}", "created": int(time.time()), "model": body.get("model"),
               "system_fingerprint": STATE["name"], "usage": usage}
     if kind == "completions":
@@ -105,6 +115,13 @@ async def app(scope, receive, send) -> None:
         return await _send_json(send, code, {"status": "ok" if code == 200 else "unhealthy"})
     if path == "/v1/models":
         return await _send_json(send, 200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+    if path == "/metrics" and method == "GET":
+        if STATE["metrics"] is None:
+            return await _send_json(send, 404, {"error": {"message": "no metrics", "type": "not_found"}})
+        STATE["metrics_served"] += 1
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": STATE["metrics"].encode()})
+        return
     if path == "/_state":
         return await _send_json(send, 200, {k: v for k, v in STATE.items()})
     try:
@@ -180,8 +197,13 @@ async def _stream(body: dict, kind: str, send, receive) -> None:
                 return
     end = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body.get("model"),
            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-    await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(end) + b"\n\ndata: [DONE]\n\n",
-                "more_body": False})
+    tail = b"data: " + orjson.dumps(end) + b"\n\n"
+    opts = body.get("stream_options")
+    if isinstance(opts, dict) and opts.get("include_usage"):  # as OpenAI: one more chunk, no choices
+        usage = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body.get("model"),
+                 "choices": [], "usage": _usage()}
+        tail += b"data: " + orjson.dumps(usage) + b"\n\n"
+    await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n", "more_body": False})
 
 
 def main() -> None:

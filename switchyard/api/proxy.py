@@ -25,11 +25,12 @@ from switchyard.api.relay import StreamRelay
 from switchyard.classify.features import extract
 from switchyard.gateway.gateway import LoadedPolicy, Target
 from switchyard.gateway.keys import KeyRecord
-from switchyard.gateway.limits import StreamTap
 from switchyard.gateway.requests import kind_of, validate
 from switchyard.gateway.routing import Routed, session_id_of
 from switchyard.gateway.runtime import Runtime
+from switchyard.gateway.usage import UsageTap, parse_usage
 from switchyard.policy.rules import RouteDecision
+from switchyard.policy.schema import PriceSpec
 from switchyard.pools.dispatch import Answer
 
 JSON = "application/json"
@@ -164,33 +165,50 @@ class Proxy:
         if decision.session_id:
             await rt.gateway.remember_replica(decision, lp, answer.replica.url, key.id if key else "")
             await rt.gateway.state.flush()  # the next turn may come through another gateway
+        price = lp.pools[answer.pool].spec.price if answer.pool in lp.pools else None
         if answer.stream is None:
+            usage = parse_usage(answer.body) if answer.status < 400 else None
+            cost = None
+            if usage is not None and price is not None:
+                cost = price.cost(usage.prompt, usage.completion, usage.cached)
+                headers["x-switchyard-cost-usd"] = f"{cost:.9f}"
             now = time.perf_counter()
             overhead = (answer.t_sent - t_routed) + (t_routed - t0) + (now - answer.t_first)
             headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
-            rt.finished(decision, answer.pool, answer.replica.name, answer.status, now - t0, overhead)
+            rt.finished(decision, answer.pool, answer.replica.name, answer.status, now - t0, overhead, usage, cost)
             if auth is not None and key is not None and answer.status < 400:
-                auth.account_body(key, answer.body, _prompt_estimate(request))
+                if usage is None:
+                    auth.account(key, _prompt_estimate(request), True)
+                else:
+                    auth.account(key, usage.total, False)
             return Response(answer.body, answer.status, headers=headers, media_type=answer.content_type)
         overhead = answer.t_sent - t0 + (time.perf_counter() - answer.t_first)
         headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
+        if price is not None:  # the cost is known only after the last byte: the prices, for the client's usage
+            headers["x-switchyard-price"] = _price_header(price)
         headers["cache-control"] = "no-cache"
         headers["x-accel-buffering"] = "no"
         raw_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
         raw_headers.append((b"content-type", answer.content_type.encode()))
-        upstream: Any = answer.stream
-        tap = None
-        if auth is not None:  # count tokens from the stream's tail (usage), without parsing events
-            upstream = tap = StreamTap(answer.stream, answer.first, _prompt_estimate(request))
+        # Tokens come from the stream's tail (its usage), without parsing events; the usage event
+        # the gateway asked for on the client's behalf is taken out.
+        tap = UsageTap(answer.stream, answer.usage_added)
+        first = tap.feed(answer.first)
 
         def done(outcome: str, reason: str, sent: int) -> None:
             answer.finish(outcome, reason, rt.gateway.state)
-            if tap is not None and auth is not None and key is not None:
-                auth.account(key, *tap.tokens())
+            usage = tap.usage()
+            cost = None if usage is None or price is None else price.cost(usage.prompt, usage.completion, usage.cached)
+            if auth is not None and key is not None:
+                if usage is None:
+                    auth.account(key, tap.estimate(_prompt_estimate(request)), True)
+                else:
+                    auth.account(key, usage.total, False)
             code = answer.status if outcome == "ok" else (499 if outcome == "client_gone" else 502)
-            rt.finished(decision, answer.pool, answer.replica.name, code, time.perf_counter() - t0, overhead)
+            rt.finished(decision, answer.pool, answer.replica.name, code, time.perf_counter() - t0, overhead,
+                        usage, cost)
 
-        return StreamRelay(upstream, answer.first, answer.status, raw_headers, done, answer.replica.name)
+        return StreamRelay(tap, first, answer.status, raw_headers, done, answer.replica.name)
 
     async def route_only(self, request: Request) -> Response:
         rt = self.rt
@@ -263,6 +281,11 @@ class FastPath:
                     rt.active -= 1
                 return
         await self.app(scope, receive, send)
+
+
+def _price_header(p: PriceSpec) -> str:
+    cached = p.prompt if p.cached is None else p.cached
+    return f"prompt={p.prompt:g}; completion={p.completion:g}; cached={cached:g}; unit=USD per 1M tokens"
 
 
 def _prompt_estimate(request: Request) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 from starlette.responses import Response
@@ -31,7 +32,7 @@ class StreamRelay(Response):
 
     def __init__(
         self,
-        upstream: aiohttp.ClientResponse,
+        upstream: Any,  # an aiohttp.ClientResponse, or what stands in for one (gateway/usage.UsageTap)
         first: bytes,
         status: int,
         headers: list[tuple[bytes, bytes]],
@@ -54,9 +55,10 @@ class StreamRelay(Response):
             await send({"type": "http.response.start", "status": self.status, "headers": self.raw_headers})
             chunk = self.first
             content = self.upstream.content
-            while chunk:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                sent += len(chunk)
+            while True:
+                if chunk:  # the first chunk may be held back whole (an incomplete event)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    sent += len(chunk)
                 read = asyncio.ensure_future(content.readany())
                 await asyncio.wait((read, disconnect), return_when=asyncio.FIRST_COMPLETED)
                 if disconnect.done():  # the client left: stop reading; on_done closes the upstream
@@ -71,6 +73,8 @@ class StreamRelay(Response):
                     # A clean error event, then the end: the client raises instead of hanging.
                     await send({"type": "http.response.body", "body": sse_error_event(reason), "more_body": False})
                     return
+                if not chunk:
+                    break
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             outcome, reason = "ok", ""
         except OSError:

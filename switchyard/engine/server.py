@@ -366,12 +366,9 @@ class EngineHandlers:
     async def _completion_stream(self, run: _Run, rid: str, created: int, model: str, include_usage: bool,
                                  lp_obj: Callable[[list[dict[str, Any]], int], dict[str, Any] | None],
                                  ) -> AsyncIterator[bytes]:
-        def chunk(choice: dict[str, Any], usage: dict[str, Any] | None = None) -> bytes:
-            obj: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model,
-                                   "choices": [choice]}
-            if usage is not None:
-                obj["usage"] = usage
-            return _sse(obj)
+        def chunk(choice: dict[str, Any]) -> bytes:
+            return _sse({"id": rid, "object": "text_completion", "created": created, "model": model,
+                         "choices": [choice]})
 
         offset = 0
         async for ev in self._events(run):
@@ -380,8 +377,10 @@ class EngineHandlers:
                              "logprobs": lp_obj(ev.get("logprobs", []), offset)})
                 offset += len(ev["text"])
             elif ev["type"] == "finish":
-                yield chunk({"index": 0, "text": "", "finish_reason": ev["reason"], "logprobs": None},
-                            ev["usage"] if include_usage else None)
+                yield chunk({"index": 0, "text": "", "finish_reason": ev["reason"], "logprobs": None})
+                if include_usage:  # as OpenAI (and vLLM) send it: one more chunk, with no choices
+                    yield _sse({"id": rid, "object": "text_completion", "created": created, "model": model,
+                                "choices": [], "usage": ev["usage"]})
                 yield _SSE_DONE
             else:
                 yield _sse(_engine_failed(ev["message"]).body())

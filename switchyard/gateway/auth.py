@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from switchyard.errors import Forbidden, RateLimited, Unauthorized
 from switchyard.gateway.keys import KeyRecord, KeyStore, hash_key
-from switchyard.gateway.limits import WINDOW, RateLimiter, usage_tokens
+from switchyard.gateway.limits import WINDOW, RateLimiter
 
 log = logging.getLogger("switchyard.gateway.auth")
 
@@ -147,13 +147,6 @@ class Auth:
             return
         self.limiter.add(rec.id, "t", tokens, time.time())
         self.m_tokens.labels(rec.name, "estimated" if estimated else "usage").inc(tokens)
-
-    def account_body(self, rec: KeyRecord, body: bytes, prompt_estimate: int) -> None:
-        n = usage_tokens(body)
-        if n is None:
-            self.account(rec, prompt_estimate, True)
-        else:
-            self.account(rec, n, False)
 
     def records(self) -> list[KeyRecord]:
         return list(self._keys.values())

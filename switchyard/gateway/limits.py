@@ -1,12 +1,10 @@
-"""Per-key request and token counting: one-minute windows summed across gateways, and the
-tokens an upstream answer used (its `usage`, or an estimate for streams without one)."""
+"""Per-key request and token counting: one-minute windows summed across gateways (the tokens
+an answer used come from gateway/usage.py)."""
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from switchyard.state.base import CounterDelta
 
@@ -79,59 +77,3 @@ class RateLimiter:
             w = self._w.get((key_id, kind))
             if w is not None:
                 w.sending = 0
-
-
-# --- usage from upstream answers ------------------------------------------------------------
-
-_TOTAL = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-TAIL = 4096
-
-
-def usage_tokens(data: bytes) -> int | None:
-    """Total tokens of the last `usage` object in `data` (a body, or the tail of an SSE stream)."""
-    i = data.rfind(b'"usage"')
-    if i < 0:
-        return None
-    m = _TOTAL.search(data, i)
-    if m:
-        return int(m.group(1))
-    p, c = _PROMPT.search(data, i), _COMPLETION.search(data, i)
-    if p or c:
-        return (int(p.group(1)) if p else 0) + (int(c.group(1)) if c else 0)
-    return None
-
-
-class _TapContent:
-    """Stands in for aiohttp's StreamReader: passes chunks on, keeps the tail and counts events."""
-
-    __slots__ = ("_content", "tail", "events")
-
-    def __init__(self, content: Any, first: bytes):
-        self._content = content
-        self.tail = first[-TAIL:]
-        self.events = first.count(b"data:")
-
-    async def readany(self) -> bytes:
-        b = await self._content.readany()
-        if b:
-            self.events += b.count(b"data:")
-            self.tail = (self.tail + b)[-TAIL:]
-        return b
-
-
-class StreamTap:
-    """Wraps an upstream aiohttp response for the SSE relay; read `tokens()` when the stream ended."""
-
-    def __init__(self, upstream: Any, first: bytes, prompt_estimate: int):
-        self.content = _TapContent(upstream.content, first)
-        self.prompt_estimate = prompt_estimate
-
-    def tokens(self) -> tuple[int, bool]:
-        """(tokens, estimated). With no usage in the stream: prompt estimate + one token per event."""
-        n = usage_tokens(self.content.tail)
-        if n is not None:
-            return n, False
-        events = max(0, self.content.events - 1)  # the last event is [DONE]
-        return self.prompt_estimate + events, True

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from switchyard.gateway.usage import Usage
 from switchyard.pools.pool import Pool
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -31,12 +32,20 @@ class _LiveState(Collector):
             "switchyard_circuit_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", labels=["pool", "replica"]
         )
         ewma = GaugeMetricFamily("switchyard_replica_latency_ewma_seconds", "EWMA latency", labels=["pool", "replica"])
+        price = GaugeMetricFamily("switchyard_price_usd_per_million_tokens",
+                                  "A pool's price (policy `price`), for cost queries", labels=["policy", "pool", "kind"])
         seen = set()
         for pool_key, pool in self._pools():
             if pool_key in seen:
                 continue
             seen.add(pool_key)
             queued.add_metric([pool_key], len(pool.waiters))
+            p = pool.spec.price
+            if p is not None:
+                policy, _, name = pool_key.rpartition("/")
+                for kind, v in (("prompt", p.prompt), ("completion", p.completion),
+                                ("cached", p.prompt if p.cached is None else p.cached)):
+                    price.add_metric([policy, name, kind], v)
             for r in pool.replicas:
                 inflight.add_metric([pool_key, r.name], r.inflight)
                 healthy.add_metric([pool_key, r.name], 1.0 if r.state == "healthy" else 0.0)
@@ -45,7 +54,7 @@ class _LiveState(Collector):
         kind, ok = self._state_ok()
         store = GaugeMetricFamily("switchyard_state_store_up", "1 when the state store answers", labels=["kind"])
         store.add_metric([kind], 1.0 if ok else 0.0)
-        yield from (inflight, queued, healthy, circuit, ewma, store)
+        yield from (inflight, queued, healthy, circuit, ewma, store, price)
 
 
 class Metrics:
@@ -78,7 +87,13 @@ class Metrics:
         self.classifier_fail_open = Counter(
             "switchyard_classifier_fail_open", "Classifier failures that fell back to on_failure", ["policy"], registry=r
         )
+        self.tokens = Counter(
+            "switchyard_tokens", "Tokens from upstream usage (prompt includes cached)", ["policy", "pool", "kind"],
+            registry=r)
+        self.cost = Counter("switchyard_cost_usd", "What answers cost at the pool's price", ["policy", "pool"],
+                            registry=r)
         self._latency_children: dict[str, tuple] = {}
+        self._token_children: dict[tuple[str, str], tuple] = {}
 
     def attach_live(self, pools: Callable[[], Iterable[tuple[str, Pool]]], state_ok: Callable[[], tuple[str, bool]]) -> None:
         self.registry.register(_LiveState(pools, state_ok))
@@ -91,6 +106,20 @@ class Metrics:
         children[0].observe(seconds)
         children[1].observe(overhead)
         self.requests.labels(policy, pool, replica, rule, str(code)).inc()
+
+    def account(self, policy: str, pool: str, usage: Usage, cost: float | None) -> None:
+        """One answer's usage (and its cost, when the pool has a price)."""
+        children = self._token_children.get((policy, pool))
+        if children is None:
+            children = (self.tokens.labels(policy, pool, "prompt"), self.tokens.labels(policy, pool, "completion"),
+                        self.tokens.labels(policy, pool, "cached"), self.cost.labels(policy, pool))
+            self._token_children[(policy, pool)] = children
+        children[0].inc(usage.prompt)
+        children[1].inc(usage.completion)
+        if usage.cached:
+            children[2].inc(usage.cached)
+        if cost is not None:
+            children[3].inc(cost)
 
     # pools/dispatch.DispatchEvents: what the dispatcher reports as it goes.
 

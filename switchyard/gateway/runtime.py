@@ -16,6 +16,7 @@ from switchyard.gateway.auth import Auth
 from switchyard.gateway.gateway import Gateway
 from switchyard.gateway.metrics import Metrics
 from switchyard.gateway.recorder import TraceRecorder
+from switchyard.gateway.usage import Usage
 from switchyard.policy.rules import RouteDecision
 from switchyard.pools.sync import StateSync
 
@@ -33,6 +34,8 @@ class RecentDecision:
     status: int
     seconds: float  # whole request, to the last byte
     overhead: float  # what the gateway itself added
+    usage: Usage | None = None  # the upstream's usage, when it gave one
+    cost: float | None = None  # USD at the pool's price
 
 
 class Runtime:
@@ -50,10 +53,13 @@ class Runtime:
         self.recent: deque[RecentDecision] = deque(maxlen=RECENT_KEPT)
 
     def finished(self, decision: RouteDecision, pool: str, replica: str, status: int, seconds: float,
-                 overhead: float) -> None:
-        """A request ended: count it and keep it for the dashboard."""
+                 overhead: float, usage: Usage | None = None, cost: float | None = None) -> None:
+        """A request ended: count it (its tokens and cost too) and keep it for the dashboard."""
         self.metrics.observe(decision.policy, pool, replica, decision.rule, status, seconds, overhead)
-        self.recent.append(RecentDecision(time.time(), decision, pool, replica, status, seconds, overhead))
+        if usage is not None:
+            self.metrics.account(decision.policy, pool, usage, cost)
+        self.recent.append(RecentDecision(time.time(), decision, pool, replica, status, seconds, overhead,
+                                          usage, cost))
 
     def health(self) -> dict[str, Any]:
         policies = {}

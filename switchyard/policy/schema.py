@@ -79,6 +79,36 @@ class HealthSpec(_Strict):
     _dur = field_validator("interval", "timeout", mode="before")(lambda v: parse_duration(v))
 
 
+class PriceSpec(_Strict):
+    """What a pool's tokens cost, in USD per million tokens (as providers list them)."""
+
+    prompt: float = Field(ge=0, description="USD per million prompt (input) tokens")
+    completion: float = Field(ge=0, description="USD per million completion (output) tokens")
+    cached: float | None = Field(None, ge=0, description="USD per million cached prompt tokens "
+                                                         "(usage.prompt_tokens_details.cached_tokens; default: "
+                                                         "the prompt price)")
+
+    def cost(self, prompt: int, completion: int, cached: int = 0) -> float:
+        """USD for one answer's usage. `prompt` counts the cached tokens too, as OpenAI's usage does."""
+        cached = min(max(cached, 0), prompt)
+        cached_price = self.prompt if self.cached is None else self.cached
+        return ((prompt - cached) * self.prompt + cached * cached_price + completion * self.completion) / 1e6
+
+
+class LoadSpec(_Strict):
+    """strategy least_load: how the replicas' own metrics are read."""
+
+    interval: float = Field(1.0, gt=0, description="Seconds between two reads of a replica's metrics "
+                                                   "(shared by the gateways of one Redis)")
+    timeout: float = Field(0.5, gt=0, description="Seconds before a read of the metrics counts as failed")
+    stale: float = Field(5.0, gt=0, description="Metrics older than this are ignored: the gateway's "
+                                                "in-flight count decides alone")
+    path: str = Field("/metrics", description="Prometheus metrics path on the server root (vLLM, SGLang "
+                                              "and our engine serve /metrics)")
+
+    _dur = field_validator("interval", "timeout", "stale", mode="before")(lambda v: parse_duration(v))
+
+
 class PoolSpec(_Strict):
     model: str = Field(description="Model name sent upstream (the request's `model` is rewritten to it)")
     strategy: Literal["least_inflight", "power_of_two", "round_robin", "cache_aware"] = Field(
@@ -98,6 +128,12 @@ class PoolSpec(_Strict):
     circuit: CircuitSpec = Field(default_factory=CircuitSpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     engine: EngineLaunch | None = Field(None, description="How `switchyard up` launches the replicas")
+    price: PriceSpec | None = Field(None, description="USD per million tokens: switchyard_cost_usd_total, "
+                                                      "x-switchyard-cost-usd, the dashboard's and replay's savings")
+    stream_usage: bool = Field(True, description="Ask the upstream for usage in streams (stream_options."
+                                                 "include_usage) when the client did not; the extra chunk is "
+                                                 "not passed on. Off for a server that refuses stream_options")
+    load: LoadSpec = Field(default_factory=LoadSpec, description="strategy least_load: reading replica metrics")
     # Planning (switchyard plan): what a replica needs and what it delivers.
     nodes_per_replica: int = Field(1, ge=1, description="Nodes one replica spans (its TP width across nodes)")
     ranks_per_node: int = Field(1, ge=1, description="GPUs (ranks) per node")

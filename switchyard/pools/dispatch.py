@@ -47,6 +47,7 @@ class Answer:
     body: bytes = b""
     stream: aiohttp.ClientResponse | None = None
     first: bytes = b""
+    usage_added: bool = False  # the gateway asked for usage in this stream; the client did not
 
     def finish(self, outcome: str, reason: str = "", state: StateStore | None = None) -> None:
         """A stream ended (ok | client_gone | upstream_failed): free the replica's slot."""
@@ -104,6 +105,9 @@ class Dispatcher:
         failure: errors.RequestError | None = None
         attempts = 0
         prev = None
+        had_options = "stream_options" in body
+        client_options = body.get("stream_options")
+        client_asked = isinstance(client_options, dict) and client_options.get("include_usage") is True
         for pname in chain:
             pool = pools.get(pname)
             if pool is None:
@@ -112,6 +116,15 @@ class Dispatcher:
                 self.events.fell_back(prev, pname)
             prev = pname
             body["model"] = pool.model
+            add_usage = stream and not client_asked and pool.spec.stream_usage
+            if add_usage:  # token counts and cost need the stream's usage
+                extra = client_options if isinstance(client_options, dict) else {}
+                body["stream_options"] = {**extra, "include_usage": True}
+            elif stream and body.get("stream_options") is not client_options:  # a fallback pool that opted out
+                if had_options:
+                    body["stream_options"] = client_options
+                else:
+                    del body["stream_options"]
             payload = orjson.dumps(body)
             tried: set[Replica] = set()
             prefer = decision.replica if pname == decision.pool else None
@@ -131,6 +144,7 @@ class Dispatcher:
                 tried.add(replica)
                 answer, failure = await self._attempt(pool, replica, path, payload, stream, attempts)
                 if answer is not None:
+                    answer.usage_added = add_usage
                     return answer
                 if isinstance(failure, errors.UpstreamTimeout) or (failure and failure.code == "upstream_auth_failed"):
                     # The upstream took the request and did not answer in time: trying again

@@ -32,7 +32,7 @@ class Cluster:
         for name, (proc, _) in self.ups.items():
             if proc.p.poll() is None:
                 self.control(name, delay_ms=0, fail=0, fail_first=0, die_midstream=False, health=200,
-                             tool_call=None, chunk_delay_ms=0, cancelled=0)
+                             tool_call=None, chunk_delay_ms=0, cancelled=0, cached_tokens=0, metrics=None)
 
 
 POLICY = """

@@ -16,7 +16,6 @@ from procs import ROOT, Proc, http_get
 from statekit import ADMIN_KEY, Shared, chat, health, post_many, wait_for
 
 from switchyard.gateway.keys import RedisKeyStore, make_key
-from switchyard.gateway.limits import StreamTap, usage_tokens
 
 
 @dataclass
@@ -172,40 +171,6 @@ def test_keys_never_reach_logs_or_metrics(shared: Shared, pair: AuthPair) -> Non
     for k in [*pair.keys.values(), "sk-sy-not-a-real-key-but-still-secret"]:
         assert k not in text and k[6:20] not in text
     assert 'switchyard_key_requests_total{key="open",outcome="admitted"}' in text
-
-
-def test_usage_parsing_from_a_stream_tail() -> None:
-    # The last events of an OpenAI stream with stream_options.include_usage (as vLLM sends them).
-    tail = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},'
-            b'"finish_reason":"stop"}]}\n\n'
-            b'data: {"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":31,'
-            b'"completion_tokens":12,"total_tokens":43}}\n\ndata: [DONE]\n\n')
-    assert usage_tokens(tail) == 43
-    assert usage_tokens(b'{"usage": {"prompt_tokens": 7, "completion_tokens": 2}}') == 9
-    assert usage_tokens(b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n') is None
-
-    class _Content:
-        def __init__(self, chunks: list[bytes]):
-            self.chunks = chunks
-
-        async def readany(self) -> bytes:
-            return self.chunks.pop(0) if self.chunks else b""
-
-    class _Resp:
-        def __init__(self, chunks: list[bytes]):
-            self.content = _Content(chunks)
-
-    async def drain(tap: StreamTap) -> None:
-        while await tap.content.readany():
-            pass
-
-    # Usage split across chunk boundaries is still found (the tap keeps the tail, not one chunk).
-    tap = StreamTap(_Resp([b"data: {}\n\n" * 300, tail[:150], tail[150:]]), b"data: {}\n\n", 10)
-    asyncio.run(drain(tap))
-    assert tap.tokens() == (43, False)
-    tap = StreamTap(_Resp([b"data: {}\n\n" * 4, b"data: [DONE]\n\n"]), b"data: {}\n\n", 10)
-    asyncio.run(drain(tap))
-    assert tap.tokens() == (10 + 5, True)
 
 
 def test_keys_file_without_redis(shared: Shared, tmp_path) -> None:
