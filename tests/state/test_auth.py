@@ -138,7 +138,7 @@ def test_rpm_is_shared_across_gateways_and_429_has_retry_after(pair: AuthPair) -
         assert h["x-ratelimit-limit-requests"] == "4"
 
 
-def test_tpm_counts_upstream_usage_and_estimates_streams(pair: AuthPair) -> None:
+def test_tpm_counts_upstream_usage_streams_included(pair: AuthPair) -> None:
     if time.time() % 60 > 55:
         time.sleep(60 - time.time() % 60 + 0.2)
     key = pair.keys["tpm40"]
@@ -148,13 +148,16 @@ def test_tpm_counts_upstream_usage_and_estimates_streams(pair: AuthPair) -> None
     time.sleep(0.3)  # a few sync ticks: e2 reads e1's tokens from the shared window
     st, h, body = _post(pair.e2_url, chat(), key)
     assert st == 429 and body["error"]["type"] == "tokens", body
-    # This upstream sends no usage in streams: the gateway estimates (prompt bytes / 4 + one per event).
+    # The client asks for no usage in its streams; the gateway asks the upstream for it (and keeps
+    # that chunk from the client), so stream tokens count from usage too: 15 a stream.
     skey = pair.keys["tpm-stream"]
-    st, _, _ = _post(pair.e2_url, chat("x" * 120, stream=True), skey)
-    assert st == 200
+    for _ in range(2):
+        st, _, _ = _post(pair.e2_url, chat("x" * 120, stream=True), skey)
+        assert st == 200
     metrics = admin_get(pair.e2_url + "/metrics")
-    est = [ln for ln in metrics.splitlines() if ln.startswith('switchyard_key_tokens_total{key="tpm-stream",source="estimated"}')]
-    assert est and float(est[0].split()[-1]) >= 30, est
+    counted = [ln for ln in metrics.splitlines()
+               if ln.startswith('switchyard_key_tokens_total{key="tpm-stream",source="usage"}')]
+    assert counted and float(counted[0].split()[-1]) == 30.0, counted
     st, _, body = _post(pair.e2_url, chat(stream=True), skey)
     assert st == 429 and body["error"]["type"] == "tokens"
     usage = [ln for ln in admin_get(pair.e1_url + "/metrics").splitlines()
