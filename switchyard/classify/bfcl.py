@@ -17,7 +17,6 @@ Label mapping (by BFCL category; see classifiers/tool-complexity.md):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import zipfile
 from collections.abc import Iterator
@@ -71,20 +70,6 @@ class Case:
     category: str
     label: str
     body: dict[str, Any]
-
-    @property
-    def group(self) -> str:
-        """Cases offering the same tool set stay on one side of the split (no leakage through tools)."""
-        names = sorted(t["function"]["name"] for t in self.body.get("tools", []))
-        if self.category.startswith("multi_turn"):
-            # multi_turn_base_7 and multi_turn_miss_func_7 are variants of one conversation.
-            return "multi_turn:" + self.id.rsplit("_", 1)[-1]
-        return self.category + ":" + ",".join(names)
-
-    def held_out(self, test_share: int = 5) -> bool:
-        """Deterministic 1-in-`test_share` split by group."""
-        digest = hashlib.blake2b(self.group.encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "big") % test_share == 0
 
 
 def _json_type(t: Any) -> Any:

@@ -58,7 +58,9 @@ def read_trace(path: Path) -> list[dict[str, Any]]:
     (one body per case id)."""
     bodies: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    from switchyard.classify.outcomes import read_bytes
+
+    for n, line in enumerate(read_bytes(path).decode("utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from switchyard.classify.scores import reliability_rows
 from switchyard.classify.train import LABELS, TrainResult
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a model predicts: the card's title and what its two labels mean."""
+
+    title: str
+    labels_meaning: dict[str, str]
+
+
+BFCL_KIND = Kind("request complexity classifier",
+                 {"simple": "the small pool will do", "complex": "send it to the large pool"})
+OUTCOMES_KIND = Kind("outcome router (predicts the small pool's failures)",
+                     {"simple": "the small pool answers it rightly", "complex": "the small pool gets it wrong"})
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -15,15 +31,31 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def render(r: TrainResult, trained: dict[str, Any], data_section: str, command: str) -> str:
+def _split_section(r: TrainResult, split: dict[str, Any]) -> str:
+    suites = split.get("suites", {})
+    held = split.get("held_out_by", {})
+    names = ", ".join(f"`{n}` ({len(ids)} cases)" for n, ids in suites.items()) or "none"
+    by = ", ".join(f"{n} by {k}" for k, n in held.items())
+    return f"""Groups: {split.get('groups')}. Held out: {split.get('held_out')}.
+Suites held out: {names}; their case ids are stored in the sidecar (`trained.split.suites`), so
+`switchyard classifier eval` rebuilds this split exactly, and a test checks that no suite case
+(nor any case of a suite case's group) is on the training side.
+
+Train {r.n_train} cases ({split.get('groups_train')} groups), held out {r.n_test} ({split.get('groups_held_out')} groups: {by})."""
+
+
+def render(r: TrainResult, trained: dict[str, Any], data_section: str, command: str, kind: Kind = BFCL_KIND) -> str:
     conf = [["true \\ predicted", *LABELS]] + [[LABELS[i], *map(str, row)] for i, row in enumerate(r.confusion)]
     cats = [["category", "held-out cases", "accuracy"]] + [
         [c, str(n), f"{a:.3f}"] for c, (n, a) in sorted(r.per_category.items())
     ]
     v = trained.get("versions", {})
-    return f"""# {r.path.stem}: request complexity classifier
+    s = r.scores
+    auc = "-" if s.roc_auc is None else f"{s.roc_auc:.4f}"
+    meaning = kind.labels_meaning
+    return f"""# {r.path.stem}: {kind.title}
 
-Labels: `simple` (the small pool will do) and `complex` (send it to the large pool).
+Labels: `simple` ({meaning['simple']}) and `complex` ({meaning['complex']}).
 Files: `{r.path.name}` (the estimator, ONNX) and `{r.path.with_suffix('.json').name}` (labels, feature
 spec, sha256 of the .onnx, training summary; checked when a policy loads the model).
 
@@ -47,13 +79,20 @@ ONNX graph has no string ops (no tokeniser drift, no locale requirement).
 Estimator: {trained.get('estimator')}.
 Versions: scikit-learn {v.get('scikit-learn')}, skl2onnx {v.get('skl2onnx')}, Python {v.get('python')}.
 
+## Split
+
+{_split_section(r, trained.get('split', {}))}
+
 ## How it scores (held-out)
 
-Split: {trained.get('split')}. Train {r.n_train}, held out {r.n_test}.
-
-**Held-out accuracy: {r.accuracy:.4f}**
+**Held-out accuracy: {r.accuracy:.4f}**; P(complex): **ROC AUC {auc}**, Brier score {s.brier:.4f}
+(predicting the held-out base rate, {s.positives}/{s.n}, for every case scores {s.brier_base_rate:.4f}).
 
 {_table(conf)}
+
+Reliability of P(complex) on the held-out cases (does a predicted 0.7 come true 7 times in 10?):
+
+{_table(reliability_rows(s))}
 
 {_table(cats)}
 
@@ -72,12 +111,24 @@ the classifier against a sentence-embedding baseline and writes its figures here
 
 ## Limits
 
-- One request per BFCL case (its first user turn); later turns of multi-turn cases, tool
+- One request per case (BFCL: its first user turn); later turns of multi-turn cases, tool
   results and errors are not in the training data, so those features carry little weight.
-- Category labels are a proxy for "the small model will fail". Retrain on your own outcomes:
-  `switchyard classifier train --outcomes outcomes.jsonl --out classifiers/mine.onnx`, then pick the
-  threshold with `switchyard classifier calibrate --model classifiers/mine.onnx --target-large-share 0.25`.
+- {LIMIT_BFCL if kind is BFCL_KIND else LIMIT_OUTCOMES}
 """
+
+
+LIMIT_BFCL = """Category labels are a proxy for "the small model will fail". Retrain on your own outcomes:
+  `switchyard classifier train --outcomes outcomes.jsonl --out classifiers/mine.onnx`, then pick the
+  threshold with `switchyard classifier calibrate --model classifiers/mine.onnx --target-large-share 0.25`."""
+LIMIT_OUTCOMES = """It predicts the failures of the model that produced the outcomes, on the kind of
+  requests in them; another small model, or other traffic, needs its own outcomes. Pick the threshold
+  for a share of large calls with `switchyard classifier calibrate --model MODEL --target-large-share 0.25`."""
+
+
+def outcomes_data(name: str, n: int, fails: int, small_pool: str, target: str) -> str:
+    return f"""Outcomes file `{name}`: {n} cases, of which the small pool `{small_pool}` got {fails} wrong
+({100 * fails / max(n, 1):.1f}%). `complex` = {target}; `simple` otherwise. One request per case, as
+it was sent (format: switchyard/classify/outcomes.py)."""
 
 
 BFCL_DATA = """BFCL v4 (the `bfcl-eval` 2026.3.23 wheel from PyPI, read in place; see DEVELOPERS.md). One

@@ -39,21 +39,40 @@ def _need_train_extra() -> None:
 
 def _summary(r) -> None:  # r: TrainResult
     typer.echo(f"wrote {r.path} and {r.path.with_suffix('.json').name}")
-    typer.echo(f"train {r.n_train}, held out {r.n_test}: held-out accuracy {r.accuracy:.4f}")
+    held = r.trained["split"]["held_out_by"]
+    typer.echo(f"train {r.n_train}, held out {r.n_test} ("
+               + ", ".join(f"{k}: {v}" for k, v in held.items()) + f"): held-out accuracy {r.accuracy:.4f}")
+    s = r.scores
+    auc = "-" if s.roc_auc is None else f"{s.roc_auc:.4f}"
+    typer.echo(f"held-out P(complex): ROC AUC {auc}, Brier {s.brier:.4f} (base rate alone {s.brier_base_rate:.4f})")
     typer.echo(f"confusion (rows true simple/complex, cols predicted): {r.confusion}")
     typer.echo(f"ONNX vs scikit-learn max |diff| {r.parity_max_abs_diff:.2g}")
     typer.echo(f"latency features+ONNX: p50 {r.latency_us['p50']:.1f} us, p99 {r.latency_us['p99']:.1f} us")
+
+
+def _split(cases: list[tuple[str, dict]], suites: list[str], test_share: int):  # -> Split
+    from switchyard.classify.split import Split, SplitError
+
+    try:
+        return Split.build(cases, suites, test_share)
+    except SplitError as e:
+        _die(str(e))
 
 
 @classifier_app.command()
 def train(
     out: Path = typer.Option(None, help=f"Model file to write (default: {SHIPPED}, or "
                              "classifiers/from-outcomes.onnx with --outcomes); NAME.json and NAME.md go beside it"),
-    outcomes: Path = typer.Option(None, help="Per-case outcomes JSONL (from `switchyard replay`): learn "
-                                  "'the small pool will fail' instead of BFCL categories"),
+    outcomes: Path = typer.Option(None, help="Per-case outcomes JSONL, .gz too (from `switchyard replay --pool "
+                                  "small --outcomes`): learn 'the small pool will fail' instead of BFCL categories"),
     small_pool: str = typer.Option("small", help="Outcomes: the pool whose failures mean `complex`"),
     large_pool: str = typer.Option("large", help="Outcomes: the large pool's name"),
     require_large_correct: bool = typer.Option(False, help="Outcomes: `complex` only where large got it right"),
+    hold_out_suite: list[str] = typer.Option(
+        ["tooluse-92"], "--hold-out-suite", help="Never train on this replay suite (repeat for several): a "
+        "shipped suite's name, bfcl:CATEGORY[:N], a suite .json or a .jsonl trace; the groups of its cases "
+        "are held out whole"),
+    test_share: int = typer.Option(5, help="Of the other groups, hold out one in this many"),
     hash_dim: int = typer.Option(4096, help="Hashed text buckets (a power of two)"),
     c: float = typer.Option(1.0, "--c", help="Inverse regularisation strength of the logistic regression"),
     card: bool = typer.Option(True, help="Write the model card NAME.md"),
@@ -61,46 +80,48 @@ def train(
     """Train the request classifier and export it to ONNX (reproduces the shipped model by default)."""
     _need_train_extra()
     from switchyard.classify import card as card_mod
-    from switchyard.classify.train import LABELS, Example, bfcl_examples
+    from switchyard.classify.train import bfcl_examples, example
     from switchyard.classify.train import train as run_train
     from switchyard.datasets import BFCL
 
     if hash_dim < 2 or hash_dim & (hash_dim - 1):
         _die("--hash-dim must be a power of two")
+    if test_share < 2:
+        _die("--test-share must be at least 2")
+    suites_opt = "".join(f" --hold-out-suite {s}" for s in hold_out_suite) if hold_out_suite != ["tooluse-92"] else ""
     if outcomes is None:
         out = out or Path(SHIPPED)
-        examples = bfcl_examples()
+        split = _split([], hold_out_suite, test_share)
+        examples = bfcl_examples(split)
         source = {"data": f"BFCL v4 ({BFCL.package} {BFCL.version})", "target": "BFCL category (see card)",
                   "command": "switchyard classifier train"}
+        kind = card_mod.BFCL_KIND
         data_section = card_mod.BFCL_DATA
-        command = f"switchyard classifier train --out {out}"
+        command = f"switchyard classifier train --out {out}{suites_opt}"
     else:
-        from switchyard.classify.features import extract
-        from switchyard.classify.outcomes import OutcomesError, held_out, label_cases, read_outcomes
+        from switchyard.classify.outcomes import OutcomesError, label_cases, read_outcomes
 
         out = out or Path("classifiers/from-outcomes.onnx")
         try:
             cases = label_cases(read_outcomes(outcomes), small_pool, large_pool, require_large_correct)
         except OutcomesError as e:
             _die(str(e))
-        examples = [
-            Example(cid, cid, cat or "(no category)", LABELS.index("complex" if fails else "simple"),
-                    extract(body), held_out(cid), body)
-            for cid, body, fails, cat in cases
-        ]
-        source = {"data": f"outcomes {outcomes.name}", "target": f"pool {small_pool!r} answered wrongly"
-                  + (f" and {large_pool!r} rightly" if require_large_correct else ""),
+        split = _split([(cid, body) for cid, body, _, _ in cases], hold_out_suite, test_share)
+        examples = [example(split, cid, cat or "(no category)", fails, body) for cid, body, fails, cat in cases]
+        target = f"pool {small_pool!r} answered wrongly" + (f" and {large_pool!r} rightly" if require_large_correct else "")
+        source = {"data": f"outcomes {outcomes.name}", "target": target,
                   "command": f"switchyard classifier train --outcomes {outcomes}"}
-        data_section = (f"Outcomes file `{outcomes.name}`: {len(examples)} cases. `complex` = {source['target']}; "
-                        "`simple` otherwise. Format: see switchyard/classify/outcomes.py.")
-        command = f"switchyard classifier train --outcomes {outcomes} --out {out}"
+        kind = card_mod.OUTCOMES_KIND
+        data_section = card_mod.outcomes_data(outcomes.name, len(examples), sum(e.label for e in examples),
+                                              small_pool, target)
+        command = f"switchyard classifier train --outcomes {outcomes} --out {out}{suites_opt}"
     try:
-        r = run_train(examples, out, source, hash_dim=hash_dim, c=c)
+        r = run_train(examples, out, source, split, hash_dim=hash_dim, c=c, labels_meaning=kind.labels_meaning)
     except ValueError as e:
         _die(str(e))
     _summary(r)
     if card:
-        p = card_mod.write(out, card_mod.render(r, r.trained, data_section, command))
+        p = card_mod.write(out, card_mod.render(r, r.trained, data_section, command, kind))
         typer.echo(f"wrote {p}")
 
 
@@ -109,12 +130,13 @@ def evaluate(
     model: str = typer.Option(SHIPPED, help="Model file (.onnx with its .json)"),
     outcomes: Path = typer.Option(None, help="Score on an outcomes file (small pool failures) instead of BFCL"),
     small_pool: str = typer.Option("small"),
-    all_cases: bool = typer.Option(False, "--all", help="Score every case, not only the held-out split"),
+    all_cases: bool = typer.Option(False, "--all", help="Score every case, not only the model's held-out split"),
 ) -> None:
-    """Accuracy of a model on BFCL's held-out split (or an outcomes file), with its confusion matrix."""
+    """Accuracy, ROC AUC, Brier score and reliability of a model on its held-out split (BFCL or outcomes)."""
     import numpy as np
 
     from switchyard.classify.features import extract
+    from switchyard.classify.split import Split, SplitError
 
     clf = _load(model)
     if outcomes is None:
@@ -122,25 +144,42 @@ def evaluate(
         from switchyard.datasets import bfcl_zip
 
         with bfcl_zip() as zf:
-            cases = [(c.body, c.label, c.category) for c in load_cases(zf) if all_cases or c.held_out()]
+            rows = [(c.id, c.body, c.label, c.category) for c in load_cases(zf)]
     else:
-        from switchyard.classify.outcomes import OutcomesError, held_out, label_cases, read_outcomes
+        from switchyard.classify.outcomes import OutcomesError, label_cases, read_outcomes
 
         try:
-            rows = label_cases(read_outcomes(outcomes), small_pool)
+            labelled = label_cases(read_outcomes(outcomes), small_pool)
         except OutcomesError as e:
             _die(str(e))
-        cases = [(b, "complex" if f else "simple", c) for cid, b, f, c in rows if all_cases or held_out(cid)]
-    if not cases:
+        rows = [(cid, b, "complex" if f else "simple", c) for cid, b, f, c in labelled]
+    if not all_cases:
+        try:
+            split = Split.from_record(clf.meta.trained.get("split"), [(cid, b) for cid, b, _, _ in rows])
+        except SplitError as e:
+            _die(f"{model}: {e} (or pass --all)")
+        rows = [r for r in rows if split.held_out(r[0])]
+    if not rows:
         _die("no cases to score")
     labels = list(clf.labels)
-    probs = clf.probabilities_many([extract(b) for b, _, _ in cases])
+    probs = clf.probabilities_many([extract(b) for _, b, _, _ in rows])
     pred = np.array([labels[k] for k in probs.argmax(axis=1)])
-    true = np.array([t for _, t, _ in cases])
-    typer.echo(f"{model}: {len(cases)} cases, accuracy {(pred == true).mean():.4f}")
+    true = np.array([t for _, _, t, _ in rows])
+    which = "every case" if all_cases else "held out from its training"
+    typer.echo(f"{model}: {len(rows)} cases ({which}), accuracy {(pred == true).mean():.4f}")
     typer.echo("confusion (rows true, cols predicted): " + ", ".join(labels))
     for t in labels:
         typer.echo(f"  {t:>10}: " + " ".join(f"{int(((true == t) & (pred == p)).sum()):6d}" for p in labels))
+    if len(labels) == 2:
+        _need_train_extra()
+        from switchyard.classify.scores import reliability_rows, score_probabilities
+
+        pos = labels[1]
+        s = score_probabilities(true == pos, probs[:, 1])
+        auc = "-" if s.roc_auc is None else f"{s.roc_auc:.4f}"
+        typer.echo(f"P({pos}): ROC AUC {auc}, Brier {s.brier:.4f} (base rate alone {s.brier_base_rate:.4f})")
+        for row in reliability_rows(s):
+            typer.echo("  " + "  ".join(f"{c:>14}" for c in row))
 
 
 @classifier_app.command()
@@ -167,7 +206,7 @@ def calibrate(
     else:
         try:
             bodies = read_trace(trace)
-        except (OSError, ValueError) as e:
+        except (OSError, EOFError, ValueError) as e:
             _die(str(e))
         source = str(trace)
     try:

@@ -16,7 +16,7 @@ when the large pool got it right, since sending a case both fail to the large po
 
 from __future__ import annotations
 
-import hashlib
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,12 +41,18 @@ class Outcome:
     category: str = ""
 
 
+def read_bytes(path: Path) -> bytes:
+    """A JSON Lines file's bytes; a `.gz` name is read through gzip (shipped outcome files are)."""
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.suffix == ".gz" else data
+
+
 def read_outcomes(path: Path) -> list[Outcome]:
     out: list[Outcome] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise OutcomesError(f"{path}: cannot read ({e.strerror or e})") from None
+        lines = read_bytes(path).decode("utf-8").splitlines()
+    except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as e:
+        raise OutcomesError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -99,8 +105,3 @@ def label_cases(
             fails = large.get(cid, False)
         cases.append((cid, o.request, fails, o.category))
     return cases
-
-
-def held_out(case_id: str, test_share: int = 5) -> bool:
-    digest = hashlib.blake2b(case_id.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % test_share == 0

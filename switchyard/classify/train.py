@@ -20,6 +20,8 @@ import numpy as np
 
 from switchyard.classify.features import Features, extract
 from switchyard.classify.model_file import ModelMeta, sha256_bytes, write_meta
+from switchyard.classify.scores import ProbabilityScores, score_probabilities
+from switchyard.classify.split import Split
 from switchyard.classify.vectorize import FeatureSpec, Vectorizer
 
 LABELS = ["simple", "complex"]  # index = class id; "complex" means: send it to the large pool
@@ -35,6 +37,7 @@ class Example:
     features: Features
     held_out: bool
     body: dict[str, Any] = field(default_factory=dict)
+    holdout_reason: str | None = None  # why it is held out (split.Split.reason)
 
 
 @dataclass
@@ -47,6 +50,7 @@ class TrainResult:
     per_category: dict[str, tuple[int, float]]
     parity_max_abs_diff: float
     latency_us: dict[str, float]
+    scores: ProbabilityScores  # P(complex) on the held-out side: ROC AUC, Brier, reliability
     trained: dict[str, Any] = field(default_factory=dict)  # what the sidecar records
 
 
@@ -98,16 +102,19 @@ def save(path: Path, onnx_bytes: bytes, spec: FeatureSpec, trained: dict[str, An
     write_meta(path, ModelMeta(list(LABELS), spec, INPUT, OUTPUT, sha256_bytes(onnx_bytes), trained))
 
 
-def bfcl_examples() -> list[Example]:
+def example(split: Split, case_id: str, category: str, complex_: bool, body: dict[str, Any]) -> Example:
+    reason = split.reason(case_id)
+    return Example(case_id, split.groups.key(case_id), category, LABELS.index("complex" if complex_ else "simple"),
+                   extract(body), reason is not None, body, reason)
+
+
+def bfcl_examples(split: Split) -> list[Example]:
     from switchyard.classify.bfcl import load_cases
     from switchyard.datasets import bfcl_zip
 
     with bfcl_zip() as zf:
         cases = load_cases(zf)
-    return [
-        Example(c.id, c.group, c.category, LABELS.index(c.label), extract(c.body), c.held_out(), c.body)
-        for c in cases
-    ]
+    return [example(split, c.id, c.category, c.label == "complex", c.body) for c in cases]
 
 
 def _latency(clf: Any, examples: list[Example]) -> dict[str, float]:
@@ -138,8 +145,10 @@ def train(
     examples: list[Example],
     out: Path,
     source: dict[str, Any],
+    split: Split,
     hash_dim: int = 4096,
     c: float = 1.0,
+    labels_meaning: dict[str, str] | None = None,
 ) -> TrainResult:
     """Fit on the training side, score the held-out side, export, reload with onnxruntime, check parity."""
     import skl2onnx
@@ -152,7 +161,7 @@ def train(
     if len({e.label for e in train_ex}) < 2:
         raise ValueError("training data has only one label; need examples of both simple and complex")
     if not test_ex:
-        raise ValueError("no held-out examples; need more cases (one group in five is held out)")
+        raise ValueError(f"no held-out examples; need more cases (one group in {split.test_share} is held out)")
     spec = FeatureSpec(hash_dim=hash_dim)
     vec = Vectorizer(spec)
     x_train = vec.matrix([e.features for e in train_ex])
@@ -163,6 +172,7 @@ def train(
     pipe = fit(x_train, y_train, spec, c)
     fit_s = time.perf_counter() - t0
     pred = pipe.predict(x_test)
+    scores = score_probabilities(y_test, pipe.predict_proba(x_test)[:, LABELS.index("complex")])
     acc = float((pred == y_test).mean())
     confusion = [[int(((y_test == t) & (pred == p)).sum()) for p in range(len(LABELS))] for t in range(len(LABELS))]
     per_cat: dict[str, tuple[int, float]] = {}
@@ -175,12 +185,18 @@ def train(
         "estimator": f"hashed text ({hash_dim}) + log1p numeric -> StandardScaler(numeric) -> "
         f"LogisticRegression(C={c})",
         "hash_dim": hash_dim,
-        "labels_meaning": {"simple": "the small pool will do", "complex": "send it to the large pool"},
-        "split": "held out: one in five groups (blake2b of the group key); groups share a tool set",
+        "labels_meaning": labels_meaning or {"simple": "the small pool will do", "complex": "send it to the large pool"},
+        "split": {
+            **split.record(),
+            "groups_train": len({e.group for e in train_ex}),
+            "groups_held_out": len({e.group for e in test_ex}),
+            "held_out_by": dict(sorted(Counter(str(e.holdout_reason) for e in test_ex).items())),
+        },
         "n_train": len(train_ex),
         "n_test": len(test_ex),
         "class_counts_train": {LABELS[k]: v for k, v in sorted(Counter(y_train.tolist()).items())},
         "held_out_accuracy": round(acc, 4),
+        "held_out_probability": scores.to_json(),
         "confusion": {"rows_true_cols_pred": list(LABELS), "matrix": confusion},
         "per_category": {k: {"n": n, "accuracy": round(a, 4)} for k, (n, a) in per_cat.items()},
         "fit_seconds": round(fit_s, 2),
@@ -201,4 +217,4 @@ def train(
     trained["onnx_vs_sklearn_max_abs_diff"] = float(f"{parity:.3g}")
     trained["latency_us_features_plus_onnx"] = {k: round(v, 2) for k, v in lat.items()}
     write_meta(out, ModelMeta(list(LABELS), spec, INPUT, OUTPUT, sha256_bytes(onnx_bytes), trained))
-    return TrainResult(out, len(train_ex), len(test_ex), acc, confusion, per_cat, parity, lat, trained)
+    return TrainResult(out, len(train_ex), len(test_ex), acc, confusion, per_cat, parity, lat, scores, trained)

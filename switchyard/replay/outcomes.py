@@ -11,12 +11,14 @@ from them without calling a model.
 
 from __future__ import annotations
 
+import gzip
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from switchyard.classify.outcomes import read_bytes
 from switchyard.replay.cases import Case, LineError, TraceError
 from switchyard.replay.results import CaseResult
 
@@ -91,10 +93,10 @@ def load_outcomes(paths: list[str | Path]) -> OutcomeTable:
     for path in paths:
         p = Path(path)
         try:
-            data = p.read_bytes()
+            data = read_bytes(p)
         except FileNotFoundError:
             raise TraceError(f"{p}: no such outcomes file") from None
-        except OSError as e:
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
             raise TraceError(f"{p}: cannot read: {e}") from None
         for n, line in enumerate(data.splitlines(), start=1):
             if not line.strip():

@@ -8,22 +8,22 @@ re-run by the tests against the shipped list:
   for each category in QUOTA, order its ids by sha256("tooluse-92/" + id) (hex, ascending),
   drop BFCL's unanswerable cases (bfcl.UNANSWERABLE), and take the first `count`.
 
-The ids are stored in tooluse-92.json next to this module, so the suite does not move when
-the rule's code is edited; the data comes from the pinned bfcl-eval wheel.
+The ids are stored in switchyard/suites/tooluse-92.json, so the suite does not move when the
+rule's code is edited (classifier training reads the same file to keep these cases out of
+its training data); the data comes from the pinned bfcl-eval wheel.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
+from switchyard.datasets import SUITES
 from switchyard.replay.bfcl import UNANSWERABLE, BfclData, default_data, load_category
 from switchyard.replay.cases import Case, TraceError
 
-SUITE_DIR = Path(__file__).parent
-SUITES = {"tooluse-92": SUITE_DIR / "tooluse-92.json"}
+__all__ = ["SUITES", "build_tooluse92", "dump_suite", "load_suite"]
 
 # (category, count, tier)
 QUOTA: list[tuple[str, int, str]] = [

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 
 from switchyard.classify.bfcl import Case, load_cases
+from switchyard.classify.model_file import read_meta
+from switchyard.classify.split import Split
 from switchyard.datasets import bfcl_zip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,6 +18,12 @@ SHIPPED = ROOT / "classifiers" / "tool-complexity.onnx"
 def bfcl_cases() -> list[Case]:
     with bfcl_zip() as zf:
         return load_cases(zf)
+
+
+@pytest.fixture(scope="session")
+def shipped_split() -> Split:
+    """The split the shipped model was trained with, rebuilt from its sidecar."""
+    return Split.from_record(read_meta(SHIPPED).trained["split"])
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from switchyard.classify.bfcl import Case
 from switchyard.classify.cli import classifier_app
 from switchyard.classify.features import extract
 from switchyard.classify.onnx_classifier import OnnxClassifier
+from switchyard.classify.split import Split
 from switchyard.policy.loader import parse_policy
 from switchyard.policy.rules import compile_policy
 
@@ -40,12 +41,22 @@ def test_train_from_outcomes_learns_small_model_failures(tmp_path: Path, bfcl_ca
     outcomes = tmp_path / "outcomes.jsonl"
     _write_outcomes(outcomes, cases)
     out = tmp_path / "mine.onnx"
+    # A suite the user names (their own trace) is held out as well as tooluse-92.
+    mine = tmp_path / "my-suite.jsonl"
+    mine.write_text("".join(json.dumps({"id": c.id, **c.body}) + "\n" for c in cases[1:40:3]))
     r = runner.invoke(classifier_app, ["train", "--outcomes", str(outcomes), "--out", str(out),
-                                       "--hash-dim", "512"])
+                                       "--hash-dim", "512", "--hold-out-suite", "tooluse-92",
+                                       "--hold-out-suite", str(mine)])
     assert r.exit_code == 0, r.output
-    assert "held-out accuracy" in r.output and out.with_suffix(".md").exists()
+    assert "held-out accuracy" in r.output and "ROC AUC" in r.output and out.with_suffix(".md").exists()
     meta = json.loads(out.with_suffix(".json").read_text())
     assert meta["labels"] == ["simple", "complex"] and "small" in meta["trained"]["target"]
+    split = Split.from_record(meta["trained"]["split"])
+    assert set(meta["trained"]["split"]["suites"]) == {"tooluse-92", "my-suite.jsonl"}
+    reasons = [split.reason(c.id) for c in cases[1:40:3]]
+    assert set(reasons) <= {"suite my-suite.jsonl", "suite tooluse-92"} and "suite my-suite.jsonl" in reasons
+    card = out.with_suffix(".md").read_text()
+    assert "outcome router" in card and "Reliability" in card and "`my-suite.jsonl` (13 cases)" in card
     # It learned the outcome, not BFCL's categories: score both models on the outcome target.
     mine, shipped = OnnxClassifier.load(out), OnnxClassifier.load(SHIPPED)
     feats = [extract(c.body) for c in cases]
@@ -109,8 +120,9 @@ def test_predict_one_request(tmp_path: Path) -> None:
 def test_eval_on_bfcl_held_out_prints_accuracy() -> None:
     r = runner.invoke(classifier_app, ["eval"])
     assert r.exit_code == 0, r.output
-    recorded = json.loads(SHIPPED.with_suffix(".json").read_text())["trained"]["held_out_accuracy"]
-    assert f"accuracy {recorded:.4f}" in r.output
+    trained = json.loads(SHIPPED.with_suffix(".json").read_text())["trained"]
+    assert f"{trained['n_test']} cases (held out from its training), accuracy {trained['held_out_accuracy']:.4f}" in r.output
+    assert f"ROC AUC {trained['held_out_probability']['roc_auc']:.4f}" in r.output
 
 
 def test_outcomes_later_line_wins_and_large_requirement(tmp_path: Path) -> None:

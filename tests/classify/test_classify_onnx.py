@@ -17,24 +17,26 @@ from switchyard.classify.base import Label
 from switchyard.classify.bfcl import Case
 from switchyard.classify.features import extract
 from switchyard.classify.onnx_classifier import OnnxClassifier
+from switchyard.classify.split import Split
 from switchyard.classify.vectorize import FeatureSpec, Vectorizer
 from switchyard.errors import ClassifierLoadError
 from switchyard.policy.classifier import build_classifier
 from switchyard.policy.schema import ClassifierSpec
 
-# The shipped model scores 0.892 on the held-out split (model card); this floor leaves room for
-# retraining noise while still failing a broken feature pipeline or label mapping.
-ACCURACY_FLOOR = 0.86
+# The shipped model scores 0.863 on the held-out split (model card: the replay suite's groups and
+# one group in five, near-duplicates kept together); this floor leaves room for retraining noise
+# while still failing a broken feature pipeline or label mapping.
+ACCURACY_FLOOR = 0.83
 
 
-def test_onnx_probabilities_equal_sklearn(tmp_path: Path, bfcl_cases: list[Case]) -> None:
+def test_onnx_probabilities_equal_sklearn(tmp_path: Path, bfcl_cases: list[Case], shipped_split: Split) -> None:
     pytest.importorskip("sklearn")
     from switchyard.classify.train import LABELS, fit, save, to_onnx
 
     spec = FeatureSpec(hash_dim=1024)
     vec = Vectorizer(spec)
-    train = [c for c in bfcl_cases[::3] if not c.held_out()]
-    test = [c for c in bfcl_cases if c.held_out()]
+    train = [c for c in bfcl_cases[::3] if not shipped_split.held_out(c.id)]
+    test = [c for c in bfcl_cases if shipped_split.held_out(c.id)]
     pipe = fit(vec.matrix([extract(c.body) for c in train]), np.array([LABELS.index(c.label) for c in train]), spec)
     path = tmp_path / "parity.onnx"
     save(path, to_onnx(pipe, spec), spec, {"purpose": "parity test"})
@@ -52,9 +54,9 @@ def test_onnx_probabilities_equal_sklearn(tmp_path: Path, bfcl_cases: list[Case]
     assert (onnx_one.argmax(1) == pipe.predict(vec.matrix(feats))).all()
 
 
-def test_shipped_model_held_out_accuracy(bfcl_cases: list[Case]) -> None:
+def test_shipped_model_held_out_accuracy(bfcl_cases: list[Case], shipped_split: Split) -> None:
     clf = OnnxClassifier.load(SHIPPED, expect_labels=["simple", "complex"])
-    held = [c for c in bfcl_cases if c.held_out()]
+    held = [c for c in bfcl_cases if shipped_split.held_out(c.id)]
     assert len(held) > 500
     probs = clf.probabilities_many([extract(c.body) for c in held])
     pred = [clf.labels[k] for k in probs.argmax(1)]
