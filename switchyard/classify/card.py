@@ -38,8 +38,8 @@ def _split_section(r: TrainResult, split: dict[str, Any]) -> str:
     by = ", ".join(f"{n} by {k}" for k, n in held.items())
     return f"""Groups: {split.get('groups')}. Held out: {split.get('held_out')}.
 Suites held out: {names}; their case ids are stored in the sidecar (`trained.split.suites`), so
-`switchyard classifier eval` rebuilds this split exactly, and a test checks that no suite case
-(nor any case of a suite case's group) is on the training side.
+`switchyard classifier eval` and `switchyard replay --held-out` rebuild this split exactly, and a
+test checks that no suite case (nor any case of a suite case's group) is on the training side.
 
 Train {r.n_train} cases ({split.get('groups_train')} groups), held out {r.n_test} ({split.get('groups_held_out')} groups: {by})."""
 

@@ -13,7 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from switchyard.policy.loader import PolicyError
 from switchyard.replay.cases import Case, LineError, TraceError
+from switchyard.replay.compare import RANDOM, Comparison
 from switchyard.replay.results import CaseResult, RunResult
+from switchyard.replay.summary import summarize
 
 SOURCE_HELP = "tooluse-92 | bfcl:CATEGORY[:N] | FILE.jsonl (several allowed)"
 
@@ -94,26 +96,57 @@ async def _dry_runs(cases: list[Case], policies: list[Path], large_pool: str | N
 
 
 async def _counterfactual_runs(
-    files: list[Path], policies: list[Path], do_sweep: bool, large_pool: str | None, console: Console
-) -> tuple[list[RunResult], list[LineError]]:
+    files: list[Path], policies: list[Path], do_sweep: bool, large_pool: str | None, held_out: bool, console: Console
+) -> tuple[list[RunResult], list[LineError], Comparison | None]:
+    from switchyard.replay.compare import compare
     from switchyard.replay.outcomes import load_outcomes
     from switchyard.replay.router import Router
-    from switchyard.replay.runner import run_counterfactual, sweep
+    from switchyard.replay.runner import hardness, run_counterfactual
 
     table = load_outcomes(list(files))
+    notes = []
+    if held_out:
+        keep, what = _held_out_filter(policies, [(c.id, c.request) for c in table.cases])
+        table.cases = [c for c in table.cases if keep(c.id)]
+        notes.append(what)
+        if not table.cases:
+            raise ReplayUsageError(f"--held-out: no case is left ({what})")
     runs = []
+    curves: list[tuple[str, dict[str, float], tuple[float, float] | None]] = []
+    large = None
     for policy in policies:
         router = Router(policy, large_pool)
+        large = large or router.large
         try:
             with _progress(console) as prog:
                 task = prog.add_task(f"score {router.name} from outcomes", total=len(table.cases))
                 run = await run_counterfactual(table, router, lambda _r, t=task: prog.advance(t))
+            run.notes.extend(notes)
             if do_sweep:
-                run.sweep = await sweep(table, router)
+                s = summarize(run)
+                own = (s["large_share"], s["score"]) if s["score"] is not None else None
+                curves.append((router.name, await hardness(table, router, run), own))
             runs.append(run)
         finally:
             await router.aclose()
-    return runs, table.errors
+    comparison = None
+    if do_sweep and large is not None:
+        try:
+            comparison = compare(table, large, curves, notes)
+        except ValueError as e:
+            raise ReplayUsageError(f"--sweep: {e}") from None
+        for run in runs:
+            run.sweep = comparison.curves.get(run.name, []) + comparison.curves.get(RANDOM, [])
+    return runs, table.errors, comparison
+
+
+def _held_out_filter(policies: list[Path], cases: list[tuple[str, dict[str, Any]]]) -> tuple[Any, str]:
+    from switchyard.replay.heldout import HeldOutError, held_out_filter
+
+    try:
+        return held_out_filter(policies, cases)
+    except HeldOutError as e:
+        raise ReplayUsageError(str(e)) from None
 
 
 def replay(
@@ -124,7 +157,8 @@ def replay(
     pool: Annotated[str | None, typer.Option(help="Send every case to this pool (model = the pool name)")] = None,
     outcomes: Annotated[Path | None, typer.Option(help="Append per case and pool outcomes (JSONL) to FILE")] = None,
     from_outcomes: Annotated[list[Path] | None, typer.Option("--from-outcomes", help="Score the policies from saved outcomes, no model calls")] = None,
-    sweep: Annotated[bool, typer.Option("--sweep", help="With --from-outcomes: quality vs large share over classifier thresholds")] = False,
+    sweep: Annotated[bool, typer.Option("--sweep", help="With --from-outcomes: each policy's quality vs large share curve and RouteLLM's metrics (APGR, CPT), against a random router")] = False,
+    held_out: Annotated[bool, typer.Option("--held-out", help="Only cases no policy's trained classifier learned from (its recorded split)")] = False,
     cluster: Annotated[Path | None, typer.Option(help="Cluster file: report the throughput the split gives vs all-large")] = None,
     plan_policy: Annotated[Path | None, typer.Option(help="With --cluster: planning policy (replicas, rates) if the replayed one has none")] = None,
     out: Annotated[Path | None, typer.Option(help="Write report.json, report.html and PNG plots to DIR")] = None,
@@ -141,9 +175,9 @@ def replay(
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     policies = list(policy or [])
     try:
-        runs, line_errors = _replay(
+        runs, line_errors, comparison = _replay(
             list(sources or []), policies, gateway, dry_run, pool, outcomes, list(from_outcomes or []), sweep,
-            concurrency, timeout, retries, model, max_tokens, large_pool, bfcl_data, console, err,
+            concurrency, timeout, retries, model, max_tokens, large_pool, bfcl_data, console, err, held_out,
         )
     except (TraceError, ReplayUsageError) as e:
         err.print(f"[red]error:[/red] {e}")
@@ -164,9 +198,9 @@ def replay(
             )
     from switchyard.replay.report import render_table, write_report
 
-    render_table(runs, console)
+    render_table(runs, console, comparison)
     if out:
-        paths = write_report(out, runs, line_errors)
+        paths = write_report(out, runs, line_errors, comparison)
         console.print(f"report: {paths['json']}  {paths['html']}")
     if any(r.aborted for r in runs):
         err.print("[red]error:[/red] " + "; ".join(r.aborted for r in runs if r.aborted))
@@ -177,17 +211,20 @@ def _replay(
     sources: list[str], policies: list[Path], gateway: str | None, dry_run: bool, pool: str | None,
     outcomes: Path | None, from_outcomes: list[Path], do_sweep: bool, concurrency: int, timeout: float,
     retries: int, model: str | None, max_tokens: int | None, large_pool: str | None, bfcl_data: Path | None,
-    console: Console, err: Console,
-) -> tuple[list[RunResult], list[LineError]]:
+    console: Console, err: Console, held_out: bool = False,
+) -> tuple[list[RunResult], list[LineError], Comparison | None]:
+    if held_out and not policies:
+        raise ReplayUsageError("--held-out needs --policy FILE (its classifier's training split says what is held out)")
     if from_outcomes:
         if not policies:
             raise ReplayUsageError("--from-outcomes needs at least one --policy to score")
         if sources:
             err.print("[yellow]note:[/yellow] with --from-outcomes the cases come from the outcomes files; SOURCE ignored")
-        runs, line_errors = asyncio.run(_counterfactual_runs(from_outcomes, policies, do_sweep, large_pool, console))
+        runs, line_errors, comparison = asyncio.run(
+            _counterfactual_runs(from_outcomes, policies, do_sweep, large_pool, held_out, console))
         for e in line_errors:
             err.print(f"[yellow]skipped[/yellow] {e}")
-        return runs, line_errors
+        return runs, line_errors, comparison
     if do_sweep:
         raise ReplayUsageError(
             "--sweep needs --from-outcomes (saved outcomes of both pools: run --pool small --outcomes F "
@@ -202,12 +239,18 @@ def _replay(
         err.print(f"[yellow]skipped[/yellow] {e}")
     if not cases:
         raise TraceError("no cases to replay")
+    if held_out:
+        keep, what = _held_out_filter(policies, [(c.id, c.body) for c in cases])
+        cases = [c for c in cases if keep(c.id)]
+        err.print(f"[yellow]note:[/yellow] --held-out: {what}")
+        if not cases:
+            raise TraceError("--held-out: no case is left")
     if dry_run:
         if pool or outcomes:
             raise ReplayUsageError("--pool and --outcomes need model calls; leave out --dry-run")
         if not policies:
             raise ReplayUsageError("--dry-run needs --policy FILE (the classifier and rules to route with)")
-        return asyncio.run(_dry_runs(cases, policies, large_pool, console)), line_errors
+        return asyncio.run(_dry_runs(cases, policies, large_pool, console)), line_errors, None
     if gateway is None and not policies:
         raise ReplayUsageError("give --gateway URL, or --policy FILE to start a gateway for the replay")
     extra: dict[str, Any] = {"temperature": 0}
@@ -217,4 +260,32 @@ def _replay(
         _live_runs(cases, policies, gateway, pool, model, outcomes, concurrency, timeout, retries, extra,
                    large_pool, console)
     )
-    return runs, line_errors
+    return runs, line_errors, None
+
+
+def reference_pool(
+    sources: Annotated[list[str], typer.Argument(help=SOURCE_HELP, show_default=False)],
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 8301,
+    bfcl_data: Annotated[Path | None, typer.Option(help="bfcl-eval wheel or its data/ folder (default: the pinned wheel)")] = None,
+) -> None:
+    """Answer every case of SOURCES with its reference calls, as model "reference (upper bound)"."""
+    from switchyard.replay.reference import MODEL, serve
+    from switchyard.replay.sources import load_sources
+
+    err = Console(stderr=True, soft_wrap=True, highlight=False)
+    try:
+        cases, line_errors = load_sources(list(sources), bfcl_data)
+    except TraceError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    for e in line_errors:
+        err.print(f"[yellow]skipped[/yellow] {e}")
+    unscored = sum(c.kind == "none" for c in cases)
+    if unscored == len(cases):
+        err.print("[red]error:[/red] no case has a reference answer (recorded traffic without `expected`)")
+        raise typer.Exit(2)
+    err.print(f"{MODEL}: {len(cases) - unscored} cases on http://{host}:{port}/v1"
+              + (f" ({unscored} without a reference answer left out)" if unscored else ""))
+    serve([c for c in cases if c.kind != "none"], host, port)
+

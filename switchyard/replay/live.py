@@ -136,6 +136,8 @@ class LiveClient:
             r.status, r.error = "error", f"HTTP {resp.status_code}: {msg or resp.text[:200]}"
             r.correct = False if case.kind != "none" else None
             return r
+        served_by = data.get("model")
+        r.served_by = served_by if isinstance(served_by, str) and served_by else None
         usage = data.get("usage") or {}
         r.prompt_tokens = usage.get("prompt_tokens")
         r.completion_tokens = usage.get("completion_tokens")

@@ -2,7 +2,10 @@
 
 One JSON line per case and pool:
     {"id", "category", "pool", "correct", "latency_ms", "prompt_tokens", "completion_tokens",
-     "request": {...the OpenAI body...}, "tier", "kind", "error", "status"}
+     "served_by", "request": {...the OpenAI body...}, "tier", "kind", "error", "status"}
+`served_by` is the `model` the answer named: which model stood behind the pool (the reference
+pool answers as "reference (upper bound)", and reports carry that label wherever the pool appears).
+A name ending in `.gz` is read through gzip.
 `--outcomes FILE` appends (so a `--pool small` run and a `--pool large` run can share one
 file); when a (case, pool) pair appears twice, the later line wins. The classifier work
 trains "the small model will fail" from these files; `--from-outcomes` scores any policy
@@ -12,6 +15,7 @@ from them without calling a model.
 from __future__ import annotations
 
 import gzip
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ def outcome_line(case: Case, result: CaseResult, model: str) -> dict[str, Any]:
         "latency_ms": result.latency_ms,
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
+        "served_by": result.served_by,
         "request": case.request(model),
         "tier": case.tier,
         "kind": case.kind,
@@ -77,6 +82,12 @@ class OutcomeCase:
 class OutcomeTable:
     cases: list[OutcomeCase]
     errors: list[LineError]
+
+    def served_by(self, pool: str) -> str | None:
+        """The model that answered for `pool` (the most frequent `served_by` of its outcomes)."""
+        names = Counter(c.by_pool[pool].get("served_by") for c in self.cases if pool in c.by_pool)
+        names.pop(None, None)
+        return names.most_common(1)[0][0] if names else None
 
     @property
     def pools(self) -> list[str]:

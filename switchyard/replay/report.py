@@ -10,6 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from switchyard.replay.compare import Comparison, pool_label, render_rich
+from switchyard.replay.compare import render_html as comparison_html
 from switchyard.replay.results import RunResult
 from switchyard.replay.summary import summarize
 
@@ -23,8 +25,8 @@ def _fmt(v: Any, suffix: str = "") -> str:
 
 
 def _score_cell(s: dict[str, Any]) -> str:
-    if s["score"] is None:  # a dry run: how much of it goes to the large pool
-        return "-" if not s["cases"] else f"{s['large']}/{s['cases']} large"
+    if s["score"] is None:  # nothing scored (a dry run): say how much of it goes to the large pool
+        return "-" if not s["cases"] else f"{s['large']}/{s['cases']} to large"
     return f"{s['score']:.1f} ({s['correct']}/{s['scored']})"
 
 
@@ -41,7 +43,8 @@ def table_rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
 
     add("mode", [s["mode"] for s in summaries])
     add("cases", [str(s["cases"]) for s in summaries])
-    add("score /100", [_score_cell(s) for s in summaries])
+    add("score /100", ["not scored" if s["score"] is None else _score_cell(s) for s in summaries])
+    add("cases to the large pool", [f"{s['large']}/{s['cases']}" for s in summaries])
     tiers = sorted({t for s in summaries for t in s["per_tier"]})
     for t in tiers:
         add(f"  {t}", [_score_cell(s["per_tier"][t]) if t in s["per_tier"] else "-" for s in summaries])
@@ -50,7 +53,8 @@ def table_rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
         add(f"  {c}", [_score_cell(s["per_category"][c]) if c in s["per_category"] else "-" for s in summaries])
     pools = sorted({p for s in summaries for p in s["pools"]})
     for p in pools:
-        add(f"pool {p}", [
+        served = next((s["pools"][p].get("served_by") for s in summaries if s["pools"].get(p, {}).get("served_by")), None)
+        add(f"pool {pool_label(p, served)}", [
             f"{s['pools'][p]['share'] * 100:.1f}% ({s['split'].get(p, 0)})" if p in s["pools"] else "-"
             for s in summaries
         ])
@@ -84,7 +88,8 @@ def table_rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
     return rows
 
 
-def render_table(runs: list[RunResult], console: Console | None = None) -> dict[str, Any]:
+def render_table(runs: list[RunResult], console: Console | None = None,
+                 comparison: Comparison | None = None) -> dict[str, Any]:
     console = console or Console()
     summaries = [summarize(r) for r in runs]
     table = Table(title="switchyard replay", show_lines=False)
@@ -99,10 +104,12 @@ def render_table(runs: list[RunResult], console: Console | None = None) -> dict[
             console.print(f"[yellow]note[/yellow] ({run.name}): {note}")
         if s["aborted"]:
             console.print(f"[red]stopped early[/red] ({run.name}): {s['aborted']}")
+    if comparison is not None:
+        render_rich(comparison, console)
     return {"summaries": summaries}
 
 
-def report_data(runs: list[RunResult], line_errors: list[Any]) -> dict[str, Any]:
+def report_data(runs: list[RunResult], line_errors: list[Any], comparison: Comparison | None = None) -> dict[str, Any]:
     return {
         "runs": [
             {
@@ -115,25 +122,28 @@ def report_data(runs: list[RunResult], line_errors: list[Any]) -> dict[str, Any]
             for r in runs
         ],
         "input_errors": [str(e) for e in line_errors],
+        "comparison": comparison.to_json() if comparison is not None else None,
     }
 
 
-def write_report(out_dir: str | Path, runs: list[RunResult], line_errors: list[Any]) -> dict[str, Path]:
+def write_report(out_dir: str | Path, runs: list[RunResult], line_errors: list[Any],
+                 comparison: Comparison | None = None) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = report_data(runs, line_errors)
+    data = report_data(runs, line_errors, comparison)
     paths = {"json": out / "report.json"}
     paths["json"].write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
     from switchyard.replay.plots import write_plots
 
-    pngs = write_plots(out, runs, [r["totals"] for r in data["runs"]])
+    pngs = write_plots(out, runs, [r["totals"] for r in data["runs"]], comparison)
     paths.update(pngs)
     paths["html"] = out / "report.html"
-    paths["html"].write_text(render_html(runs, data, pngs), encoding="utf-8")
+    paths["html"].write_text(render_html(runs, data, pngs, comparison), encoding="utf-8")
     return paths
 
 
-def render_html(runs: list[RunResult], data: dict[str, Any], pngs: dict[str, Path]) -> str:
+def render_html(runs: list[RunResult], data: dict[str, Any], pngs: dict[str, Path],
+                comparison: Comparison | None = None) -> str:
     summaries = [r["totals"] for r in data["runs"]]
     head = "".join(f"<th>{html.escape(n)}</th>" for n in _column_names(runs))
     body = "".join(
@@ -166,6 +176,7 @@ td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}th{{text-align:le
 figure{{display:inline-block;margin:1em}}img{{max-width:560px}}</style></head><body>
 <h1>switchyard replay</h1>
 <table><tr><th></th>{head}</tr>{body}</table>
+{comparison_html(comparison) if comparison is not None else ""}
 {f"<h2>Notes</h2><ul>{notes}</ul>" if notes else ""}
 {f"<h2>Input errors</h2><ul>{errors}</ul>" if errors else ""}
 <h2>Plots</h2>{imgs}

@@ -24,6 +24,7 @@ class CaseResult:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     retries: int = 0
+    served_by: str | None = None  # the `model` the answer names (e.g. "reference (upper bound)")
     calls: list[dict[str, Any]] | None = None
     trace: dict[str, Any] | None = None  # how routing decided (dry run, counterfactual): gateway.routing's trace
 

@@ -1,13 +1,14 @@
-"""The three ways to replay: live, dry run, counterfactual (from outcomes); and the sweep."""
+"""The three ways to replay: live, dry run, counterfactual (from outcomes); and each policy's
+hardness per case, from which compare.py draws its quality curve."""
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from typing import Any
 
 from switchyard.classify.base import Label
+from switchyard.classify.features import extract
 from switchyard.replay.cases import Case
 from switchyard.replay.live import LiveClient
 from switchyard.replay.outcomes import OutcomeTable
@@ -15,7 +16,6 @@ from switchyard.replay.results import CaseResult, RunResult
 from switchyard.replay.router import RoutedCase, Router
 
 OnDone = Callable[[CaseResult], None] | None
-SWEEP_THRESHOLDS = [round(i / 20, 2) for i in range(21)] + [1.01]
 
 
 async def run_live(
@@ -69,19 +69,10 @@ def _from_outcome(oc: Any, pool: str, r: CaseResult) -> CaseResult:
     r.latency_ms = o.get("latency_ms")
     r.prompt_tokens = o.get("prompt_tokens")
     r.completion_tokens = o.get("completion_tokens")
+    r.served_by = o.get("served_by")
     r.error = o.get("error") or ""
     r.status = o.get("status") or "ok"
     return r
-
-
-async def _labels(table: OutcomeTable, router: Router) -> list[tuple[RoutedCase, dict[str, Any], Label]]:
-    out = []
-    for oc in table.cases:
-        body = dict(oc.request)
-        body["model"] = router.name  # as if sent to the policy, not to the pool it was run on
-        routed = await router.route(body, oc.session_id)
-        out.append((routed, body, routed.decision.label))
-    return out
 
 
 async def run_counterfactual(table: OutcomeTable, router: Router, on_done: OnDone = None) -> RunResult:
@@ -101,49 +92,42 @@ async def run_counterfactual(table: OutcomeTable, router: Router, on_done: OnDon
     missing = sum(r.status == "missing" for r in results)
     if missing:
         run.notes.append(f"{missing} cases have no outcome for the pool the policy chose: left out of the score")
+    failed = [r for r in results if (r.trace or {}).get("classifier") == "fail-open"]
+    if failed:
+        run.notes.append(f"the classifier failed open on {len(failed)} of {len(results)} cases (a timeout, an "
+                         f"error or its breaker open), labelling them {failed[0].label!r}")
+    ms = sorted(r.trace["classifier_ms"] for r in results
+                if r.trace and r.trace.get("classifier") in ("onnx", "llm") and r.trace.get("classifier_ms") is not None)
+    if ms:
+        run.notes.append(f"classifier time per request: p50 {ms[len(ms) // 2]:.2f} ms, max {ms[-1]:.2f} ms")
     return run
 
 
-def _point(results: list[tuple[bool | None, str]], large: str, threshold: float, kind: str) -> dict[str, float]:
-    scored = [(c, p) for c, p in results if c is not None]
-    n = len(results) or 1
-    return {
-        "threshold": threshold,
-        "large_share": sum(p == large for _, p in results) / n,
-        "score": 100.0 * sum(bool(c) for c, _ in scored) / (len(scored) or 1),
-        "kind": kind,  # type: ignore[dict-item]
-    }
+ALWAYS_LARGE, NEVER_LARGE = 2.0, -1.0  # hardness of cases the rules decide whatever the label
 
 
-async def sweep(table: OutcomeTable, router: Router, thresholds: list[float] | None = None) -> list[dict[str, Any]]:
-    """Quality vs large-share as the classifier's threshold moves, from saved outcomes.
+async def hardness(table: OutcomeTable, router: Router, run: RunResult) -> dict[str, float]:
+    """How readily the policy sends each case to the large pool, for the quality curves.
 
-    The classifier runs once per case; each threshold relabels the case (hard if the
-    classifier's hard probability >= threshold) and the policy's rules route it. A second
-    curve, `random`, sends a deterministic hash-chosen share to the large pool: what the
-    same share buys without a classifier.
+    The label the counterfactual run got for a case (the classifier ran once) gives P(hard);
+    the rules, asked with the label forced either way, say whether the label matters at all: a
+    case they send to the large pool whatever its label (`tools >= 3`) ranks above every
+    classified one, a case they never send there ranks below. Moving the threshold on P(hard)
+    then traces the policy's curve from all-small to all-large.
     """
-    thresholds = thresholds or SWEEP_THRESHOLDS
-    labelled = await _labels(table, router)
-    points: list[dict[str, Any]] = []
-    for t in thresholds:
-        rows = []
-        for oc, (routed, body, label) in zip(table.cases, labelled, strict=True):
-            lab = router.relabel(router.hard_probability(label), t)
-            pool = (await router.route_labelled(routed.features, body, lab)).pool
-            o = oc.by_pool.get(pool)
-            rows.append((o.get("correct") if o else None, pool))
-        points.append(_point(rows, router.large, t, "classifier"))
-    pools = table.pools
-    small = next((p for p in pools if p != router.large), None)
-    if small is not None and router.large in pools:
-        ranks = {oc.id: int(hashlib.blake2b(oc.id.encode(), digest_size=4).hexdigest(), 16) / 2**32 for oc in table.cases}
-        for i in range(11):
-            f = i / 10
-            rows = []
-            for oc in table.cases:
-                pool = router.large if ranks[oc.id] < f else small
-                o = oc.by_pool.get(pool)
-                rows.append((o.get("correct") if o else None, pool))
-            points.append(_point(rows, router.large, f, "random"))
-    return points
+    hard, easy = Label(router.hard, 1.0, "sweep"), Label(router.easy, 1.0, "sweep")
+    out: dict[str, float] = {}
+    for oc, r in zip(table.cases, run.results, strict=True):
+        body = dict(oc.request)
+        body["model"] = router.name
+        features = extract(body)
+        if_hard = (await router.route_labelled(features, body, hard)).pool == router.large
+        if_easy = (await router.route_labelled(features, body, easy)).pool == router.large
+        p = router.hard_probability(Label(r.label or "", r.confidence or 0.0))
+        if if_hard and if_easy:
+            out[oc.id] = ALWAYS_LARGE
+        elif not if_hard and not if_easy:
+            out[oc.id] = NEVER_LARGE
+        else:  # the label decides (a policy that sends easy cases large reads the label the other way)
+            out[oc.id] = p if if_hard else 1.0 - p
+    return out

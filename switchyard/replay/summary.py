@@ -57,6 +57,8 @@ def summarize(run: RunResult) -> dict[str, Any]:
             "share": round(split.get(pool, 0) / n_routed, 4),
             "latency_p50_ms": percentile(lat, 50),
             "latency_p99_ms": percentile(lat, 99),
+            "served_by": Counter(r.served_by for r in rows if r.served_by).most_common(1)[0][0]
+            if any(r.served_by for r in rows) else None,
             "prompt_tokens": _tokens(rows, "prompt_tokens"),
             "completion_tokens": _tokens(rows, "completion_tokens"),
         }

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 from typer.testing import CliRunner
 
 from switchyard.cli import app
@@ -81,15 +82,16 @@ def test_counterfactual_1000_cases_under_5s_and_correct(tmp_path: Path) -> None:
         assert {c["id"]: c["pool"] for c in run["cases"]} == expected_pool
         lat = run["totals"]["pools"]["large"]["latency_p50_ms"]
         assert lat == 100.0 and run["totals"]["pools"]["small"]["latency_p50_ms"] == 10.0
-        # The sweep: no classifier, so the classifier curve is flat at the policy's own
-        # point; the random curve goes from all-small to all-large.
+        # The sweep: no classifier, so the rules alone rank the cases: the curve goes from
+        # all-small through the policy's own point to all-large; random goes straight across.
         sweep = run["sweep"]
-        rnd = sorted((p for p in sweep if p["kind"] == "random"), key=lambda p: p["threshold"])
         all_small = 100 * sum(v["small"] for v in correct.values()) / 1000
-        assert rnd[0]["large_share"] == 0.0 and abs(rnd[0]["score"] - all_small) < 1e-9
-        assert rnd[-1]["large_share"] == 1.0 and rnd[-1]["score"] == 100.0
-        flat = [p for p in sweep if p["kind"] == "classifier"]
-        assert {round(p["score"], 6) for p in flat} == {round(run["totals"]["score"], 6)}
+        for kind in ("router", "random"):
+            pts = [p for p in sweep if p["kind"] == kind]
+            assert pts[0]["large_share"] == 0.0 and abs(pts[0]["score"] - all_small) < 1e-3
+            assert pts[-1]["large_share"] == 1.0 and pts[-1]["score"] == 100.0
+        own = (run["totals"]["large_share"], run["totals"]["score"])
+        assert [(p["large_share"], p["score"]) for p in sweep if p["kind"] == "router"][1] == pytest.approx(own, abs=1e-3)
     assert "two" in res.output and "four" in res.output  # one table, side by side
     for png in ("quality_vs_large_share.png", "split.png", "latency.png"):
         assert (out / png).stat().st_size > 1000
@@ -100,8 +102,6 @@ def test_sweep_moves_with_the_classifier_threshold(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     onnx = root / "classifiers" / "tool-complexity.onnx"
     if not onnx.exists():
-        import pytest
-
         pytest.skip("no shipped classifier in this checkout")
     path, _, _ = _outcomes(tmp_path)
     pol = tmp_path / "c.yaml"
@@ -124,10 +124,15 @@ routes:
     res = runner.invoke(app, ["replay", "--from-outcomes", str(path), "-p", str(pol), "--sweep", "--out", str(out)])
     assert res.exit_code == 0, res.output
     run = json.loads((out / "report.json").read_text())["runs"][0]
-    pts = sorted((p for p in run["sweep"] if p["kind"] == "classifier"), key=lambda p: p["threshold"])
+    pts = [p for p in run["sweep"] if p["kind"] == "router"]
     shares = [p["large_share"] for p in pts]
-    assert shares == sorted(shares, reverse=True) and shares[0] == 1.0 and shares[-1] == 0.0
-    assert pts[0]["score"] == 100.0
+    thresholds = [p["threshold"] for p in pts[1:]]  # P(complex) at each corner, falling as the share grows
+    assert shares == sorted(shares) and shares[0] == 0.0 and shares[-1] == 1.0 and len(pts) > 20
+    assert thresholds == sorted(thresholds, reverse=True) and pts[-1]["score"] == 100.0
+    # The policy as configured sits on its curve at threshold 0.6.
+    at = [p for p in pts[1:] if p["threshold"] >= 0.6][-1]
+    assert (at["large_share"], at["score"]) == pytest.approx((run["totals"]["large_share"], run["totals"]["score"]),
+                                                             abs=1e-3)
 
 
 def test_outcomes_bad_lines_and_missing_pool(tmp_path: Path) -> None:
