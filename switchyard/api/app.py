@@ -29,7 +29,10 @@ from switchyard.gateway.gateway import Gateway
 from switchyard.gateway.keys import KeyStore
 from switchyard.gateway.metrics import Metrics
 from switchyard.gateway.runtime import Runtime
+from switchyard.policy.schema import LoadSpec
 from switchyard.pools.health import HealthChecker
+from switchyard.pools.load import LoadPoller
+from switchyard.pools.replica import Replica
 from switchyard.pools.sync import StateSync
 from switchyard.state.base import StateStore
 from switchyard.state.memory import MemoryStore
@@ -84,6 +87,16 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
         ]
     )
 
+    def least_load_replicas() -> list[tuple[Replica, LoadSpec]]:
+        out = []
+        for r in gateway.registry.by_url.values():
+            specs = [p.spec.load for p in r.pools if p.spec.strategy == "least_load"]
+            if specs:
+                out.append((r, min(specs, key=lambda s: s.interval)))
+        return out
+
+    poller = LoadPoller(least_load_replicas, sync.owns)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if config.record:
@@ -92,6 +105,7 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
             rt.recorder = TraceRecorder(config.record)
         if config.health_checks:
             checker.start()
+        poller.start()
         if config.watch:
             assert gateway.store is not None
             gateway.store.start_watching()
@@ -109,6 +123,7 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
             if auth is not None:
                 await auth.aclose()
             await checker.aclose()
+            await poller.aclose()
             if rt.recorder is not None:
                 rt.recorder.close()
             await gateway.aclose()

@@ -111,9 +111,11 @@ class LoadSpec(_Strict):
 
 class PoolSpec(_Strict):
     model: str = Field(description="Model name sent upstream (the request's `model` is rewritten to it)")
-    strategy: Literal["least_inflight", "power_of_two", "round_robin", "cache_aware"] = Field(
+    strategy: Literal["least_inflight", "power_of_two", "round_robin", "cache_aware", "least_load"] = Field(
         "least_inflight", description="cache_aware: a request's prefix (system, tools, first user message) "
-        "picks its replica on a consistent-hash ring with bounded loads (KV-cache reuse across turns)")
+        "picks its replica on a consistent-hash ring with bounded loads (KV-cache reuse across turns); "
+        "least_load: the replicas' own running/waiting requests and KV-cache usage from their /metrics "
+        "(vLLM, SGLang, llama.cpp, our engine) combined with the gateway's in-flight counts")
     max_inflight_per_replica: int = Field(32, ge=1)
     queue_size: int = Field(64, ge=0, description="Requests that may wait for a free slot")
     queue_timeout: float = Field(5.0, description="How long a request waits for a slot before fallback/429")

@@ -6,7 +6,9 @@ import random
 from collections.abc import Sequence
 from typing import Protocol
 
+from switchyard.policy.schema import LoadSpec
 from switchyard.pools.affinity import CacheAware
+from switchyard.pools.least_load import LeastLoad
 from switchyard.pools.replica import Replica
 
 
@@ -76,7 +78,7 @@ class RoundRobin:
         return best
 
 
-def make_strategy(name: str, weights: dict[str, int] | None = None) -> Strategy:
+def make_strategy(name: str, weights: dict[str, int] | None = None, load: LoadSpec | None = None) -> Strategy:
     if name == "least_inflight":
         return LeastInflight()
     if name == "power_of_two":
@@ -85,4 +87,6 @@ def make_strategy(name: str, weights: dict[str, int] | None = None) -> Strategy:
         return RoundRobin(weights)
     if name == "cache_aware":
         return CacheAware()
+    if name == "least_load":
+        return LeastLoad((load or LoadSpec()).stale)
     raise ValueError(f"unknown strategy {name!r}")

@@ -186,7 +186,7 @@ class ReplicaRegistry:
             )
         replicas = [self.get(rs, spec) for rs in spec.replicas]
         weights = {rs.url: rs.weight for rs in spec.replicas}
-        return Pool(name, spec, replicas, make_strategy(spec.strategy, weights))
+        return Pool(name, spec, replicas, make_strategy(spec.strategy, weights, spec.load))
 
     def attach(self, pools: list[Pool]) -> None:
         """Point each replica at the pools that use it now (after a policy set changed)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -71,6 +72,18 @@ class CircuitBreaker:
         self.last_error = reason
 
 
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """One reading of a replica's own metrics (pools/load.py), for strategy least_load."""
+
+    running: float  # requests in the engine's running batch
+    waiting: float  # requests queued in the engine
+    kv: float | None  # KV-cache usage, 0..1 (None: not published)
+    base: int  # the gateways' in-flight count on the replica when it was read
+    at: float  # monotonic time of the reading
+    shared: bool = False  # read by another gateway (shared through the state store)
+
+
 @dataclass(eq=False)
 class Replica:
     url: str  # base URL ending in /v1
@@ -86,6 +99,9 @@ class Replica:
     requests: int = 0
     failures: int = 0
     pools: list[Waiters] = field(default_factory=list)  # the pools that use it now (ReplicaRegistry.attach)
+    engine: EngineLoad | None = None  # its own load, as last read (least_load pools only)
+    engine_error: str = ""  # why the last reading failed
+    engine_tried: float = 0.0  # monotonic time of the last attempt to read it
     session: aiohttp.ClientSession | None = None
     health_path: str | None = None
 
@@ -147,7 +163,16 @@ class Replica:
             "ewma_ms": round(self.ewma_ms, 2),
             "requests": self.requests,
             "failures": self.failures,
+            **({} if self.engine is None and not self.engine_error else {"engine": self.engine_snapshot()}),
         }
+
+    def engine_snapshot(self) -> dict:
+        e = self.engine
+        out: dict = {"error": self.engine_error or None}
+        if e is not None:
+            out.update(running=e.running, waiting=e.waiting, kv_usage=e.kv, age_s=round(time.monotonic() - e.at, 3),
+                       read_by="another gateway" if e.shared else "this gateway")
+        return out
 
 
 def default_name(url: str) -> str:

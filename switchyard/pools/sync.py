@@ -1,9 +1,11 @@
 """The background sync between this gateway's replicas and the shared store.
 
 Every `interval` (50 ms) one call to StateStore.sync publishes this gateway's in-flight
-counts and counter deltas and reads the other gateways' view, which is then applied to the
-Replica objects: remote_inflight (least_inflight balances across gateways), circuits opened
-elsewhere (force_open), drains started elsewhere. Nothing here runs on the request path.
+counts, counter deltas and new readings of replicas' own load, and reads the other gateways'
+view, which is then applied to the Replica objects: remote_inflight (least_inflight balances
+across gateways), circuits opened elsewhere (force_open), drains started elsewhere, newer load
+readings (least_load; the poller then skips a replica read elsewhere a moment ago). Nothing
+here runs on the request path.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from typing import Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from switchyard.pools.pool import ReplicaRegistry
-from switchyard.pools.replica import Replica
-from switchyard.state.base import CounterDelta, SharedView, StateStore
+from switchyard.pools.replica import EngineLoad, Replica
+from switchyard.state.base import CounterDelta, LoadRecord, SharedView, StateStore
 
 log = logging.getLogger("switchyard.pools.sync")
 
@@ -46,6 +49,8 @@ class StateSync:
         self._task: asyncio.Task | None = None
         self._local_drain: dict[str, int] = {}  # url -> generation when this gateway changed its drain state
         self._remote_zeroed = True
+        self._published: dict[str, float] = {}  # url -> time of the last load reading published
+        self._rank, self._gateways = 0, 1  # this gateway among the live ones, as of the last sync
 
     @property
     def running(self) -> bool:
@@ -68,19 +73,38 @@ class StateSync:
         per_source = [(s, *s.take_deltas()) for s in self.sources]
         deltas = [d for _, ds, _ in per_source for d in ds]
         buckets = [b for _, _, bs in per_source for b in bs]
-        view = await self.state.sync(inflight, deltas, buckets)
+        loads = self._new_loads()
+        view = await self.state.sync(inflight, deltas, buckets, loads)
         for src, ds, _ in per_source:
             src.apply_totals(ds, None if view is None else view.counters)
         if view is None:
+            self._rank, self._gateways = 0, 1  # alone as far as it knows: it reads every replica itself
             if not self._remote_zeroed:  # shared store away: local counts are all we know
                 for r in self.registry.by_url.values():
                     self._set_remote(r, 0)
                 self._remote_zeroed = True
         else:
             self.apply(view)
+            self._rank, self._gateways = view.rank, max(1, view.gateways)
             self._remote_zeroed = False
             self.last_ok = time.time()
         self.generation += 1
+
+    def owns(self, url: str) -> bool:
+        """Whether this gateway reads the replica's metrics (least_load): one gateway per replica,
+        by a hash of its URL over the live gateways; every gateway agrees without a word."""
+        return self._gateways <= 1 or zlib.crc32(url.encode()) % self._gateways == self._rank
+
+    def _new_loads(self) -> dict[str, LoadRecord]:
+        """Load readings this gateway took since the last tick (pools/load.py), for the others."""
+        now = time.monotonic()
+        out = {}
+        for url, r in self.registry.by_url.items():
+            e = r.engine
+            if e is not None and not e.shared and self._published.get(url) != e.at:
+                self._published[url] = e.at
+                out[url] = LoadRecord(e.running, e.waiting, e.kv, e.base, now - e.at)
+        return out
 
     def _set_remote(self, r: Replica, n: int) -> None:
         freed = r.remote_inflight - n
@@ -94,6 +118,11 @@ class StateSync:
         now, wall = time.monotonic(), time.time()
         for url, r in self.registry.by_url.items():
             self._set_remote(r, view.inflight.get(url, 0))
+            rec = view.loads.get(url)
+            if rec is not None:
+                at = now - rec.age
+                if r.engine is None or at > r.engine.at + 0.001:  # newer than what this gateway holds
+                    r.engine = EngineLoad(rec.running, rec.waiting, rec.kv, rec.base, at, shared=True)
             c = view.circuits.get(url)
             if c is not None:
                 until = now + (c.until - wall)

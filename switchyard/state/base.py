@@ -29,6 +29,17 @@ class CircuitRecord:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class LoadRecord:
+    """A replica's own load as one gateway read it (strategy least_load), shared with the others."""
+
+    running: float
+    waiting: float
+    kv: float | None  # KV-cache usage 0..1, None: not published by the engine
+    base: int  # in-flight count on the replica (all gateways) when it was read
+    age: float  # seconds since it was read (relative: hosts' clocks never compared)
+
+
 @dataclass(slots=True)
 class SharedView:
     """What the other gateways hold, as of one sync (state/sync.py applies it to the replicas)."""
@@ -37,7 +48,9 @@ class SharedView:
     circuits: dict[str, CircuitRecord] = field(default_factory=dict)  # replica url -> open circuit
     drains: dict[str, str] = field(default_factory=dict)  # replica url -> draining | drained
     counters: dict[str, dict[str, int]] = field(default_factory=dict)  # bucket -> field -> shared total
+    loads: dict[str, LoadRecord] = field(default_factory=dict)  # replica url -> its latest load reading
     gateways: int = 1  # live gateways sharing this store, this one included
+    rank: int = 0  # this gateway's place among them (0..gateways-1), the same order on every gateway
 
 
 # A counter update for sync(): (bucket, field, amount to add, the bucket's expiry in ms). A bucket
@@ -72,10 +85,11 @@ class StateStore(Protocol):
         ...
 
     async def sync(self, inflight: dict[str, int], counters: list[CounterDelta],
-                   buckets: list[str]) -> SharedView | None:
-        """Publish this gateway's in-flight counts (as an expiring lease) and counter deltas; read
-        everyone else's, and the totals of every counter in `buckets`. None when there is nothing
-        shared or the store is unreachable."""
+                   buckets: list[str], loads: dict[str, LoadRecord] | None = None) -> SharedView | None:
+        """Publish this gateway's in-flight counts (as an expiring lease), counter deltas and new
+        load readings; read everyone else's, the totals of every counter in `buckets` and the
+        latest load reading of every replica. None when there is nothing shared or the store is
+        unreachable."""
         ...
 
     def healthy(self) -> bool: ...

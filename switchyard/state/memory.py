@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from switchyard.state.base import CircuitRecord, CounterDelta, SessionRecord, SharedView
+from switchyard.state.base import CircuitRecord, CounterDelta, LoadRecord, SessionRecord, SharedView
 
 MAX_SESSIONS = 200_000
 
@@ -92,7 +92,7 @@ class MemoryStore:
         return None
 
     async def sync(self, inflight: dict[str, int], counters: list[CounterDelta],
-                   buckets: list[str]) -> SharedView | None:
+                   buckets: list[str], loads: dict[str, LoadRecord] | None = None) -> SharedView | None:
         return None  # nothing is shared: local counts are the whole truth
 
     def healthy(self) -> bool:

@@ -8,7 +8,9 @@ What is shared and how:
   tick (state/sync.py); a gateway that dies stops renewing and its counts vanish with the lease;
 - circuits and drains: hashes keyed by replica URL, read back by the same Lua call;
 - rate-limit counters: one hash per time window (HINCRBY per key), added to and read back
-  whole in the same Lua call, so every gateway learns every key's total each tick.
+  whole in the same Lua call, so every gateway learns every key's total each tick;
+- replicas' own load readings (strategy least_load): one hash field per replica URL, the latest
+  reading any gateway took, written and read back in the same Lua call (its time is Redis' clock).
 
 Outage: every command has a short socket timeout and no retry. The first failure marks the
 store down; from then on nothing touches Redis on the request path (the local MemoryStore
@@ -31,7 +33,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from switchyard.state.base import CircuitRecord, CounterDelta, SessionRecord, SharedView
+from switchyard.state.base import CircuitRecord, CounterDelta, LoadRecord, SessionRecord, SharedView
 from switchyard.state.memory import MemoryStore
 
 log = logging.getLogger("switchyard.state.redis")
@@ -67,6 +69,20 @@ end
 local nb = tonumber(ARGV[i]); i = i + 1
 local totals = {}
 for j = 1, nb do totals[j] = redis.call('HGETALL', p .. 'ctr:' .. ARGV[i]); i = i + 1 end
+local nl = tonumber(ARGV[i]); i = i + 1
+local lk = p .. 'load'
+for j = 1, nl do
+  local at = now - tonumber(ARGV[i + 1])
+  local old = redis.call('HGET', lk, ARGV[i])
+  if not old or tonumber(string.match(old, '^%-?%d+')) < at then
+    redis.call('HSET', lk, ARGV[i], at .. ' ' .. ARGV[i + 2])
+  end
+  i = i + 3
+end
+local loads = redis.call('HGETALL', lk)
+for j = 1, #loads, 2 do
+  if tonumber(string.match(loads[j + 1], '^%-?%d+')) < now - 600000 then redis.call('HDEL', lk, loads[j]) end
+end
 local gws = redis.call('ZRANGE', p .. 'gws', 0, -1)
 local sums, order = {}, {}
 for _, g in ipairs(gws) do
@@ -81,7 +97,10 @@ for _, g in ipairs(gws) do
 end
 local flat = {}
 for _, u in ipairs(order) do flat[#flat + 1] = u; flat[#flat + 1] = sums[u] end
-return {flat, totals, redis.call('HGETALL', p .. 'circuits'), redis.call('HGETALL', p .. 'drain'), #gws, now}
+local rank = 0
+for k, g in ipairs(gws) do if g == me then rank = k - 1 end end
+return {flat, totals, redis.call('HGETALL', p .. 'circuits'), redis.call('HGETALL', p .. 'drain'), #gws, now, loads,
+        rank}
 """
 
 INCR_WINDOW_LUA = """
@@ -99,6 +118,21 @@ def _encode_session(rec: SessionRecord, expires_at: float) -> bytes:
 def _decode_session(raw: bytes) -> tuple[SessionRecord, float]:
     v = orjson.loads(raw)
     return SessionRecord(v[0], v[1], v[2], float(v[3]), v[4], v[5], int(v[6])), float(v[7])
+
+
+def _encode_load(rec: LoadRecord) -> str:
+    kv = "-" if rec.kv is None else repr(rec.kv)
+    return f"{rec.running!r} {rec.waiting!r} {kv} {rec.base}"
+
+
+def _decode_load(raw: bytes, now_ms: int) -> LoadRecord | None:
+    """'<read at, ms of Redis time> <running> <waiting> <kv or -> <base>' -> LoadRecord."""
+    try:
+        at, running, waiting, kv, base = raw.decode().split()
+        return LoadRecord(float(running), float(waiting), None if kv == "-" else float(kv), int(base),
+                          max(0.0, (now_ms - int(at)) / 1000.0))
+    except ValueError:
+        return None
 
 
 class RedisStore:
@@ -433,7 +467,7 @@ class RedisStore:
         return await self.local.incr_window(key, amount, window)
 
     async def sync(self, inflight: dict[str, int], counters: list[CounterDelta],
-                   buckets: list[str]) -> SharedView | None:
+                   buckets: list[str], loads: dict[str, LoadRecord] | None = None) -> SharedView | None:
         if not self.up:
             return None
         args: list = [self.prefix, self.id, int(self.lease_ttl * 1000), len(inflight)]
@@ -444,12 +478,16 @@ class RedisStore:
             args += c
         args.append(len(buckets))
         args += buckets
+        loads = loads or {}
+        args.append(len(loads))
+        for url, rec in loads.items():  # the reading's time becomes Redis' own clock less its age
+            args += (url, int(rec.age * 1000), _encode_load(rec))
         try:
-            flat, totals, circuits, drains, gateways, _now = await self._sync_script(args=args)
+            flat, totals, circuits, drains, gateways, now, raw_loads, rank = await self._sync_script(args=args)
         except ERRORS as e:
             self._down(e)
             return None
-        view = SharedView(gateways=int(gateways))
+        view = SharedView(gateways=int(gateways), rank=int(rank))
         self.gateways = view.gateways
         for i in range(0, len(flat), 2):
             view.inflight[flat[i].decode()] = int(flat[i + 1])
@@ -462,6 +500,10 @@ class RedisStore:
                 view.circuits[circuits[i].decode()] = CircuitRecord("open", until, reason)
         for i in range(0, len(drains), 2):
             view.drains[drains[i].decode()] = drains[i + 1].decode()
+        for i in range(0, len(raw_loads), 2):
+            rec = _decode_load(raw_loads[i + 1], int(now))
+            if rec is not None:
+                view.loads[raw_loads[i].decode()] = rec
         return view
 
     async def aclose(self) -> None:
