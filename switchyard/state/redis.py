@@ -98,6 +98,7 @@ end
 local flat = {}
 for _, u in ipairs(order) do flat[#flat + 1] = u; flat[#flat + 1] = sums[u] end
 local rank = 0
+table.sort(gws)  -- by id, not by lease expiry: every gateway sees the same order
 for k, g in ipairs(gws) do if g == me then rank = k - 1 end end
 return {flat, totals, redis.call('HGETALL', p .. 'circuits'), redis.call('HGETALL', p .. 'drain'), #gws, now, loads,
         rank}
@@ -125,12 +126,13 @@ def _encode_load(rec: LoadRecord) -> str:
     return f"{rec.running!r} {rec.waiting!r} {kv} {rec.base}"
 
 
-def _decode_load(raw: bytes, now_ms: int) -> LoadRecord | None:
-    """'<read at, ms of Redis time> <running> <waiting> <kv or -> <base>' -> LoadRecord."""
+def _decode_load(raw: bytes, now_ms: int) -> tuple[LoadRecord, str] | None:
+    """'<read at, ms of Redis time> <running> <waiting> <kv or -> <base> <gateway id>' -> (LoadRecord,
+    the id of the gateway that read it)."""
     try:
-        at, running, waiting, kv, base = raw.decode().split()
+        at, running, waiting, kv, base, reader = raw.decode().split()
         return LoadRecord(float(running), float(waiting), None if kv == "-" else float(kv), int(base),
-                          max(0.0, (now_ms - int(at)) / 1000.0))
+                          max(0.0, (now_ms - int(at)) / 1000.0)), reader
     except ValueError:
         return None
 
@@ -481,7 +483,7 @@ class RedisStore:
         loads = loads or {}
         args.append(len(loads))
         for url, rec in loads.items():  # the reading's time becomes Redis' own clock less its age
-            args += (url, int(rec.age * 1000), _encode_load(rec))
+            args += (url, int(rec.age * 1000), f"{_encode_load(rec)} {self.id}")
         try:
             flat, totals, circuits, drains, gateways, now, raw_loads, rank = await self._sync_script(args=args)
         except ERRORS as e:
@@ -501,9 +503,9 @@ class RedisStore:
         for i in range(0, len(drains), 2):
             view.drains[drains[i].decode()] = drains[i + 1].decode()
         for i in range(0, len(raw_loads), 2):
-            rec = _decode_load(raw_loads[i + 1], int(now))
-            if rec is not None:
-                view.loads[raw_loads[i].decode()] = rec
+            got = _decode_load(raw_loads[i + 1], int(now))
+            if got is not None and got[1] != self.id:  # this gateway's own readings: it has them already
+                view.loads[raw_loads[i].decode()] = got[0]
         return view
 
     async def aclose(self) -> None:

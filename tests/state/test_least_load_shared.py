@@ -33,6 +33,10 @@ def engine(url: str, name: str) -> dict:
     return next(r for r in reps if r["name"] == name).get("engine") or {}
 
 
+def state(url: str) -> dict:
+    return orjson.loads(http_get(url + "/health")[1])["state"]
+
+
 def scrapes(ups: dict, name: str) -> int:
     return orjson.loads(http_get(ups[name][1] + "/_state")[1])["metrics_served"]
 
@@ -56,12 +60,20 @@ def test_one_gateway_reads_each_replica_and_shares_it(tmp_path) -> None:
         wait_for(lambda: any(engine(u, n).get("read_by") == "another gateway" for u in (u1, u2) for n in "ab"),
                  what="a reading shared by the other gateway")
         assert engine(u2, "a")["running"] == 5 and engine(u1, "a")["running"] == 5
-        # Scraped about once an interval (200 ms), not once per gateway: 3 s give ~15 reads each.
-        before = {n: scrapes(ups, n) for n in "ab"}
-        time.sleep(3.0)
-        for n in "ab":
-            got = scrapes(ups, n) - before[n]
-            assert 5 <= got <= 21, (n, got)
+        # Scraped about once an interval (200 ms), not once per gateway: 3 s give ~15 reads each
+        # (~30 unshared). A gateway that loses Redis for a moment reads everything itself (as it
+        # must), so a window in which either saw an outage does not count; three tries.
+        counted = []
+        for _ in range(3):
+            outages = [state(u)["outages"] for u in (u1, u2)]
+            before = {n: scrapes(ups, n) for n in "ab"}
+            time.sleep(3.0)
+            got = {n: scrapes(ups, n) - before[n] for n in "ab"}
+            if [state(u)["outages"] for u in (u1, u2)] == outages:
+                counted.append(got)
+                if all(5 <= v <= 21 for v in got.values()):
+                    break
+        assert counted and all(5 <= v <= 21 for v in counted[-1].values()), counted
         # Both gateways send new work to the idle replica, whoever read it.
         body = orjson.dumps({"model": "ll", "messages": [{"role": "user", "content": "hi"}]})
         for u in (u1, u2):
