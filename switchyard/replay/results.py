@@ -20,6 +20,7 @@ class CaseResult:
     correct: bool | None = None  # None: not scored (dry run, recorded traffic, error before an answer)
     error: str = ""  # why the answer is wrong, or why there is no answer
     status: str = "ok"  # ok | error | skipped | missing | routed (dry run)
+    http_status: int | None = None  # of the answer, when one came
     latency_ms: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

@@ -156,6 +156,23 @@ def test_retries_counted_and_timeouts(tmp_path: Path, upstream) -> None:
     assert rep["totals"]["errors"] == 2 and rep["totals"]["score"] == 0.0
 
 
+def test_outcomes_keep_refusals_and_leave_out_outages(tmp_path: Path, upstream) -> None:
+    # The upstream knows 4 of 6 cases and answers the other two with a 400 (as an engine refuses a
+    # prompt past its context): the pool fails those. A slow upstream's timeouts are no answer.
+    known = upstream(load_category("simple_python", limit=4))
+    outcomes = tmp_path / "o.jsonl"
+    code, text = _replay("bfcl:simple_python:6", "--gateway", known, "--pool", "small", "--outcomes", str(outcomes))
+    assert code == 0, text
+    lines = {x["id"]: x for x in map(json.loads, outcomes.read_text().splitlines())}
+    assert len(lines) == 6 and [lines[f"simple_python_{k}"]["correct"] for k in range(6)] == [True] * 4 + [False] * 2
+    assert lines["simple_python_5"]["http_status"] == 400 and lines["simple_python_5"]["status"] == "error"
+    slow = upstream(load_category("simple_python", limit=2), delay=1.0)
+    code, text = _replay("bfcl:simple_python:2", "--gateway", slow, "--pool", "small", "--timeout", "0.3",
+                         "--retries", "0", "--outcomes", str(tmp_path / "t.jsonl"))
+    assert code == 0, text
+    assert not (tmp_path / "t.jsonl").exists() or (tmp_path / "t.jsonl").read_text() == ""
+
+
 def test_sigterm_keeps_partial_results(tmp_path: Path, upstream) -> None:
     cases = load_category("simple_python", limit=20)
     slow = upstream(cases, delay=1.0)

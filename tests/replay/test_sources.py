@@ -17,7 +17,7 @@ from switchyard.replay.bfcl import BfclData, load_category
 from switchyard.replay.cases import TraceError
 from switchyard.replay.jsonl import load_jsonl
 from switchyard.replay.sources import load_source
-from switchyard.replay.suite import SUITES, build_tooluse92, load_suite
+from switchyard.replay.suite import BFCL_SAMPLE, SUITES, build, build_tooluse92, load_suite
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +31,15 @@ def test_tooluse92_loads_and_matches_its_rule() -> None:
     assert all(c.checker == "simple" for c in cases if c.tier == "standard")
     shipped = json.loads(SUITES["tooluse-92"].read_text())
     assert shipped["cases"] == build_tooluse92()["cases"]  # the listed ids are what the rule picks
+
+
+def test_bfcl_sample_matches_its_rule_and_leaves_tooluse92_out() -> None:
+    shipped = json.loads(SUITES["bfcl-sample"].read_text())
+    assert shipped["cases"] == build(BFCL_SAMPLE)["cases"]
+    ids = [c["id"] for c in shipped["cases"]]
+    suite = {c["id"] for c in json.loads(SUITES["tooluse-92"].read_text())["cases"]}
+    assert len(ids) == len(set(ids)) == 840 and not set(ids) & suite
+    assert len({c["category"] for c in shipped["cases"]}) == 13
 
 
 def _policy(tmp_path: Path) -> Path:
