@@ -8,11 +8,13 @@ and stops with the app's lifespan.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 from fastapi import FastAPI, Request
@@ -36,6 +38,9 @@ from switchyard.pools.replica import Replica
 from switchyard.pools.sync import StateSync
 from switchyard.state.base import StateStore
 from switchyard.state.memory import MemoryStore
+
+if TYPE_CHECKING:  # OpenTelemetry's SDK loads only when tracing is on
+    from switchyard.gateway.tracing import Tracing
 
 log = logging.getLogger("switchyard.api")
 
@@ -65,8 +70,9 @@ class GatewayConfig:
         return self.keystore is None
 
 
-def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAPI:
-    """Build the app. Policies load here, so a bad policy fails before the server starts."""
+def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: Tracing | None = None) -> FastAPI:
+    """Build the app. Policies load here, so a bad policy fails before the server starts.
+    `tracing` (gateway/tracing.py, built by the caller only when tracing is on) traces requests."""
     metrics = Metrics()
     gateway = Gateway(state or MemoryStore(), metrics, config.classifier_dirs)
     gateway.load(config.policies)
@@ -77,6 +83,7 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
     if auth is not None:
         sync.sources.append(auth.limiter)
     rt = Runtime(gateway, metrics, sync, auth)
+    rt.tracer = tracing
     proxy = Proxy(rt)
 
     checker = HealthChecker(
@@ -127,6 +134,8 @@ def create_app(config: GatewayConfig, state: StateStore | None = None) -> FastAP
             if rt.recorder is not None:
                 rt.recorder.close()
             await gateway.aclose()
+            if tracing is not None:  # export what is left, off the event loop
+                await asyncio.to_thread(tracing.shutdown)
 
     app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(FastPath, proxy=proxy)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -52,6 +54,12 @@ def serve(
     max_connections: Annotated[int, typer.Option(help="Open connections and requests; beyond them, 503")] = 1024,
     classifier_dir: Annotated[list[Path] | None, typer.Option(
         help="A folder ONNX classifiers may load from, besides the policy's and the shipped one (repeatable)")] = None,
+    otel: Annotated[bool | None, typer.Option(
+        "--otel/--no-otel",
+        help="OpenTelemetry traces of every request, exported as the OTEL_* variables say (OTLP over "
+             "http/protobuf to OTEL_EXPORTER_OTLP_ENDPOINT by default). Default: on when "
+             "OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_TRACES_EXPORTER is set; "
+             "OTEL_SDK_DISABLED=true turns it off. Needs the otel extra")] = None,
     config: Annotated[Path | None, typer.Option(
         help="Gateway config YAML: any of these options by name (redis: URL, port: 8000, policy: [...]); "
              "options on the command line win")] = None,
@@ -94,13 +102,26 @@ def serve(
         from switchyard.gateway.keys import open_keystore
 
         gw_config.keystore = open_keystore(o["keys_file"], o["redis"])
+    tracing = None
+    if tracing_wanted(o["otel"], os.environ):
+        try:
+            from switchyard.gateway.tracing import Tracing
+        except ImportError as e:
+            typer.echo(f"tracing needs OpenTelemetry's SDK ({e.name} is missing): pip install 'switchyard[otel]'",
+                       err=True)
+            raise typer.Exit(2) from None
+        try:
+            tracing = Tracing()
+        except ValueError as e:
+            typer.echo(f"tracing: {e}", err=True)
+            raise typer.Exit(2) from None
     state = None
     if o["redis"]:
         from switchyard.state.redis import RedisStore
 
         state = RedisStore(o["redis"], lease_ttl=o["lease_ttl"])
     try:
-        app = create_app(gw_config, state)
+        app = create_app(gw_config, state, tracing)
     except PolicyError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
@@ -109,6 +130,10 @@ def serve(
     typer.echo(f"switchyard: serving policies {', '.join(names)} on {where}/v1 (model 'auto' = {names[0]})")
     if o["ui"]:
         typer.echo(f"switchyard: dashboard and policy editor on {where}/ui")
+    if tracing is not None:
+        d = tracing.describe()
+        typer.echo(f"switchyard: tracing on: service {d['service']}, exporter {d['exporter']}"
+                   + (f" to {d['endpoint']}" if "endpoint" in d else ""))
     if o["access_log"]:
         strip_query_strings_from_access_log()
     rt = app.state.runtime
@@ -119,6 +144,19 @@ def serve(
         log_level=o["log_level"].lower(), access_log=o["access_log"], timeout_graceful_shutdown=30, lifespan="on",
     )
     DrainingServer(uv, rt, o["drain_grace"]).run()
+
+
+def tracing_wanted(flag: bool | None, env: Mapping[str, str]) -> bool:
+    """--otel/--no-otel, else whether the OTEL_* variables name an exporter or an endpoint;
+    OTEL_SDK_DISABLED=true (the standard switch) turns tracing off whatever else says."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if flag is not None:
+        return flag
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return exporter != "none"
+    return bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
 
 
 def _config_file(ctx: typer.Context, path: Path, opts: dict) -> dict:

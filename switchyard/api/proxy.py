@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
@@ -31,7 +31,10 @@ from switchyard.gateway.runtime import Runtime
 from switchyard.gateway.usage import UsageTap, parse_usage
 from switchyard.policy.rules import RouteDecision
 from switchyard.policy.schema import PriceSpec
-from switchyard.pools.dispatch import Answer
+from switchyard.pools.dispatch import Answer, AttemptTrace, ForwardedTraceContext
+
+if TYPE_CHECKING:  # imported by api/app.py only when tracing is on
+    from switchyard.gateway.tracing import RequestTrace
 
 JSON = "application/json"
 MAX_JSON_DEPTH = 200  # orjson encodes at most 254 levels
@@ -80,12 +83,20 @@ class Proxy:
             )
         return t
 
-    async def decide(self, request: Request, kind: str, key: KeyRecord | None) -> tuple[dict, Target, Routed]:
+    async def decide(self, request: Request, kind: str, key: KeyRecord | None,
+                     trace: RequestTrace | None = None) -> tuple[dict, Target, Routed]:
         body = validate(await self.read_json(request), kind)
         target = self.target(body["model"])
         sid = session_id_of(body, request.headers)
         features = extract(body, request.headers, text_cues=False)
-        routed = await self.rt.gateway.route(target, features, body, sid, key.id if key else "")
+        if trace is None:
+            routed = await self.rt.gateway.route(target, features, body, sid, key.id if key else "")
+        else:
+            t_parsed = time.perf_counter()
+            trace.mark_parsed(t_parsed)
+            routed = await self.rt.gateway.route(target, features, body, sid, key.id if key else "")
+            trace.mark_routed(t_parsed, time.perf_counter(), routed.decision, routed.classify_start,
+                              routed.classifier_error)
         lab = routed.decision.label
         if lab.name and lab.kind not in ("session", "none"):
             self.rt.metrics.classifier_latency.labels(lab.kind).observe(lab.ms / 1000.0)
@@ -93,14 +104,14 @@ class Proxy:
                 self.rt.metrics.classifier_fail_open.labels(routed.decision.policy).inc()
         return body, target, routed
 
-    async def proxy(self, request: Request, kind: str) -> Response:
+    async def proxy(self, request: Request, kind: str, trace: RequestTrace | None = None) -> Response:
         rt = self.rt
         t0 = time.perf_counter()
         key = None
         try:
             if rt.auth is not None:
                 key = await rt.auth.authenticate(request.headers)
-            body, target, routed = await self.decide(request, kind, key)
+            body, target, routed = await self.decide(request, kind, key, trace)
             decision = routed.decision
             if key is not None:
                 assert rt.auth is not None
@@ -110,6 +121,8 @@ class Proxy:
                         decision, fallbacks=tuple(p for p in decision.fallbacks if p in key.pools))
         except errors.RequestError as e:
             rt.metrics.rejected.labels(str(http_errors.status_of(e))).inc()
+            if trace is not None:
+                trace.failed(http_errors.status_of(e), e.message)
             return http_errors.response(e)
         lp = target.policy
         if rt.recorder is not None:
@@ -117,6 +130,13 @@ class Proxy:
         stream = body.get("stream") is True
         path = "/chat/completions" if kind == "chat" else "/completions"
         headers = decision_headers(decision)
+        # Tracing on: a span per attempt; off: the client's own trace context, if it sent one.
+        attempts: AttemptTrace | None = trace
+        if trace is not None:
+            headers["x-switchyard-trace-id"] = trace.trace_id
+        elif "traceparent" in request.headers:
+            attempts = ForwardedTraceContext({k: request.headers[k] for k in ("traceparent", "tracestate")
+                                              if k in request.headers})
         t_routed = time.perf_counter()
         # Watch for the client leaving while we wait upstream: it cancels this task, which
         # closes the upstream connection (one watcher task, no asyncio.wait, on the hot path).
@@ -131,30 +151,37 @@ class Proxy:
 
         watcher = asyncio.get_running_loop().create_task(watch())
         try:
-            answer: Answer = await rt.gateway.dispatcher.send(lp.pools, decision, body, path, stream)
+            answer: Answer = await rt.gateway.dispatcher.send(lp.pools, decision, body, path, stream, attempts)
         except asyncio.CancelledError:
             if not left:
                 raise
             me.uncancel()  # type: ignore[union-attr]
             rt.metrics.rejected.labels("499").inc()
+            if trace is not None:
+                trace.failed(499, "the client left before the upstream answered")
             return Response(status_code=499)
         except errors.RequestError as e:
             dt = time.perf_counter() - t0
             status = http_errors.status_of(e)
             rt.finished(decision, decision.pool, "-", status, dt, dt)
+            if trace is not None:
+                trace.failed(status, e.message)
             return http_errors.response(e, headers)
         finally:
             watcher.cancel()
         try:
-            return await self._respond(answer, decision, lp, headers, t0, t_routed, key, request)
+            return await self._respond(answer, decision, lp, headers, t0, t_routed, key, request, trace)
         except BaseException:
             if answer.stream is not None:  # never leak a replica slot or an open upstream stream
                 answer.finish("client_gone", "", rt.gateway.state)
             raise
 
     async def _respond(self, answer: Answer, decision: RouteDecision, lp: LoadedPolicy, headers: dict[str, str],
-                       t0: float, t_routed: float, key: KeyRecord | None, request: Request) -> Response:
+                       t0: float, t_routed: float, key: KeyRecord | None, request: Request,
+                       trace: RequestTrace | None) -> Response:
         rt = self.rt
+        if trace is not None:
+            trace.mark_relay(answer.t_first)
         auth = rt.auth if key is not None else None
         if answer.pool != decision.pool:
             headers["x-switchyard-pool"] = answer.pool
@@ -176,6 +203,8 @@ class Proxy:
             overhead = (answer.t_sent - t_routed) + (t_routed - t0) + (now - answer.t_first)
             headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
             rt.finished(decision, answer.pool, answer.replica.name, answer.status, now - t0, overhead, usage, cost)
+            if trace is not None:
+                trace.answered(answer.pool, answer.replica.name, answer.status, answer.attempts, usage, cost)
             if auth is not None and key is not None and answer.status < 400:
                 if usage is None:
                     auth.account(key, _prompt_estimate(request), True)
@@ -207,6 +236,8 @@ class Proxy:
             code = answer.status if outcome == "ok" else (499 if outcome == "client_gone" else 502)
             rt.finished(decision, answer.pool, answer.replica.name, code, time.perf_counter() - t0, overhead,
                         usage, cost)
+            if trace is not None:
+                trace.answered(answer.pool, answer.replica.name, code, answer.attempts, usage, cost)
 
         return StreamRelay(tap, first, answer.status, raw_headers, done, answer.replica.name)
 
@@ -258,9 +289,9 @@ class FastPath:
         self.app = app
         self.rt = proxy.rt
         self.routes = {
-            "/v1/chat/completions": lambda r: proxy.proxy(r, "chat"),
-            "/v1/completions": lambda r: proxy.proxy(r, "completions"),
-            "/v1/route": proxy.route_only,
+            "/v1/chat/completions": lambda r, t: proxy.proxy(r, "chat", t),
+            "/v1/completions": lambda r, t: proxy.proxy(r, "completions", t),
+            "/v1/route": lambda r, t: proxy.route_only(r),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -274,11 +305,17 @@ class FastPath:
                 rt = self.rt
                 rt.active += 1
                 rt.admitted += 1
+                request = Request(scope, receive)
+                trace = None
+                if rt.tracer is not None and scope["path"] != "/v1/route":
+                    trace = rt.tracer.begin(scope["method"], scope["path"], request.headers)
                 try:
-                    resp = await handler(Request(scope, receive))
+                    resp = await handler(request, trace)
                     await resp(scope, receive, send)
                 finally:
                     rt.active -= 1
+                    if trace is not None:
+                        trace.end()
                 return
         await self.app(scope, receive, send)
 

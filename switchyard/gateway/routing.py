@@ -48,6 +48,7 @@ class Routed:
     checks: tuple[RuleCheck, ...] = ()  # every rule tried, in order, up to the one that matched
     session: SessionRecord | None = None  # the session's record this decision started from
     classifier_error: str | None = None  # why the label is a fail-open one
+    classify_start: float = 0.0  # perf_counter when the classifier was called (0: none was)
 
     def trace(self) -> dict[str, Any]:
         """The decision and how it was reached, as every entry point shows it."""
@@ -112,8 +113,9 @@ async def route(policy: RoutingPolicy, features: Features, body: dict[str, Any],
     key = session_key(policy.compiled.name, session_id, caller) if uses_session and session_id else ""
     rec = await sessions.get_session(key) if key and sessions is not None else None
     error = None
+    t_classify = 0.0
     if label is None:
-        label, error = await _label(policy, features, body, rec)
+        label, error, t_classify = await _label(policy, features, body, rec)
     decision, checks = policy.compiled.evaluate(features, label, session_id)
     if rec is not None and rec.pool in spec.pools and spec.session.pin != "none" and rec.label == label.name:
         # Pinned: a session stays on its pool (and replica) until its label changes.
@@ -130,21 +132,22 @@ async def route(policy: RoutingPolicy, features: Features, body: dict[str, Any],
             decision.policy, decision.pool, label.name, label.confidence, rec.replica if rec else None,
             decision.rule, turns,
         ), spec.session.ttl)
-    return Routed(decision, checks, rec, error)
+    return Routed(decision, checks, rec, error, t_classify)
 
 
 async def _label(policy: RoutingPolicy, f: Features, body: dict[str, Any],
-                 rec: SessionRecord | None) -> tuple[Label, str | None]:
+                 rec: SessionRecord | None) -> tuple[Label, str | None, float]:
+    """(label, why the classifier failed, perf_counter when it was called: 0 when it was not)."""
     cspec = policy.spec.classifier
     if cspec.kind == "none":
-        return NO_LABEL, None
+        return NO_LABEL, None, 0.0
     reuse = rec is not None and rec.label and (
         cspec.classify_on == "new_session"
         or (cspec.classify_on == "user_turn" and f.turns <= rec.turns)
     )
     if reuse:
         assert rec is not None
-        return Label(rec.label, rec.confidence, "session", 0.0), None
+        return Label(rec.label, rec.confidence, "session", 0.0), None, 0.0
     t0 = time.perf_counter()
     error = None
     try:
@@ -159,5 +162,5 @@ async def _label(policy: RoutingPolicy, f: Features, body: dict[str, Any],
         cspec.escalate_only and rec is not None and rec.label in cspec.labels and label.name in cspec.labels
         and cspec.labels.index(label.name) < cspec.labels.index(rec.label)
     ):
-        return Label(rec.label, rec.confidence, "session", label.ms), error
-    return label, error
+        return Label(rec.label, rec.confidence, "session", label.ms), error, t0
+    return label, error, t0

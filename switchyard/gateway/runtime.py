@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from switchyard.gateway.auth import Auth
 from switchyard.gateway.gateway import Gateway
@@ -19,6 +19,9 @@ from switchyard.gateway.recorder import TraceRecorder
 from switchyard.gateway.usage import Usage
 from switchyard.policy.rules import RouteDecision
 from switchyard.pools.sync import StateSync
+
+if TYPE_CHECKING:  # OpenTelemetry's SDK is imported only when tracing is on (api/app.py)
+    from switchyard.gateway.tracing import Tracing
 
 RECENT_KEPT = 200
 
@@ -45,6 +48,7 @@ class Runtime:
         self.sync = sync
         self.auth = auth
         self.recorder: TraceRecorder | None = None
+        self.tracer: Tracing | None = None  # OpenTelemetry spans, when on
         self.started = time.time()
         self.active = 0  # requests being served (streams included): the SIGTERM drain waits on it
         self.admitted = 0
@@ -89,5 +93,6 @@ class Runtime:
             "ready": not self.draining,
             "state": described,
             "auth": self.auth.describe() if self.auth is not None else {"enabled": False},
+            "tracing": self.tracer.describe() if self.tracer is not None else {"enabled": False},
             "policies": policies,
         }

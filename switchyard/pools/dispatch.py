@@ -80,6 +80,34 @@ def _record_failure(replica: Replica, reason: str, state: StateStore | None) -> 
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
 
+class AttemptSpan(Protocol):
+    """One upstream attempt as a trace sees it (gateway/tracing.py)."""
+
+    headers: dict[str, str]  # sent upstream besides the pool's own (W3C traceparent)
+
+    def end(self, status: int | None, error: str) -> None: ...
+
+
+class AttemptTrace(Protocol):
+    def attempt(self, pool: str, replica: Replica, n: int, waited: float) -> AttemptSpan: ...
+
+
+class ForwardedTraceContext:
+    """Tracing off: the client's own `traceparent` (and `tracestate`) go upstream as they came,
+    so the upstream's spans still join the client's trace."""
+
+    __slots__ = ("headers",)
+
+    def __init__(self, headers: dict[str, str]):
+        self.headers = headers
+
+    def attempt(self, pool: str, replica: Replica, n: int, waited: float) -> ForwardedTraceContext:
+        return self
+
+    def end(self, status: int | None, error: str) -> None:
+        return None
+
+
 class DispatchEvents(Protocol):
     """What the dispatcher reports as it goes (the gateway's metrics implement it)."""
 
@@ -96,10 +124,12 @@ class Dispatcher:
         self.state = state
 
     async def send(
-        self, pools: Mapping[str, Pool], decision: RouteDecision, body: dict, path: str, stream: bool
+        self, pools: Mapping[str, Pool], decision: RouteDecision, body: dict, path: str, stream: bool,
+        trace: AttemptTrace | None = None,
     ) -> Answer:
         """Send to the decision's pool (its pinned replica first), retrying on other replicas
-        before the first byte, then along its fallback chain. Raises a switchyard.errors error."""
+        before the first byte, then along its fallback chain. Raises a switchyard.errors error.
+        `trace` sees each attempt (a span, and the headers that carry it upstream)."""
         chain = (decision.pool, *decision.fallbacks)
         capacity: NoCapacity | None = None
         failure: errors.RequestError | None = None
@@ -130,6 +160,7 @@ class Dispatcher:
             prefer = decision.replica if pname == decision.pool else None
             affinity = prefix_key(body) if pool.spec.strategy == "cache_aware" else None
             for attempt in range(pool.spec.retries + 1):
+                t_wait = time.perf_counter() if trace is not None else 0.0
                 try:
                     replica = await pool.acquire(tried, prefer, affinity)
                 except NoHealthyReplica:
@@ -142,7 +173,11 @@ class Dispatcher:
                     self.events.retried(pname)
                 attempts += 1
                 tried.add(replica)
-                answer, failure = await self._attempt(pool, replica, path, payload, stream, attempts)
+                if trace is None:
+                    answer, failure = await self._attempt(pool, replica, path, payload, stream, attempts)
+                else:
+                    answer, failure = await self._traced(trace, pool, replica, path, payload, stream, attempts,
+                                                         time.perf_counter() - t_wait)
                 if answer is not None:
                     answer.usage_added = add_usage
                     return answer
@@ -160,14 +195,32 @@ class Dispatcher:
             )
         raise failure or errors.Unavailable("no pool could take the request")
 
+    async def _traced(
+        self, trace: AttemptTrace, pool: Pool, replica: Replica, path: str, payload: bytes, stream: bool,
+        attempts: int, waited: float,
+    ) -> tuple[Answer | None, errors.RequestError | None]:
+        span = trace.attempt(pool.name, replica, attempts, waited)
+        headers = {**pool.upstream_headers, **span.headers}
+        try:
+            answer, failure = await self._attempt(pool, replica, path, payload, stream, attempts, headers)
+        except BaseException as e:
+            span.end(None, f"cancelled: {type(e).__name__}")
+            raise
+        if answer is not None:
+            span.end(answer.status, f"HTTP {answer.status}" if answer.status >= 400 else "")
+        else:
+            span.end(None, failure.message if failure is not None else "failed")
+        return answer, failure
+
     async def _attempt(
-        self, pool: Pool, replica: Replica, path: str, payload: bytes, stream: bool, attempts: int
+        self, pool: Pool, replica: Replica, path: str, payload: bytes, stream: bool, attempts: int,
+        headers: dict[str, str] | None = None,
     ) -> tuple[Answer | None, errors.RequestError | None]:
         t_sent = time.perf_counter()
         resp: aiohttp.ClientResponse | None = None
         try:
             resp = await replica.client().post(
-                replica.url + path, data=payload, headers=pool.upstream_headers, timeout=pool.timeout
+                replica.url + path, data=payload, headers=headers or pool.upstream_headers, timeout=pool.timeout
             )
             status = resp.status
             if status in RETRIABLE_STATUS or status in HIDDEN_STATUS or status >= 500:
