@@ -3,12 +3,15 @@
     python bench/gateway_overhead.py                 # everything (installs wrk and LiteLLM if missing)
     python bench/gateway_overhead.py --no-litellm    # skip the peer
     python bench/gateway_overhead.py --redis         # also: the gateway with shared state in Redis
+    python bench/gateway_overhead.py --tracing --no-litellm --rounds 5   # tracing off vs on, alternating
 
 Layout on a 2-core machine: the fast upstream(s) and the load generator on core 0, the server
 under test (gateway / bare forwarder / LiteLLM) alone on core 1, one at a time.
 Concurrency 1: N sequential non-streaming requests (aiohttp client), added latency = p50/p99
 through the server minus direct. Streaming: time to first byte, same subtraction.
 Throughput: wrk, 32 connections, 10 s, POST of a small chat body.
+--tracing: the gateway with OpenTelemetry tracing off and on (every request sampled, spans sent by
+OTLP/HTTP to a sink on core 0), alternating round by round; figures are medians of the rounds.
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(cmd: list[str], core: int | None, env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
+def spawn(cmd: list[str], core: int | None, env: dict | None = None, log: Path | None = None,
+          cwd: Path | None = None) -> subprocess.Popen:
     if core is not None and shutil.which("taskset"):
         cmd = ["taskset", "-c", str(core), *cmd]
     out = log.open("w") if log else subprocess.DEVNULL
-    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
@@ -224,12 +228,71 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="h
 '''
 
 
+OTLP_SINK = '''
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+'''
+
+
+def tracing_rounds(args, policy: Path, tmp: Path, results: dict) -> None:
+    """The gateway with tracing off and on, alternating, `args.rounds` times; medians kept."""
+    sp = free_port()
+    script = tmp / "otlp_sink.py"
+    script.write_text(OTLP_SINK)
+    sink = spawn([sys.executable, str(script), str(sp)], core=0, log=tmp / "sink.log")
+    wait_http(f"http://127.0.0.1:{sp}/", proc=sink)
+    on_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sp}", "OTEL_TRACES_SAMPLER": "always_on"}
+    variants: list[tuple[str, list[str], dict, Path | None]] = [
+        ("tracing off", ["--no-otel"], {}, None), ("tracing on", ["--otel"], on_env, None)]
+    if args.before:  # another source tree (an older commit), run from its own folder
+        variants.insert(0, ("before", [], {}, args.before.resolve()))
+    rounds: dict[str, list[dict]] = {name: [] for name, *_ in variants}
+    try:
+        for r in range(args.rounds):
+            order = variants[r % len(variants):] + variants[:r % len(variants)]  # each goes first in turn
+            for name, extra, env, cwd in order:
+                gp = free_port()
+                gw = spawn([sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(policy), "--port", str(gp),
+                            "--log-level", "warning", *extra], core=1, env=env, log=tmp / f"{name}-{r}.log", cwd=cwd)
+                wait_http(f"http://127.0.0.1:{gp}/health", proc=gw)
+                one: dict = {}
+                measure(f"{name} #{r + 1}", f"http://127.0.0.1:{gp}/v1", "auto", args, one, proc=gw)
+                ov = asyncio.run(overhead_header(f"http://127.0.0.1:{gp}/v1/chat/completions", args.requests))
+                res = one[f"{name} #{r + 1}"]
+                res["overhead_hdr_p50"] = statistics.median(ov)
+                res["overhead_hdr_p99"] = pctl(ov, 0.99)
+                rounds[name].append(res)
+                stop(gw)
+    finally:
+        stop(sink)
+    for name, rs in rounds.items():
+        results[f"switchyard, {name}"] = {k: statistics.median(x[k] for x in rs) for k in rs[0]} | {"rounds": rs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=2000, help="sequential requests for the latency figures")
     ap.add_argument("--seconds", type=int, default=10, help="wrk duration")
     ap.add_argument("--no-litellm", action="store_true")
     ap.add_argument("--redis", action="store_true", help="also run the gateway with --redis (a private redis-server)")
+    ap.add_argument("--tracing", action="store_true", help="also: the gateway with tracing off and on, alternating")
+    ap.add_argument("--rounds", type=int, default=3, help="--tracing: rounds of off/on")
+    ap.add_argument("--before", type=Path, help="--tracing: also the gateway of this source tree (e.g. a worktree of "
+                                                "the commit before tracing), in the same rounds")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gateway_overhead.json")
     args = ap.parse_args()
     args.wrk = ensure_wrk() is not None
@@ -290,6 +353,10 @@ def main() -> None:
             stop(gw)
         if redis_proc:
             stop(redis_proc)
+        if args.tracing:
+            plain = tmp / "plain.yaml"  # no session pinning: the plain request path
+            plain.write_text(policy.read_text().replace("session:\n  pin: pool\n", ""))
+            tracing_rounds(args, plain, tmp, results)
 
         if not args.no_litellm:
             exe = ensure_litellm()
@@ -342,6 +409,19 @@ def main() -> None:
                   f"throughput {r['rps'] / b['rps']:.2f}x (target: p50 <= +0.3 ms at c=1); "
                   f"the gateway's own overhead header: p50 {r['overhead_hdr_p50'] - b['overhead_hdr_p50']:+.3f} ms, "
                   f"p99 {r['overhead_hdr_p99'] - b['overhead_hdr_p99']:+.3f} ms")
+    off, on = results.get("switchyard, tracing off"), results.get("switchyard, tracing on")
+    before = results.get("switchyard, before")
+    if off and before:
+        print(f"  tracing off vs the tree before (medians of {args.rounds} rounds): p50 {off['p50'] - before['p50']:+.3f} ms, "
+              f"p99 {off['p99'] - before['p99']:+.3f} ms, TTFB p50 {off['ttfb_p50'] - before['ttfb_p50']:+.3f} ms, "
+              f"throughput {off['rps'] / before['rps']:.2f}x, req per CPU-second "
+              f"{off['rps_per_cpu_second'] / before['rps_per_cpu_second']:.2f}x")
+    if off and on:
+        print(f"  tracing on vs off (medians of {args.rounds} alternating rounds): p50 {on['p50'] - off['p50']:+.3f} ms, "
+              f"p99 {on['p99'] - off['p99']:+.3f} ms, TTFB p50 {on['ttfb_p50'] - off['ttfb_p50']:+.3f} ms, "
+              f"throughput {on['rps'] / off['rps']:.2f}x, req per CPU-second "
+              f"{on['rps_per_cpu_second'] / off['rps_per_cpu_second']:.2f}x; the gateway's own overhead header: "
+              f"p50 {on['overhead_hdr_p50'] - off['overhead_hdr_p50']:+.3f} ms (goal: p50 <= +0.3 ms)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(f"\nraw figures: {args.out}")

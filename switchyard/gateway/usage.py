@@ -51,28 +51,21 @@ def usage_of(obj: Any) -> Usage | None:
     return Usage(prompt, completion, min(cached, prompt))
 
 
-def _object_at(data: bytes, i: int) -> bytes | None:
-    """The JSON object that starts at data[i] ('{'), up to its matching brace (None if cut off)."""
-    depth = 0
-    in_str = False
-    j = i
-    n = len(data)
-    while j < n:
-        c = data[j]
-        if in_str:
-            if c == 0x5C:  # backslash: skip the escaped byte
-                j += 1
-            elif c == 0x22:
-                in_str = False
-        elif c == 0x22:
-            in_str = True
-        elif c == 0x7B:
-            depth += 1
-        elif c == 0x7D:
-            depth -= 1
-            if depth == 0:
-                return data[i:j + 1]
-        j += 1
+def _object_at(data: bytes, i: int) -> Any:
+    """The JSON object that starts at data[i] ('{'), decoded (None if cut off or not JSON).
+
+    Candidate ends are tried at each '}' where the braces balance (a usage object has no
+    strings with braces in them; a candidate that is not JSON is passed over), all in C: a
+    byte-by-byte scan in Python cost ~10 us an answer."""
+    j = data.find(b"}", i)
+    while j >= 0:
+        raw = data[i:j + 1]
+        if raw.count(b"{") == raw.count(b"}"):
+            try:
+                return orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                pass
+        j = data.find(b"}", j + 1)
     return None
 
 
@@ -84,14 +77,9 @@ def parse_usage(data: bytes) -> Usage | None:
         while j < len(data) and data[j] in b" \t\r\n:":
             j += 1
         if j < len(data) and data[j] == 0x7B:
-            raw = _object_at(data, j)
-            if raw is not None:
-                try:
-                    got = usage_of(orjson.loads(raw))
-                except orjson.JSONDecodeError:
-                    got = None
-                if got is not None:
-                    return got
+            got = usage_of(_object_at(data, j))
+            if got is not None:
+                return got
         i = data.rfind(_KEY, 0, i)  # `"usage": null` in a later chunk: look further back
     return None
 

@@ -250,6 +250,17 @@ class PolicySpec(_Strict):
         return v
 
 
+def baseline_pool(spec: PolicySpec) -> str | None:
+    """The pool that "large-only" means when costs are compared (the dashboard's savings line): the
+    pool named `large` when it has a price, else the priced pool with the highest price."""
+    priced = {n: p.price for n, p in spec.pools.items() if p.price is not None}
+    if not priced:
+        return None
+    if "large" in priced:
+        return "large"
+    return max(priced, key=lambda n: (priced[n].prompt + priced[n].completion, n))  # type: ignore[union-attr]
+
+
 def reference_problems(spec: PolicySpec) -> list[tuple[tuple, str]]:
     """Names that point nowhere: (location in the document, reason). Checked after the schema,
     outside pydantic, so that each problem keeps the line of the key it is about."""

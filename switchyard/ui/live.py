@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from switchyard.gateway.runtime import RecentDecision, Runtime
+from switchyard.policy.schema import PolicySpec, baseline_pool
 
 HISTORY_S = 300  # seconds of samples kept: the charts' span
 RATE_S = 5.0  # requests/s are averaged over this many seconds
@@ -34,6 +35,8 @@ class Sample:
     classifier: dict[str, list[float]] = field(default_factory=dict)  # kind -> cumulative bucket counts
     fail_open: dict[str, float] = field(default_factory=dict)  # policy -> count
     rejected: float = 0.0
+    tokens: dict[str, dict[str, float]] = field(default_factory=dict)  # "policy/pool" -> kind -> tokens
+    cost: dict[str, float] = field(default_factory=dict)  # "policy/pool" -> USD
 
 
 def _counter_totals(metric: Any) -> Iterable[tuple[dict[str, str], float]]:
@@ -123,6 +126,10 @@ class LiveSampler:
         for labels, v in _counter_totals(m.classifier_fail_open):
             s.fail_open[labels["policy"]] = v
         s.rejected = sum(v for _, v in _counter_totals(m.rejected))
+        for labels, v in _counter_totals(m.tokens):
+            s.tokens.setdefault(f"{labels['policy']}/{labels['pool']}", {})[labels["kind"]] = v
+        for labels, v in _counter_totals(m.cost):
+            s.cost[f"{labels['policy']}/{labels['pool']}"] = v
         self.lat_bounds, s.latency = _buckets(m.latency, "pool")
         clf_bounds, s.classifier = _buckets(m.classifier_latency, "kind")
         if clf_bounds:
@@ -196,6 +203,7 @@ class LiveSampler:
                     r["count"] = int(cur.replicas.get(rk, 0.0))
                     r["p50_ms"] = _ms(_pct(lats, 0.5))
                     r["p99_ms"] = _ms(_pct(lats, 0.99))
+                price = pool.spec.price
                 pools.append({
                     "key": key, "name": name, **snap,
                     "total": len(snap["replicas"]),
@@ -204,11 +212,18 @@ class LiveSampler:
                     "rps": round(rps_pool.get(key, 0.0), 2),
                     "p50_ms": _ms(quantile(0.5, self.lat_bounds, lat)),
                     "p99_ms": _ms(quantile(0.99, self.lat_bounds, lat)),
+                    "tokens": _tokens(cur.tokens.get(key)),
+                    "tokens_window": _tokens(_diff(cur.tokens.get(key, {}), win_from.tokens.get(key, {}))),
+                    "price": None if price is None else price.model_dump(),
+                    "cost_usd": None if price is None else cur.cost.get(key, 0.0),
+                    "cost_window_usd": None if price is None else
+                    cur.cost.get(key, 0.0) - win_from.cost.get(key, 0.0),
                 })
             policies.append({
                 "name": lp.name, "file": str(lp.path), "classifier": lp.spec.classifier.kind,
                 "last_reload": None if st is None else {"ok": st.ok, "at": st.at, "error": st.error or None},
                 "pools": pools,
+                "cost": {"total": savings(lp.spec, lp.name, cur, None), "window": savings(lp.spec, lp.name, cur, win_from)},
             })
 
         classifier = []
@@ -249,6 +264,35 @@ class LiveSampler:
         }
 
 
+def _tokens(t: dict[str, float] | None) -> dict[str, int]:
+    t = t or {}
+    return {k: int(t.get(k, 0.0)) for k in ("prompt", "completion", "cached")}
+
+
+def savings(spec: PolicySpec, policy: str, cur: Sample, since: Sample | None) -> dict[str, Any] | None:
+    """What the policy's answers cost and what the same tokens would have cost on its baseline pool
+    (policy.schema.baseline_pool: `large`, else the priciest), since `since` (None: since start).
+    Pools without a price are left out of both sums; None when no pool has a price."""
+    base = baseline_pool(spec)
+    if base is None:
+        return None
+    bprice = spec.pools[base].price
+    assert bprice is not None
+    spent = baseline = 0.0
+    for name, ps in spec.pools.items():
+        if ps.price is None:
+            continue
+        key = f"{policy}/{name}"
+        t = cur.tokens.get(key, {})
+        if since is not None:
+            t = _diff(t, since.tokens.get(key, {}))
+        spent += cur.cost.get(key, 0.0) - (since.cost.get(key, 0.0) if since is not None else 0.0)
+        baseline += bprice.cost(int(t.get("prompt", 0)), int(t.get("completion", 0)), int(t.get("cached", 0)))
+    saved = baseline - spent
+    return {"baseline_pool": base, "spent_usd": spent, "baseline_usd": baseline, "saved_usd": saved,
+            "saved_pct": round(100.0 * saved / baseline, 2) if baseline > 0 else None}
+
+
 def _decision(e: RecentDecision) -> dict[str, Any]:
     d = e.decision
     return {
@@ -257,4 +301,7 @@ def _decision(e: RecentDecision) -> dict[str, Any]:
         "classifier": d.label.kind, "classifier_ms": round(d.label.ms, 3) if d.label.name else None,
         "replica": e.replica, "status": e.status, "latency_ms": round(e.seconds * 1000.0, 2),
         "overhead_ms": round(e.overhead * 1000.0, 3), "session": d.session_id,
+        "tokens": None if e.usage is None else {"prompt": e.usage.prompt, "completion": e.usage.completion,
+                                                "cached": e.usage.cached},
+        "cost_usd": e.cost,
     }

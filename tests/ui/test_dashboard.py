@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 from playwright.sync_api import expect
 from procs import http_get
 from uikit import HEALTH_INTERVAL, UiCluster, replay_report, start_lone_gateway
@@ -42,6 +43,18 @@ def test_dashboard_shows_both_pools_live_then_a_dead_replica(ui_cluster: UiClust
     expect(page.locator('[data-split-rule="ui/hard"]')).to_have_attribute("data-count", "6")
     expect(page.locator('#recent tbody tr[data-pool="large"]')).to_have_count(6)
     expect(page.locator("#classifier")).to_contain_text("onnx")
+    # Tokens and cost per pool, and the savings line (the test upstreams answer 10 prompt and 5
+    # completion tokens; small costs 0.1/0.4, large 2.5/10 USD per million).
+    page.select_option("#window", "total")
+    expect(small.locator("[data-tokens]")).to_have_attribute("data-tokens", "120/60/0")
+    expect(large.locator("[data-tokens]")).to_have_attribute("data-tokens", "60/30/0")
+    line = page.locator('[data-cost-policy="ui"]')
+    expect(line).to_contain_text("large-only would have cost")
+    spent, base = 12 * 3e-6 + 6 * 75e-6, 18 * 75e-6
+    assert float(line.get_attribute("data-spent")) == pytest.approx(spent)
+    assert float(line.get_attribute("data-baseline")) == pytest.approx(base)
+    assert float(line.get_attribute("data-saved")) == pytest.approx(base - spent)
+    expect(line).to_contain_text(f"({100 * (base - spent) / base:.1f}%)")
     page.screenshot(path=str(tmp_path / "1-dashboard-live.png"), full_page=True)
 
     # Traffic that arrives while the page is open shows up without a reload.
@@ -88,6 +101,13 @@ def test_live_api_agrees_with_health_and_metrics(ui_cluster: UiCluster) -> None:
     assert [d["pool"] for d in live["recent"]] == ["large", "large", "small", "small", "small"]
     assert live["recent"][0]["rule"] == "hard" and live["recent"][0]["label"] in ("simple", "complex")
     assert live["classifier"][0]["kind"] == "onnx" and live["classifier"][0]["count"] == 5
+    assert pools["small"]["tokens"] == {"prompt": 30, "completion": 15, "cached": 0}
+    assert pools["large"]["cost_usd"] == pytest.approx(2 * 75e-6)
+    cost = live["policies"][0]["cost"]["window"]
+    assert cost["baseline_pool"] == "large" and cost["spent_usd"] == pytest.approx(3 * 3e-6 + 2 * 75e-6)
+    assert cost["baseline_usd"] == pytest.approx(5 * 75e-6)
+    assert cost["saved_pct"] == pytest.approx(100 * (5 * 75e-6 - 159e-6) / (5 * 75e-6), abs=0.01)
+    assert live["recent"][0]["tokens"] == {"prompt": 10, "completion": 5, "cached": 0}
 
 
 def test_replay_tab_shows_the_reports(tmp_path: Path, page) -> None:
@@ -110,3 +130,26 @@ def test_replay_tab_shows_the_reports(tmp_path: Path, page) -> None:
         assert http_get(url + "/ui/reports/tooluse-dry/report.json")[0] == 200
     finally:
         gw.stop()
+
+
+def test_least_load_pools_show_each_engines_own_load(tmp_path: Path, page) -> None:
+    from procs import http_post, start_gateway, start_upstream
+
+    up, up_url = start_upstream(tmp_path, "e0")
+    gw = None
+    try:
+        metrics = "sglang:num_running_reqs 6\nsglang:num_queue_reqs 2\nsglang:token_usage 0.7\n"
+        assert http_post(up_url + "/_control", orjson.dumps({"metrics": metrics}))[0] == 200
+        policy = tmp_path / "ll.yaml"
+        policy.write_text("version: 1\nname: ll\npools:\n  p:\n    model: m\n    strategy: least_load\n"
+                          "    load: {interval: 200ms}\n    health: {interval: 0}\n"
+                          f"    replicas: [{{url: {up_url}/v1, name: e0}}]\nroutes: [{{name: d, pool: p}}]\n")
+        gw, url = start_gateway(tmp_path, [policy])
+        page.goto(url + "/ui")
+        cell = page.locator('[data-pool="ll/p"] tr[data-replica="e0"] [data-engine-running]')
+        expect(cell).to_have_text("6/2 · 70%")
+        assert "this gateway" in (cell.get_attribute("title") or "")
+    finally:
+        if gw is not None:
+            gw.stop()
+        up.stop()

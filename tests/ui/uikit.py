@@ -27,6 +27,7 @@ name: ui
 pools:
   small:
     model: small-model
+    price: {{prompt: 0.1, completion: 0.4}}
     health: {{interval: {hi}s, timeout: 0.4s}}
     circuit: {{failures: 3, cooldown: 30s}}
     replicas:
@@ -34,6 +35,7 @@ pools:
       - {{url: {s1}/v1, name: s1}}
   large:
     model: large-model
+    price: {{prompt: 2.5, completion: 10}}
     health: {{interval: {hi}s, timeout: 0.4s}}
     replicas:
       - {{url: {l0}/v1, name: l0}}

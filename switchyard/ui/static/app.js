@@ -6,6 +6,8 @@ const $ = (sel) => document.querySelector(sel);
 const esc = Charts.esc;
 const fmt = (v, d = 1) => (v === null || v === undefined ? "–" : (+v).toFixed(d));
 const clock = (t) => new Date(t * 1000).toLocaleTimeString([], { hour12: false });
+const usd = (v) => (v === null || v === undefined ? "–" : `$${v < 0.01 && v > -0.01 ? (+v).toPrecision(3) : (+v).toFixed(2)}`);
+const count = (n) => (n >= 1e6 ? `${(n / 1e6).toFixed(2)}M` : n >= 1e4 ? `${(n / 1e3).toFixed(1)}k` : `${n}`);
 
 class Unauthorized extends Error {}
 
@@ -112,15 +114,44 @@ const Dashboard = (() => {
 
   function badge(text, cls) { return `<span class="badge ${esc(cls || text)}">${esc(text)}</span>`; }
 
+  function tokens(p) {
+    const t = windowSel() === "total" ? p.tokens : p.tokens_window;
+    const cost = windowSel() === "total" ? p.cost_usd : p.cost_window_usd;
+    return `<span class="stat" data-tokens="${t.prompt}/${t.completion}/${t.cached}" title="prompt (cached) / completion">
+        tokens <b>${count(t.prompt)}${t.cached ? ` (${count(t.cached)})` : ""} / ${count(t.completion)}</b></span>
+      ${p.price ? `<span class="stat" title="at ${p.price.prompt} / ${p.price.completion} USD per million tokens">cost
+        <b class="cost" data-usd="${cost}">${usd(cost)}</b></span>` : ""}`;
+  }
+
+  function costLine(lp) {
+    const c = windowSel() === "total" ? lp.cost.total : lp.cost.window;
+    if (!c) return "";
+    const when = windowSel() === "total" ? "since start" : `in the last ${windowSel() === "60" ? "minute" : "5 minutes"}`;
+    return `<div class="cost-line" data-cost-policy="${esc(lp.name)}" data-spent="${c.spent_usd}" data-baseline="${c.baseline_usd}"
+        data-saved="${c.saved_usd}">${when}: spent <b>${usd(c.spent_usd)}</b> · ${esc(c.baseline_pool)}-only would have cost
+        <b>${usd(c.baseline_usd)}</b> · routing saved <b class="${c.saved_usd >= 0 ? "ok" : "error"}">${usd(c.saved_usd)}</b>
+        ${c.saved_pct !== null ? `(${fmt(c.saved_pct)}%)` : ""}</div>`;
+  }
+
+  function engine(r) {  // least_load pools: the replica's own reading (running/waiting, KV cache)
+    const e = r.engine;
+    if (!e) return "";
+    if (e.running === undefined) return `<td class="num error" title="${esc(e.error || "")}">?</td>`;
+    return `<td class="num" data-engine-running="${e.running}" title="read ${fmt(e.age_s, 1)} s ago by ${esc(e.read_by)}${
+      e.error ? "; last error: " + esc(e.error) : ""}">${e.running}/${e.waiting}${e.kv_usage !== null ? ` · ${fmt(e.kv_usage * 100, 0)}%` : ""}</td>`;
+  }
+
   function pool(p) {
+    const engines = p.strategy === "least_load";
     const reps = p.replicas.map((r) => `
       <tr data-replica="${esc(r.name)}" data-state="${esc(r.state)}" class="${r.state === "healthy" ? "" : "down"}">
         <td>${esc(r.name)}</td><td class="state">${badge(r.state)}</td><td>${badge(r.circuit)}</td>
         <td class="num">${r.inflight}${r.remote_inflight ? ` +${r.remote_inflight}` : ""}</td>
+        ${engines ? engine(r) || "<td></td>" : ""}
         <td class="num">${fmt(r.rps)}</td><td class="num count">${r.count}</td>
         <td class="num">${fmt(r.p50_ms)}</td><td class="num">${fmt(r.p99_ms)}</td><td class="num">${fmt(r.ewma_ms)}</td>
         <td class="num">${r.failures}</td>
-      </tr>${r.health_error || r.circuit_error ? `<tr class="err"><td></td><td colspan="9" class="why error">
+      </tr>${r.health_error || r.circuit_error ? `<tr class="err"><td></td><td colspan="${engines ? 10 : 9}" class="why error">
         ${esc(r.health_error || r.circuit_error)}</td></tr>` : ""}`).join("");
     return `
     <div class="pool" data-pool="${esc(p.key)}" data-count="${p.count}" style="--c:${Charts.color(p.key)}">
@@ -132,10 +163,12 @@ const Dashboard = (() => {
         <span class="stat">p50/p99 ms <b>${fmt(p.p50_ms)} / ${fmt(p.p99_ms)}</b></span>
         <span class="stat">queue <b>${p.queued}</b></span>
         <span class="stat">healthy <b class="healthy-count">${p.healthy}/${p.total}</b></span>
+        ${tokens(p)}
         ${p.errors ? `<span class="stat error">5xx <b>${p.errors}</b></span>` : ""}
       </div>
       <table class="grid replicas">
-        <thead><tr><th>replica</th><th>state</th><th>circuit</th><th class="num">in flight</th><th class="num">req/s</th>
+        <thead><tr><th>replica</th><th>state</th><th>circuit</th><th class="num">in flight</th>
+          ${engines ? `<th class="num" title="the engine's own running/waiting requests and KV-cache use">engine</th>` : ""}<th class="num">req/s</th>
           <th class="num">requests</th><th class="num">p50 ms</th><th class="num">p99 ms</th><th class="num">ewma ms</th>
           <th class="num">failures</th></tr></thead>
         <tbody>${reps}</tbody>
@@ -158,6 +191,7 @@ const Dashboard = (() => {
           <span class="muted">${esc(lp.file)} · classifier ${esc(lp.classifier)}</span>
           ${lp.last_reload && !lp.last_reload.ok ? `<span class="error">last edit rejected: ${esc(lp.last_reload.error)}</span>` : ""}
         </div>
+        ${costLine(lp)}
         <div class="pools">${lp.pools.map(pool).join("")}</div>
       </div>`).join("");
 
