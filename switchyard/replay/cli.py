@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from switchyard.policy.loader import PolicyError
 from switchyard.replay.cases import Case, LineError, TraceError
 from switchyard.replay.compare import RANDOM, Comparison
+from switchyard.replay.cost import outcome_tokens, price_run
 from switchyard.replay.results import CaseResult, RunResult
 from switchyard.replay.summary import summarize
 
@@ -70,6 +71,8 @@ async def _live_runs(
             client = LiveClient(url, concurrency, timeout, retries, extra)
             run = await run_live(cases, client, use_model, pool or name, pool, done,
                                  str(policy) if policy else None, large)
+        if spec is not None:
+            price_run(run, spec)
         if outcomes:
             n = append_outcomes(outcomes, cases, run.results, use_model)
             run.notes.append(f"{n} outcomes appended to {outcomes}")
@@ -112,6 +115,7 @@ async def _counterfactual_runs(
         if not table.cases:
             raise ReplayUsageError(f"--held-out: no case is left ({what})")
     runs = []
+    by_id = {c.id: c for c in table.cases}
     curves: list[tuple[str, dict[str, float], tuple[float, float] | None]] = []
     large = None
     for policy in policies:
@@ -121,6 +125,8 @@ async def _counterfactual_runs(
             with _progress(console) as prog:
                 task = prog.add_task(f"score {router.name} from outcomes", total=len(table.cases))
                 run = await run_counterfactual(table, router, lambda _r, t=task: prog.advance(t))
+            price_run(run, router.spec, lambda cid, large=router.large: outcome_tokens(
+                by_id[cid].by_pool.get(large) if cid in by_id else None))
             run.notes.extend(notes)
             if do_sweep:
                 s = summarize(run)

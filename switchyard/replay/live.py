@@ -142,6 +142,13 @@ class LiveClient:
         usage = data.get("usage") or {}
         r.prompt_tokens = usage.get("prompt_tokens")
         r.completion_tokens = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            r.cached_tokens = details["cached_tokens"]
+        try:  # what the gateway charged, at its pool's price
+            r.cost_usd = float(h["x-switchyard-cost-usd"]) if "x-switchyard-cost-usd" in h else None
+        except ValueError:
+            r.cost_usd = None
         choices = data.get("choices") or [{}]
         message = choices[0].get("message") or {}
         calls = parse_tool_calls(message, case.name_map)

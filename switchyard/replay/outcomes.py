@@ -40,6 +40,7 @@ def outcome_line(case: Case, result: CaseResult, model: str) -> dict[str, Any]:
         "latency_ms": result.latency_ms,
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
+        "cached_tokens": result.cached_tokens,
         "served_by": result.served_by,
         "request": case.request(model),
         "tier": case.tier,

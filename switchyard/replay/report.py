@@ -24,6 +24,12 @@ def _fmt(v: Any, suffix: str = "") -> str:
     return f"{v}{suffix}"
 
 
+def _usd(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.6f}" if abs(v) < 1 else f"{v:.2f}"
+
+
 def _score_cell(s: dict[str, Any]) -> str:
     if s["score"] is None:  # nothing scored (a dry run): say how much of it goes to the large pool
         return "-" if not s["cases"] else f"{s['large']}/{s['cases']} to large"
@@ -73,6 +79,14 @@ def table_rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
         add(f"{p} tokens in/out", [
             f"{_fmt(s['pools'][p]['prompt_tokens'])} / {_fmt(s['pools'][p]['completion_tokens'])}"
             if p in s["pools"] else "-"
+            for s in summaries
+        ])
+    if any(s.get("cost_usd") is not None for s in summaries):
+        add("cost USD", [_usd(s.get("cost_usd")) for s in summaries])
+        add("large-only cost USD", [_usd(s.get("large_only_cost_usd")) for s in summaries])
+        add("saved vs large-only", [
+            "-" if s.get("saved_usd") is None else
+            f"{_usd(s['saved_usd'])}" + (f" ({s['saved_pct']:.1f}%)" if s.get("saved_pct") is not None else "")
             for s in summaries
         ])
     if any(s["throughput"] for s in summaries):

@@ -24,6 +24,9 @@ class CaseResult:
     latency_ms: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # of the prompt tokens (usage.prompt_tokens_details.cached_tokens)
+    cost_usd: float | None = None  # at the serving pool's price (the gateway's x-switchyard-cost-usd, if it said)
+    large_cost_usd: float | None = None  # the same case on the large pool, at its price (replay/cost.py)
     retries: int = 0
     served_by: str | None = None  # the `model` the answer names (e.g. "reference (upper bound)")
     calls: list[dict[str, Any]] | None = None

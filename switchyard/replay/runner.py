@@ -69,6 +69,7 @@ def _from_outcome(oc: Any, pool: str, r: CaseResult) -> CaseResult:
     r.latency_ms = o.get("latency_ms")
     r.prompt_tokens = o.get("prompt_tokens")
     r.completion_tokens = o.get("completion_tokens")
+    r.cached_tokens = o.get("cached_tokens")
     r.served_by = o.get("served_by")
     r.error = o.get("error") or ""
     r.status = o.get("status") or "ok"

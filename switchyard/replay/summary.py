@@ -22,6 +22,25 @@ def _tokens(rows: list[Any], key: str) -> int | None:
     return sum(vals) if vals else None
 
 
+def _cost(rows: list[Any], key: str) -> float | None:
+    vals = [getattr(r, key) for r in rows if getattr(r, key) is not None]
+    return sum(vals) if vals else None
+
+
+def _savings(rows: list[Any]) -> dict[str, Any]:
+    """The run's cost, what the same cases cost on the large pool, and the difference (replay/cost.py);
+    savings over the cases priced both ways."""
+    both = [r for r in rows if r.cost_usd is not None and r.large_cost_usd is not None]
+    spent = sum(r.cost_usd for r in both)
+    large = sum(r.large_cost_usd for r in both)
+    return {
+        "cost_usd": _cost(rows, "cost_usd"),
+        "large_only_cost_usd": large if both else None,
+        "saved_usd": large - spent if both else None,
+        "saved_pct": round(100.0 * (large - spent) / large, 2) if both and large > 0 else None,
+    }
+
+
 def _score(rows: list[Any], large: str | None = None) -> dict[str, Any]:
     scored = [r for r in rows if r.correct is not None]
     correct = sum(1 for r in scored if r.correct)
@@ -61,6 +80,7 @@ def summarize(run: RunResult) -> dict[str, Any]:
             if any(r.served_by for r in rows) else None,
             "prompt_tokens": _tokens(rows, "prompt_tokens"),
             "completion_tokens": _tokens(rows, "completion_tokens"),
+            "cost_usd": _cost(rows, "cost_usd"),
         }
     return {
         "name": run.name,
@@ -82,4 +102,5 @@ def summarize(run: RunResult) -> dict[str, Any]:
         "aborted": run.aborted,
         "notes": run.notes,
         "throughput": run.throughput,
+        **_savings(rs),
     }

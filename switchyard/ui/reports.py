@@ -36,7 +36,8 @@ def _summary(folder: Path) -> list[dict[str, Any]]:
     for r in data.get("runs", []) if isinstance(data, dict) else []:
         t = r.get("totals") or {}
         runs.append({"name": r.get("name"), "mode": r.get("mode"), "cases": t.get("cases"),
-                     "score": t.get("score"), "large_share": t.get("large_share"), "split": t.get("split")})
+                     "score": t.get("score"), "large_share": t.get("large_share"), "split": t.get("split"),
+                     "cost_usd": t.get("cost_usd"), "saved_pct": t.get("saved_pct")})
     return runs
 
 

@@ -368,7 +368,9 @@ const Replay = (() => {
         <b>${esc(r.name)}</b> <span class="muted">${new Date(r.mtime * 1000).toLocaleString()}</span>
         ${r.runs.map((run) => `<div>${esc(run.name)} <span class="muted">${esc(run.mode)}</span>:
           ${run.cases ?? "–"} cases${run.score !== null && run.score !== undefined ? `, score ${fmt(run.score)}` : ""}${
-          run.large_share !== null && run.large_share !== undefined ? `, large ${fmt(run.large_share * 100)}%` : ""}</div>`).join("")}
+          run.large_share !== null && run.large_share !== undefined ? `, large ${fmt(run.large_share * 100)}%` : ""}${
+          run.cost_usd !== null && run.cost_usd !== undefined ? `, cost ${usd(run.cost_usd)}` : ""}${
+          run.saved_pct !== null && run.saved_pct !== undefined ? `, saved ${fmt(run.saved_pct)}% vs large-only` : ""}</div>`).join("")}
       </div>`).join("");
     for (const c of el.querySelectorAll(".report")) c.addEventListener("click", () => open(c.dataset.report));
     open(chosen && data.reports.some((r) => r.id === chosen) ? chosen : data.reports[0].id);
