@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -67,6 +68,26 @@ def test_train_from_outcomes_learns_small_model_failures(tmp_path: Path, bfcl_ca
 
     r = runner.invoke(classifier_app, ["eval", "--model", str(out), "--outcomes", str(outcomes), "--all"])
     assert r.exit_code == 0 and f"{len(cases)} cases" in r.output
+    # Held out only (the split rebuilt from the sidecar): ROC AUC and the reliability table.
+    r = runner.invoke(classifier_app, ["eval", "--model", str(out), "--outcomes", str(outcomes)])
+    held = sum(split.held_out(c.id) for c in cases)
+    assert r.exit_code == 0 and f"{held} cases (held out from its training)" in r.output
+    assert "ROC AUC" in r.output and "predicted P" in r.output
+
+    # Calibrated to a share of large calls on the outcomes (a .gz file too), the printed rule
+    # routes that share through the real rule engine.
+    gz = tmp_path / "outcomes.jsonl.gz"
+    gz.write_bytes(gzip.compress(outcomes.read_bytes()))
+    r = runner.invoke(classifier_app, ["calibrate", "--model", str(out), "--target-large-share", "0.3",
+                                       "--trace", str(gz)])
+    assert r.exit_code == 0, r.output
+    rules = r.output.split("default route):\n", 1)[1]
+    policy = compile_policy(parse_policy(
+        "version: 1\npools:\n  small: {model: s, replicas: [{url: 'http://127.0.0.1:9/v1'}]}\n"
+        "  large: {model: l, replicas: [{url: 'http://127.0.0.1:10/v1'}]}\nroutes:\n" + rules
+        + "  - {name: default, pool: small}\n"))
+    large = sum(policy.evaluate(f, mine.predict(f))[0].pool == "large" for f in feats)
+    assert abs(large / len(cases) - 0.3) <= 0.02, large / len(cases)
 
 
 def test_outcomes_errors_are_clear(tmp_path: Path) -> None:
