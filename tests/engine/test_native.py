@@ -30,13 +30,18 @@ def build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  # t
     nat.load.cache_clear()
 
 
-def _dequant(w: torch.Tensor) -> torch.Tensor:
-    """What the int4 codes stand for, in float32: the reference both kernels approximate."""
+def _dequant(w: torch.Tensor, build: str) -> torch.Tensor:
+    """What the int4 codes stand for, in float32: the reference the kernels approximate. The
+    Q4_1-record builds keep each group's scale and minimum in float16 (as Q4_1 does) and
+    choose the codes against those; the AMX build keeps them in float32."""
     n, k = w.shape
     g = w.view(n, k // 32, 32)
     lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-    scale = ((hi - lo) / 15).clamp_min(1e-10)
-    return (((g - lo) / scale).round().clamp(0, 15) * scale + lo).view(n, k)
+    if nat.build_named(build).int4_records:
+        lo, scale = lo.half().float(), ((hi - lo) / 15).half().float()
+    else:
+        scale = ((hi - lo) / 15).clamp_min(1e-10)
+    return (((g - lo) / scale.clamp_min(1e-10)).round().clamp(0, 15) * scale + lo).view(n, k)
 
 
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (64, 32)])
@@ -48,7 +53,7 @@ def test_native_kernel_matches_float32_reference(build: str, n: int, k: int) -> 
     assert q.native is not None
     for m in (1, 3, 8, 16, 37):
         x = torch.randn(m, k, generator=g).to(torch.bfloat16)
-        ref = x.float() @ _dequant(w).t() + b.to(torch.bfloat16).float()
+        ref = x.float() @ _dequant(w, build).t() + b.to(torch.bfloat16).float()
         got = q(x).float()
         # bfloat16 output: 8 bits of mantissa, so half a step of 2^-8 relative to the largest value.
         assert (got - ref).abs().max() <= ref.abs().max() * 2**-7, m
@@ -80,7 +85,7 @@ def test_native_and_torch_kernels_agree(build: str, monkeypatch: pytest.MonkeyPa
     theirs = linear.Int4(w, None)
     assert ours.native is not None and theirs.native is None
     a, t = ours(x).float(), theirs(x).float()
-    # torch keeps scale and offset in bfloat16, we keep float32: close, not equal.
+    # torch keeps scale and offset in bfloat16, we keep float16 or float32: close, not equal.
     assert (a - t).abs().max() <= a.abs().max() * 2**-5
 
 

@@ -47,6 +47,10 @@ class Build:
     cc_flags: tuple[str, ...]
     matmul: str  # int4_<matmul>.c
     attention: str  # decode_attn_<attention>.c
+    # The int4 weights' layout (linear.py packs it): Q4_1-style records, float16 scale and
+    # minimum beside each block's codes, read as one stream; or codes apart from float32
+    # scales and offsets (the AMX kernel's, kept as it was: no AMX CPU here to test a change).
+    int4_records: bool = True
 
     @property
     def sources(self) -> list[Path]:
@@ -58,7 +62,8 @@ class Build:
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c"})
 _AVX512_CC = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c")
 BUILDS = [  # best first
-    Build("amx-bf16", _AVX512 | {"amx_tile", "amx_bf16"}, (*_AVX512_CC, "-mamx-tile", "-mamx-bf16"), "amx", "avx512"),
+    Build("amx-bf16", _AVX512 | {"amx_tile", "amx_bf16"}, (*_AVX512_CC, "-mamx-tile", "-mamx-bf16"), "amx", "avx512",
+          int4_records=False),
     Build("avx512-bf16", _AVX512, _AVX512_CC, "avx512", "avx512"),
     Build("avx2", frozenset({"avx2", "fma", "f16c"}), ("-mavx2", "-mfma", "-mf16c"), "avx2", "avx2"),
 ]
@@ -136,6 +141,10 @@ def _open(compiler: str, build: Build) -> ctypes.CDLL:
     if build.matmul == "amx" and lib.sy_amx_init():
         raise OSError("the OS refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)")
     return lib
+
+
+def build_named(name: str) -> Build:
+    return next(b for b in BUILDS if b.name == name)
 
 
 @functools.cache

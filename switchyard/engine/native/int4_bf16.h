@@ -22,6 +22,17 @@ static inline __m512i int4_bf16_lut(void)
     return _mm512_loadu_si512(table);
 }
 
+/* bfloat16 bit patterns of q itself for q = 0..15 (the records' scheme: W = q * s + m). */
+static inline __m512i int4_bf16_lut_unsigned(void)
+{
+    uint16_t table[32];
+    for (int q = 0; q < 32; q++) {
+        union { float f; uint32_t u; } c = {.f = (float)(q & 15)};
+        table[q] = (uint16_t)(c.u >> 16);
+    }
+    return _mm512_loadu_si512(table);
+}
+
 /* x[M, K] (float32) into bfloat16 x and xs[M, G], each group's sum of its rounded values.
  * Called inside a parallel region: the rows' groups are shared among its threads. */
 static inline void int4_round_x(const float *xf, int64_t M, int64_t K, uint16_t *x, float *xs)
