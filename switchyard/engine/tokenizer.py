@@ -115,7 +115,7 @@ def _raise(msg: str) -> None:
 def from_gguf(reader: Any) -> ChatTokenizer:
     """The tokenizer a GGUF file describes, splitting text as llama.cpp does: byte-level BPE
     (`tokenizer.ggml.model = gpt2`) with the pre-tokenizer `tokenizer.ggml.pre` names, or
-    SentencePiece (`llama`: Llama 2, Mistral, Phi-3) from the tokens' scores."""
+    SentencePiece (`llama`: Llama 2, Phi-3) from the tokens' scores."""
     f = reader.fields
 
     def get(key: str, default: Any = None) -> Any:
