@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from switchyard.engine.grammar import GrammarMasker, GrammarState
 from switchyard.engine.runner import HEARTBEAT, STEP, STOP, Runner
 from switchyard.engine.sampling import SamplingParams, make_generator, sample, token_logprobs
 from switchyard.engine.tokenizer import ChatTokenizer, Detokenizer
@@ -48,6 +49,7 @@ class Sequence:
     pending_logprobs: list[dict[str, Any]] = field(default_factory=list)
     arrived: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    grammar: GrammarState | None = None  # constrained decoding: the tokens it allows, each step
 
     @property
     def ctx_len(self) -> int:
@@ -81,6 +83,7 @@ class Scheduler:
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
         self.finished_by_reason: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
         self.ttft: list[float] = []
+        self.masker: GrammarMasker | None = None  # made on the first constrained step
 
     # -- called from the HTTP thread -------------------------------------------------------
 
@@ -246,6 +249,11 @@ class Scheduler:
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Sample one token per sequence, stream it, and retire the finished ones."""
+        grammars = [s.grammar for s in seqs]
+        if any(g is not None for g in grammars):
+            if self.masker is None:
+                self.masker = GrammarMasker(logits.shape[1])
+            self.masker.apply(logits, grammars)
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         now = time.monotonic()
         done: set[int] = set()
@@ -255,6 +263,8 @@ class Scheduler:
                 self.ttft.append(now - s.arrived)
             p = s.params
             stop_tok = not p.ignore_eos and (tok in self.tok.eos_ids or tok in p.stop_token_ids)
+            if s.grammar is not None:
+                s.grammar.accept(tok)
             if not stop_tok:
                 s.out.append(tok)
                 self.stats["generation_tokens"] += 1
@@ -270,6 +280,8 @@ class Scheduler:
                 s.detok.push(tok)
                 if p.stop and self._hit_stop(s):
                     reason = "stop"
+                elif s.grammar is not None and s.grammar.done:
+                    reason = "stop"  # the structure is complete: nothing but EOS could follow
                 elif len(s.out) >= p.max_tokens or s.ctx_len >= self.max_model_len:
                     reason = "length"
             self._emit(s, final=reason is not None)

@@ -29,6 +29,20 @@ def _tokenizer(runner: Runner):  # type: ignore[no-untyped-def]
     return tokenizer.from_hf_dir(src.dir, set(runner.config.eos_token_ids))
 
 
+def _structured_output(state: EngineState, runner: Runner) -> None:
+    """Rank 0's grammar compiler for this tokenizer; without it the replica serves free text
+    and refuses structured requests with a 400 that says why."""
+    from switchyard.engine.grammar import Grammars
+
+    assert state.tokenizer is not None and runner.config is not None
+    try:
+        state.grammars = Grammars(state.tokenizer.tok.to_str(), runner.config.vocab_size,
+                                  sorted(state.tokenizer.eos_ids))
+    except Exception as e:  # a tokenizer llguidance cannot read
+        state.grammars_reason = f"{type(e).__name__}: {e}"
+        log.warning("structured output unavailable: %s", state.grammars_reason)
+
+
 def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
     state = EngineState(model_name=model_name, tp=runner.world)
     app = build_app(state)
@@ -40,6 +54,7 @@ def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
         try:
             runner.setup()
             state.tokenizer = _tokenizer(runner)
+            _structured_output(state, runner)
             state.collective = runner.collective_info
             state.max_model_len = runner.opts.max_model_len
             state.load_seconds = runner.load_seconds

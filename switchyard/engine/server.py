@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from switchyard.engine.grammar import GrammarError, Grammars, GrammarState
 from switchyard.engine.protocol import (
     RequestError,
     chat_messages,
@@ -27,8 +28,9 @@ from switchyard.engine.protocol import (
     tools_of,
 )
 from switchyard.engine.scheduler import QueueFull, Scheduler, Sequence
+from switchyard.engine.structured import constraint
 from switchyard.engine.tokenizer import ChatTokenizer
-from switchyard.engine.tools import parse_tool_calls
+from switchyard.engine.tool_stream import ToolCallStream
 
 
 @dataclass
@@ -47,6 +49,16 @@ class EngineState:
     load_seconds: float = 0.0
     dtype: str = ""
     device: dict[str, Any] = field(default_factory=dict)  # GPU: dtype, CUDA graphs, fused ops
+    grammars: Grammars | None = None  # structured output; None while loading or if unavailable
+    grammars_reason: str = ""  # why structured output is unavailable
+
+    def structured_output(self) -> dict[str, Any]:
+        """What /health and /v1/models say about constrained decoding."""
+        if self.grammars is None:
+            return {"supported": False, "reason": self.grammars_reason or self.phase}
+        return {"supported": True, **self.grammars.info(),
+                "tool_choice": ["none", "auto", "required", "function"],
+                "response_format": ["text", "json_object", "json_schema"], "parallel_tool_calls": True}
 
     @property
     def ready(self) -> bool:
@@ -179,7 +191,7 @@ class EngineHandlers:
                                code="not_ready")
         return st.scheduler, st.tokenizer
 
-    def _start(self, prompt: list[int], params: Any) -> _Run:
+    def _start(self, prompt: list[int], params: Any, grammar: GrammarState | None = None) -> _Run:
         sched, _ = self._engine()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -188,7 +200,7 @@ class EngineHandlers:
             with contextlib.suppress(RuntimeError):  # the event loop is gone: nobody listens
                 loop.call_soon_threadsafe(queue.put_nowait, ev)
 
-        seq = Sequence(prompt=prompt, params=params, sink=sink)
+        seq = Sequence(prompt=prompt, params=params, sink=sink, grammar=grammar)
         try:
             sched.submit(seq)
         except QueueFull as e:
@@ -247,6 +259,7 @@ class EngineHandlers:
                 "dtype": st.dtype, "collective": st.collective, "uptime_s": round(time.time() - st.started, 1)}
         if st.device:
             body["device"] = st.device
+        body["structured_output"] = st.structured_output()
         s = st.scheduler
         if s is not None and s.failed:
             body["status"] = "failed"
@@ -262,7 +275,24 @@ class EngineHandlers:
         st = self.state
         return JSONResponse({"object": "list", "data": [{
             "id": st.model_name, "object": "model", "created": int(st.started), "owned_by": "switchyard",
-            "root": st.model_name, "max_model_len": st.max_model_len}]})
+            "root": st.model_name, "max_model_len": st.max_model_len,
+            "structured_output": st.structured_output()["supported"]}]})
+
+    async def _grammar(self, body: dict[str, Any], tools: list[dict[str, Any]] | None,
+                       ) -> tuple[GrammarState | None, bool]:
+        """The request's grammar (compiled off the event loop: a new one takes up to ~20 ms)
+        and whether its tool calls are constrained."""
+        c = constraint(body, tools)
+        if c is None:
+            return None, False
+        grammars = self.state.grammars
+        if grammars is None:
+            raise RequestError(f"structured output is unavailable on this replica: {self.state.grammars_reason}",
+                               "response_format" if not c.tools else "tool_choice", "structured_output_unavailable")
+        try:
+            return await asyncio.to_thread(grammars.compile, c), c.tools
+        except GrammarError as e:
+            raise RequestError(str(e), e.param, "invalid_schema") from None
 
     async def chat(self, request: Request) -> Response:
         body = await _body(request)
@@ -270,37 +300,37 @@ class EngineHandlers:
         params = sampling_params(body, chat=True)
         tools = tools_of(body)
         _, tok = self._engine()
+        grammar, constrained_tools = await self._grammar(body, tools)
         try:
             prompt_text = tok.render(messages, tools)
         except Exception as e:
             raise RequestError(f"the chat template could not render these messages: {e}", "messages") from None
         prompt = tok.encode(prompt_text)
         check_length(len(prompt), params, self.state.max_model_len, "messages")
-        run = self._start(prompt, params)
+        run = self._start(prompt, params, grammar)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         model = body.get("model") or self.state.model_name
+        parser = ToolCallStream(tools=bool(tools))
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(self._chat_stream(tok, run, rid, created, model, bool(tools),
-                                                       include_usage, params.logprobs),
+            return StreamingResponse(self._chat_stream(tok, run, parser, rid, created, model, include_usage,
+                                                       params.logprobs),
                                      media_type="text/event-stream")
         got = await self._collect(run, request)
-        reason = got.reason
-        msg: dict[str, Any] = {"role": "assistant", "content": got.text}
-        if tools:
-            content, calls = parse_tool_calls(got.text)
-            if calls:
-                msg = {"role": "assistant", "content": content, "tool_calls": calls}
-                reason = "tool_calls"
-        choice: dict[str, Any] = {"index": 0, "message": msg, "finish_reason": reason,
+        parser.feed(got.text)
+        parser.finish()
+        msg: dict[str, Any] = {"role": "assistant", "content": parser.content or (None if parser.calls else "")}
+        if parser.calls:
+            msg["tool_calls"] = [c.message() for c in parser.calls]
+        choice: dict[str, Any] = {"index": 0, "message": msg, "finish_reason": _chat_finish(got.reason, parser),
                                   "logprobs": {"content": _chat_logprobs(tok, got.logprobs)}
                                   if params.logprobs else None}
         return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
                              "choices": [choice], "usage": got.usage})
 
-    async def _chat_stream(self, tok: ChatTokenizer, run: _Run, rid: str, created: int, model: str, tools: bool,
-                           include_usage: bool, logprobs: bool) -> AsyncIterator[bytes]:
+    async def _chat_stream(self, tok: ChatTokenizer, run: _Run, parser: ToolCallStream, rid: str, created: int,
+                           model: str, include_usage: bool, logprobs: bool) -> AsyncIterator[bytes]:
         def chunk(delta: dict[str, Any], finish: str | None = None, lp: list[dict[str, Any]] | None = None,
                   ) -> bytes:
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
@@ -310,27 +340,19 @@ class EngineHandlers:
                          "choices": [choice]})
 
         yield chunk({"role": "assistant", "content": ""})
-        buffered, buffered_lp = "", []
+        held_lp: list[dict[str, Any]] = []  # logprobs of tokens whose text is held back
         async for ev in self._events(run):
             if ev["type"] == "delta":
-                lp = _chat_logprobs(tok, ev.get("logprobs", [])) if logprobs else None
-                if tools:  # tool JSON is parsed once complete, so hold the text back
-                    buffered += ev["text"]
-                    buffered_lp.extend(lp or [])
-                elif ev["text"] or lp:
-                    yield chunk({"content": ev["text"]}, lp=lp)
+                if logprobs:
+                    held_lp.extend(_chat_logprobs(tok, ev.get("logprobs", [])))
+                for delta in parser.feed(ev["text"]):
+                    yield chunk(delta, lp=held_lp)
+                    held_lp = []
             elif ev["type"] == "finish":
-                reason = ev["reason"]
-                if tools:
-                    content, calls = parse_tool_calls(buffered)
-                    if calls:
-                        reason = "tool_calls"
-                        if content:
-                            yield chunk({"content": content}, lp=buffered_lp)
-                        yield chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
-                    elif buffered:
-                        yield chunk({"content": buffered}, lp=buffered_lp)
-                yield chunk({}, reason)
+                for delta in parser.finish():
+                    yield chunk(delta, lp=held_lp)
+                    held_lp = []
+                yield chunk({}, _chat_finish(ev["reason"], parser), lp=held_lp)
                 if include_usage:
                     yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                                 "choices": [], "usage": ev["usage"]})
@@ -384,6 +406,12 @@ class EngineHandlers:
                 yield _SSE_DONE
             else:
                 yield _sse(_engine_failed(ev["message"]).body())
+
+
+def _chat_finish(reason: str, parser: ToolCallStream) -> str:
+    """"tool_calls" when the reply made calls and ended on its own; "length" stays "length"
+    (a structure cut by the budget is never reported as complete)."""
+    return "tool_calls" if parser.calls and reason == "stop" else reason
 
 
 def _completion_prompt(tok: ChatTokenizer, p: Any) -> list[int]:

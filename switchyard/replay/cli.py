@@ -173,6 +173,9 @@ def replay(
     retries: Annotated[int, typer.Option(min=0, help="Retries per request (connection errors, 429, 502-504)")] = 2,
     model: Annotated[str | None, typer.Option(help="`model` sent (default: the policy's name, or auto)")] = None,
     max_tokens: Annotated[int | None, typer.Option(help="max_tokens sent with each request")] = None,
+    tool_choice: Annotated[str | None, typer.Option(
+        "--tool-choice", help="Send this tool_choice (auto | required | none) with every case that has tools, "
+                              "instead of the trace's")] = None,
     large_pool: Annotated[str | None, typer.Option(help="Pool counted as 'large' (default: large, else the last pool)")] = None,
     bfcl_data: Annotated[Path | None, typer.Option(help="bfcl-eval wheel or its data/ folder (default: the pinned wheel)")] = None,
 ) -> None:
@@ -184,6 +187,7 @@ def replay(
         runs, line_errors, comparison = _replay(
             list(sources or []), policies, gateway, dry_run, pool, outcomes, list(from_outcomes or []), sweep,
             concurrency, timeout, retries, model, max_tokens, large_pool, bfcl_data, console, err, held_out,
+            tool_choice,
         )
     except (TraceError, ReplayUsageError) as e:
         err.print(f"[red]error:[/red] {e}")
@@ -217,7 +221,7 @@ def _replay(
     sources: list[str], policies: list[Path], gateway: str | None, dry_run: bool, pool: str | None,
     outcomes: Path | None, from_outcomes: list[Path], do_sweep: bool, concurrency: int, timeout: float,
     retries: int, model: str | None, max_tokens: int | None, large_pool: str | None, bfcl_data: Path | None,
-    console: Console, err: Console, held_out: bool = False,
+    console: Console, err: Console, held_out: bool = False, tool_choice: str | None = None,
 ) -> tuple[list[RunResult], list[LineError], Comparison | None]:
     if held_out and not policies:
         raise ReplayUsageError("--held-out needs --policy FILE (its classifier's training split says what is held out)")
@@ -262,6 +266,10 @@ def _replay(
     extra: dict[str, Any] = {"temperature": 0}
     if max_tokens:
         extra["max_tokens"] = max_tokens
+    if tool_choice is not None:
+        if tool_choice not in ("auto", "required", "none"):
+            raise ReplayUsageError(f"--tool-choice must be auto, required or none, got {tool_choice!r}")
+        extra["tool_choice"] = tool_choice
     runs = asyncio.run(
         _live_runs(cases, policies, gateway, pool, model, outcomes, concurrency, timeout, retries, extra,
                    large_pool, console)

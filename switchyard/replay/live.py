@@ -110,6 +110,8 @@ class LiveClient:
             r.status, r.error = "skipped", f"not sent: {self.unreachable}"
             return r
         body = case.request(model, {"stream": False, **self.extra_body})
+        if not body.get("tools"):
+            body.pop("tool_choice", None)  # a forced tool_choice applies to cases with tools only
         headers = {"content-type": "application/json"}
         if case.session_id:
             headers["x-session-id"] = case.session_id

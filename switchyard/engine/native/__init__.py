@@ -56,7 +56,7 @@ class Build:
     def sources(self) -> list[Path]:
         here = Path(__file__).parent
         return [here / f"int4_{self.matmul}.c", here / f"decode_attn_{self.attention}.c", here / "rowops.c",
-                here / "layer.c"]
+                here / "layer.c", here / "token_mask.c"]
 
 
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c"})

@@ -1,0 +1,254 @@
+"""Constrained decoding on this CPU: what a step's grammar masks cost next to a decode step, what
+compiling a grammar costs, and the measurement that chose llguidance over xgrammar.
+
+  PYTHONPATH=. python bench/grammar.py                  # both parts, 3 rounds
+  PYTHONPATH=. python bench/grammar.py --part engine    # our masker vs a decode step only
+  PYTHONPATH=. python bench/grammar.py --part libraries # llguidance vs xgrammar only
+
+`engine`: the real runner (SmolLM2-135M Q4_1, `--dtype auto` as `engine serve` runs it) decodes a
+batch of 1 and of 16 tool-call prompts; each step's logits go through our GrammarMasker (every row
+constrained by a `tool_choice: required` grammar of two tools, the worst case), the sampler and
+the matchers' accept, as the scheduler does. Prints the decode step and the masking per step
+(medians), their ratio (goal: under 10%), and Grammars.compile first and cached.
+
+`libraries`: llguidance and xgrammar (if installed: `pip install xgrammar`) fill the bitmasks
+for the same grammars (tool calls required, auto with free text first, a JSON schema) over the
+same token streams at batch 1 and 16; each library's batch API, 2 threads; medians of the rounds.
+Mask application is ours in both cases (native/token_mask.c), so it is not part of this race.
+Figures move by 20-50% on a busy machine: compare numbers from one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from switchyard.engine.native import keep_workers_spinning
+
+keep_workers_spinning()  # as `engine serve` does, before torch loads libgomp
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 14}}, "required": ["city", "unit", "days"]}
+SEARCH = {"type": "object", "properties": {
+    "query": {"type": "string"},
+    "filters": {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                          "maxItems": 4}, "after": {"type": "string"}},
+                "required": ["tags"]},
+    "limit": {"type": "integer", "minimum": 1, "maximum": 50}}, "required": ["query", "filters", "limit"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "search_docs", "description": "Search the docs", "parameters": SEARCH}}]
+PERSON = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                                           "hobbies": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "age", "hobbies"]}
+CALL = ('<tool_call>\n{"name": "search_docs", "arguments": {"query": "grammar masks", "filters": {"tags": '
+        '["cpu", "llm"], "after": "2024"}, "limit": 5}}\n</tool_call>')
+TEXTS = {"required": CALL, "auto": "Let me look that up for you.\n" + CALL,
+         "json": '{"name": "Ada Lovelace", "age": 36, "hobbies": ["maths", "poetry", "engines"]}'}
+BODIES = {"required": {"tool_choice": "required", "parallel_tool_calls": False}, "auto": {},
+          "json": {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}}}
+
+
+def _tokenizer(path: Path) -> Any:
+    import gguf
+
+    from switchyard.engine import tokenizer
+
+    return tokenizer.from_gguf(gguf.GGUFReader(str(path)))
+
+
+def _ms(xs: list[float]) -> str:
+    return f"{statistics.median(xs) * 1000:.3f} ms"
+
+
+# -- libraries ------------------------------------------------------------------------------------
+
+
+def libraries(path: Path, rounds: int) -> None:
+    from switchyard.engine.structured import constraint
+
+    tok = _tokenizer(path)
+    V = tok.vocab_size
+    seqs = {k: tok.encode(v) + [2] for k, v in TEXTS.items()}
+    libs: dict[str, Any] = {}
+
+    import llguidance
+    import llguidance.torch
+
+    t = time.perf_counter()
+    ll = llguidance.LLTokenizer(tok.tok.to_str(), n_vocab=V, eos_token=sorted(tok.eos_ids))
+    print(f"llguidance {llguidance.__version__}: tokenizer {(time.perf_counter() - t) * 1000:.0f} ms")
+    tmpl = {}
+    for kind, body in BODIES.items():
+        c = constraint(body, None if kind == "json" else TOOLS)
+        assert c is not None
+        t0 = time.perf_counter()
+        m = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(c.grammar))
+        t1 = time.perf_counter()
+        m.deep_copy()
+        t2 = time.perf_counter()
+        assert not m.is_error(), m.get_error()
+        tmpl[kind] = m
+        print(f"  compile {kind:8s}: first {(t1 - t0) * 1000:.2f} ms, cached (a copy) {(t2 - t1) * 1000:.3f} ms")
+    ex = llguidance.LLExecutor(2)
+    libs["llguidance"] = (lambda k: tmpl[k].deep_copy(),
+                          lambda ms, bm: llguidance.torch.fill_next_token_bitmask_par(
+                              ex, [(m, i) for i, m in enumerate(ms)], bm),
+                          lambda m, t: m.consume_token(t))
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        print("xgrammar not installed: `pip install xgrammar` to compare")
+    else:
+        t = time.perf_counter()
+        enc = [""] * V
+        for s, i in tok.tok.get_vocab(with_added_tokens=True).items():
+            enc[i] = s
+        info = xgr.TokenizerInfo(enc, xgr.VocabType.BYTE_LEVEL, vocab_size=V, stop_token_ids=sorted(tok.eos_ids))
+        print(f"xgrammar {xgr.__version__}: tokenizer {(time.perf_counter() - t) * 1000:.0f} ms")
+
+        def tags() -> list[dict[str, Any]]:
+            return [{"type": "tag", "begin": '<tool_call>\n{"name": ' + json.dumps(t["function"]["name"]) + ', "arguments": ',
+                     "content": {"type": "json_schema", "json_schema": t["function"]["parameters"]},
+                     "end": "}\n</tool_call>"} for t in TOOLS]
+
+        st = {"required": {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": tags(), "at_least_one": True,
+                           "stop_after_first": True},
+              "auto": {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": tags()}}
+        xc = {}
+        for kind in BODIES:
+            comp = xgr.GrammarCompiler(info, max_threads=2)
+
+            def build(kind: str = kind, comp: Any = comp) -> Any:
+                if kind == "json":
+                    return comp.compile_json_schema(PERSON, any_whitespace=False)
+                return comp.compile_structural_tag(json.dumps({"type": "structural_tag", "format": st[kind]}))
+
+            t0 = time.perf_counter()
+            xc[kind] = build()
+            t1 = time.perf_counter()
+            build()
+            t2 = time.perf_counter()
+            print(f"  compile {kind:8s}: first {(t1 - t0) * 1000:.2f} ms, cached {(t2 - t1) * 1000:.3f} ms")
+        bx = xgr.BatchGrammarMatcher(2)
+        libs["xgrammar"] = (lambda k: xgr.GrammarMatcher(xc[k]),
+                            lambda ms, bm: bx.batch_fill_next_token_bitmask(ms, bm),
+                            lambda m, t: m.accept_token(t))
+    res: dict[tuple[int, str, str], list[float]] = {}
+    for _ in range(rounds):
+        for B in (1, 16):
+            for kind in ("required", "auto", "json", "mixed"):
+                rows = [("required", "auto", "json")[i % 3] if kind == "mixed" else kind for i in range(B)]
+                for name, (new, fill, accept) in libs.items():  # alternate, round by round
+                    ms = [new(k) for k in rows]
+                    bm = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32)
+                    n = min(len(seqs[k]) for k in rows) - 1
+                    spent = 0.0
+                    for s in range(n):
+                        t0 = time.perf_counter()
+                        fill(ms, bm)
+                        spent += time.perf_counter() - t0
+                        for m, k in zip(ms, rows, strict=True):
+                            assert accept(m, seqs[k][s]), (name, k, s)
+                    res.setdefault((B, kind, name), []).append(spent / n)
+    print("\nmask fill per step (median of rounds; kinds: tool calls required, auto = free text then a call, "
+          "a JSON schema, and the three mixed in one batch)")
+    for (B, kind, name), v in sorted(res.items()):
+        print(f"  batch {B:2d} {kind:8s} {name:10s} {_ms(v)}  (rounds {min(v) * 1000:.3f}-{max(v) * 1000:.3f})")
+
+
+# -- engine ------------------------------------------------------------------------------------------
+
+
+def engine(path: Path, rounds: int, steps: int, threads: int, mask_threads: int) -> None:
+    from switchyard.engine.grammar import GrammarMasker, Grammars
+    from switchyard.engine.runner import Runner, RunnerOptions
+    from switchyard.engine.sampling import SamplingParams, sample
+    from switchyard.engine.structured import constraint
+
+    tok = _tokenizer(path)
+    runner = Runner(RunnerOptions(model_path=path, tp=1, max_num_seqs=16, max_model_len=1024, threads=threads,
+                                  collective="ring"), 0, 1)
+    runner.setup()
+    assert runner.config is not None
+    t = time.perf_counter()
+    grammars = Grammars(tok.tok.to_str(), runner.config.vocab_size, sorted(tok.eos_ids))
+    print(f"engine: dtype {runner.opts.dtype}, {runner.big_threads} threads; grammar tokenizer "
+          f"{(time.perf_counter() - t) * 1000:.0f} ms")
+    for kind, body in BODIES.items():
+        c = constraint(body, None if kind == "json" else TOOLS)
+        assert c is not None
+        t0 = time.perf_counter()
+        grammars.compile(c)
+        t1 = time.perf_counter()
+        grammars.compile(c)
+        t2 = time.perf_counter()
+        print(f"  Grammars.compile {kind:8s}: first {(t1 - t0) * 1000:.2f} ms, cached {(t2 - t1) * 1000:.3f} ms")
+    req = constraint(BODIES["required"], TOOLS)
+    assert req is not None
+    masker = GrammarMasker(runner.config.vocab_size, threads=mask_threads)
+    greedy = SamplingParams(temperature=0.0)
+    prompt = tok.encode(tok.render([{"role": "user", "content": "Find the docs about grammar masks."}], TOOLS))
+    for _ in range(rounds):
+        for B in (1, 16):
+            ctx = []
+            for i in range(B):  # prefill each prompt into its slot
+                n = len(prompt)
+                runner.step(torch.tensor([prompt]), torch.arange(n).unsqueeze(0), torch.tensor([i]),
+                            torch.tensor([n]), torch.tensor([n]), 0)
+                ctx.append(n)
+            states = [grammars.compile(req) for _ in range(B)]
+            last = [prompt[-1]] * B
+            step_t, mask_t = [], []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                logits = runner.step(torch.tensor(last).unsqueeze(1), torch.tensor(ctx).unsqueeze(1) - 1,
+                                     torch.arange(B), torch.ones(B, dtype=torch.int64), torch.tensor(ctx), B)
+                t1 = time.perf_counter()
+                masker.apply(logits, list(states))
+                t2 = time.perf_counter()
+                toks = sample(logits, [greedy] * B, [None] * B)
+                t3 = time.perf_counter()
+                for i, g in enumerate(states):
+                    g.accept(toks[i])
+                    if g.done:  # a finished call: a fresh one, so every row stays constrained
+                        states[i] = grammars.compile(req)
+                t4 = time.perf_counter()
+                step_t.append(t1 - t0 + t3 - t2)  # the forward and the sampler: a step without grammars
+                mask_t.append(t2 - t1 + t4 - t3)
+                last = toks
+                ctx = [c + 1 for c in ctx]
+            ratio = statistics.median(mask_t) / statistics.median(step_t)
+            print(f"  batch {B:2d}: decode step {_ms(step_t)}, masks + accept {_ms(mask_t)} "
+                  f"({ratio:.1%} of the step; p90 {sorted(mask_t)[int(0.9 * len(mask_t))] * 1000:.3f} ms)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=["both", "engine", "libraries"], default="both")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=48, help="decode steps per round (engine part)")
+    ap.add_argument("--threads", type=int, default=0, help="the runner's threads (0: all cores)")
+    ap.add_argument("--mask-threads", type=int, default=1, help="llguidance's threads for a step's masks")
+    args = ap.parse_args()
+    from switchyard.engine import registry
+
+    path = registry.pull("smollm2-135m")
+    if args.part in ("both", "libraries"):
+        libraries(path, args.rounds)
+    if args.part in ("both", "engine"):
+        engine(path, args.rounds, args.steps, args.threads, args.mask_threads)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Grammar-constrained decoding with llguidance: compiled grammars cached per grammar text, one
+matcher per constrained sequence, and each step's token masks for a whole batch at once.
+
+Why llguidance (bench/grammar.py, 2-core Zen 5, same grammars and token streams as xgrammar
+0.2.9): a step's masks took 0.013-0.039 ms at batch 1 against xgrammar's 0.055-0.18 ms, and
+0.13-0.81 ms at batch 16 against 0.36-0.70 ms (xgrammar was faster only on the free text of
+`auto`); it needs no ahead-of-time compile (1-18 ms for a new grammar, 0.01 ms for a cached one,
+a copy of its matcher) and brings no torch, triton or transformers dependency.
+
+Threads: the HTTP side compiles (`Grammars.compile`, from a worker thread); the engine thread
+owns the matchers (`GrammarState`) and the masker. Rank 0 alone masks: the other ranks never
+see logits.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance
+import llguidance.torch
+import torch
+
+from switchyard.engine.structured import Constraint
+from switchyard.engine.token_mask import apply_token_bitmask
+
+BACKEND = f"llguidance {llguidance.__version__}" if hasattr(llguidance, "__version__") else "llguidance"
+
+
+class GrammarError(ValueError):
+    """A grammar (a schema of the request) llguidance cannot compile; `param` names its source."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class Grammars:
+    """Compiles constraints for one tokenizer and keeps the last `cache_size` of them.
+
+    A compiled grammar is a matcher in its start state; each request gets a copy (~10 us)."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int], cache_size: int = 256) -> None:
+        # ~0.7 s for a 49k vocabulary: once per server, at start-up.
+        self.tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_ids)
+        self.vocab_size = vocab_size
+        self.cache_size = cache_size
+        self._cache: collections.OrderedDict[str, llguidance.LLMatcher] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.compiled = 0  # cache misses, for /health
+
+    def compile(self, c: Constraint) -> GrammarState:
+        key = c.key
+        with self._lock:
+            tmpl = self._cache.get(key)
+            if tmpl is not None:
+                self._cache.move_to_end(key)
+        if tmpl is None:
+            tmpl = llguidance.LLMatcher(self.tok, llguidance.LLMatcher.grammar_from_lark(c.grammar), log_level=0)
+            if tmpl.is_error():
+                raise self._blame(c, tmpl.get_error())
+            with self._lock:
+                self.compiled += 1
+                self._cache[key] = tmpl
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        return GrammarState(tmpl.deep_copy())
+
+    def _blame(self, c: Constraint, error: str) -> GrammarError:
+        """The error, with the parameter whose schema causes it (each is compiled alone)."""
+        for part in c.parts:
+            g = llguidance.LLMatcher.grammar_from_json_schema(part.schema)
+            bad, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(g, self.tok)
+            if bad:
+                return GrammarError(f"{part.param} is not a JSON Schema the grammar engine can compile: "
+                                    f"{msgs[0] if msgs else error}", part.param)
+        return GrammarError(f"the request's structured-output grammar does not compile: {error}",
+                            c.parts[0].param if c.parts else None)
+
+    def info(self) -> dict[str, Any]:
+        with self._lock:
+            cached = len(self._cache)
+        return {"backend": BACKEND, "cached_grammars": cached, "compiled": self.compiled}
+
+
+@dataclass
+class GrammarState:
+    """One sequence's matcher. `done`: the grammar allows nothing more (the reply is complete);
+    `failed`: a token it did not allow was accepted (cannot happen while its mask is applied)."""
+
+    matcher: llguidance.LLMatcher
+    failed: bool = False
+
+    def accept(self, token: int) -> None:
+        if not self.failed and not self.matcher.consume_token(token):
+            self.failed = True
+
+    @property
+    def done(self) -> bool:
+        return self.failed or self.matcher.is_stopped()
+
+    @property
+    def accepting(self) -> bool:
+        return self.matcher.is_accepting()
+
+
+class GrammarMasker:
+    """Each step's token masks for the constrained rows of a batch, applied to its logits in one
+    call: the bitmask is filled on `threads` threads by llguidance, rows without a grammar keep
+    their logits untouched."""
+
+    def __init__(self, vocab_size: int, threads: int = 1) -> None:
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        self.executor = llguidance.LLExecutor(threads)
+        self._bitmask = torch.full((0, self.words), -1, dtype=torch.int32)
+
+    def apply(self, logits: torch.Tensor, states: list[GrammarState | None]) -> None:
+        """Mask `logits` [B, V] in place; states[i] constrains row i (None: free)."""
+        rows = [i for i, s in enumerate(states) if s is not None]
+        if not rows:
+            return
+        B = len(states)
+        if self._bitmask.shape[0] < B:
+            self._bitmask = torch.full((B, self.words), -1, dtype=torch.int32)
+        bm = self._bitmask[:B]
+        todo = [(s.matcher, i) for i, s in enumerate(states) if s is not None]
+        llguidance.torch.fill_next_token_bitmask_par(self.executor, todo, bm)
+        apply_token_bitmask(logits, bm, rows)

@@ -1,0 +1,367 @@
+"""Constrained decoding through `switchyard engine serve` with the real SmolLM2 and the OpenAI
+SDK: tool_choice required / named / auto, response_format, streamed calls, mixed batches, 400s;
+and an agent loop through the gateway. The pieces (masks, the call parser) are tested alone first."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+from engine_support import EngineServer, get
+
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string"},
+    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 14}}, "required": ["city", "unit", "days"]}
+TRIP = {"type": "object", "properties": {
+    "traveler": {"type": "object", "properties": {"name": {"type": "string"},
+                                                  "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+                 "required": ["name", "age"]},
+    "destinations": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
+    "seat": {"type": "string", "enum": ["economy", "business"]}}, "required": ["traveler", "destinations", "seat"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "book_trip", "description": "Book a trip for a traveler",
+                                           "parameters": TRIP}}]
+SCHEMAS = {"get_weather": WEATHER, "book_trip": TRIP}
+PROMPTS = ["What's the weather in Paris for the next 3 days?", "Book a business trip to Rome for Ann, 34.",
+           "Is it going to rain in Tokyo this week? Use fahrenheit.", "Plan a trip to Oslo and Bergen for Tom (52).",
+           "Weather in Lima tomorrow, please.", "I need economy seats to Cairo for Lea, age 8.",
+           "How cold will Moscow be over 10 days?", "Book me, Sam, 41, to Lisbon, Porto and Faro.",
+           "Forecast for Nairobi, 2 days, celsius.", "Send Max (29) to Berlin in business class.",
+           "Will it be sunny in Sydney on the weekend?", "Trip for Eva, 67, to Vienna, economy."]
+PERSON = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+          "required": ["name", "age", "hobbies"]}
+
+
+def _client(server: EngineServer) -> Any:
+    from openai import OpenAI
+
+    # Generous: on a 2-core machine shared with other test runs a step can take 20x its time.
+    return OpenAI(base_url=server.url + "/v1", api_key="none", timeout=600, max_retries=0)
+
+
+def _ask(server: EngineServer, prompt: str, **kw: Any) -> Any:
+    kw = {"temperature": 0, "max_tokens": 120, **kw}
+    return _client(server).chat.completions.create(model="smollm2-135m",
+                                                   messages=[{"role": "user", "content": prompt}], **kw)
+
+
+def _valid_calls(choice: Any, names: set[str] | None = None) -> list[tuple[str, dict]]:
+    calls = choice.message.tool_calls or []
+    out = []
+    for c in calls:
+        assert c.type == "function" and c.id.startswith("call_")
+        assert names is None or c.function.name in names, c.function.name
+        args = json.loads(c.function.arguments)
+        jsonschema.validate(args, SCHEMAS[c.function.name])
+        out.append((c.function.name, args))
+    return out
+
+
+# -- the pieces, without a server ----------------------------------------------------------
+
+
+def test_token_mask_native_equals_torch_and_spares_free_rows() -> None:
+    from switchyard.engine.native import load
+    from switchyard.engine.token_mask import apply_token_bitmask, apply_token_bitmask_torch
+
+    g = torch.Generator().manual_seed(0)
+    for V, W in ((49152, 1536), (1000, 32), (1030, 32)):  # the last: a vocabulary padded past the mask
+        logits = torch.randn(5, V, generator=g)
+        bitmask = torch.randint(-2**31, 2**31 - 1, (5, W), dtype=torch.int32, generator=g)
+        bitmask[1] = -1  # every token allowed
+        bitmask[3] = 0
+        bitmask[3, 0] = 1 << 2  # only token 2
+        rows = [0, 1, 3]
+        a, b = logits.clone(), logits.clone()
+        apply_token_bitmask(a, bitmask, rows)
+        apply_token_bitmask_torch(b, bitmask, rows)
+        assert torch.equal(a, b)
+        n = min(V, 32 * W)
+        assert torch.equal(a[[2, 4]], logits[[2, 4]])  # free rows untouched
+        assert torch.equal(a[1, :n], logits[1, :n])  # all allowed ...
+        assert torch.isinf(a[1, n:]).all()  # ... but the padding past the mask
+        assert a[3].argmax() == 2 and torch.isinf(a[3]).sum() == V - 1
+        bits = (bitmask[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+        allowed = torch.cat([bits.flatten().bool(), torch.zeros(max(0, V - 32 * W), dtype=torch.bool)])[:V]
+        assert torch.equal(torch.isinf(a[0]), ~allowed)
+    assert load()[0] is None or load()[0].sy_token_mask  # the native build carries the kernel
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+def test_gpu_masks_equal_the_cpu_kernel(gguf_path: Path) -> None:
+    """The GPU path (torch ops on the device, the bitmask copied over) masks as the CPU kernel does,
+    in float32 and bfloat16; a real grammar's masker leaves the free row alone on the GPU too."""
+    from switchyard.engine.grammar import GrammarMasker, Grammars
+    from switchyard.engine.structured import constraint
+    from switchyard.engine.token_mask import apply_token_bitmask
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 49152, generator=g)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (4, 1536), dtype=torch.int32, generator=g)
+    ref = logits.clone()
+    apply_token_bitmask(ref, bitmask, [0, 2])
+    for dtype in (torch.float32, torch.bfloat16):
+        dev = logits.to("cuda", dtype)
+        apply_token_bitmask(dev, bitmask, [0, 2])
+        assert torch.equal(torch.isinf(dev.float().cpu()), torch.isinf(ref))
+    import gguf
+
+    from switchyard.engine import tokenizer
+
+    tok = tokenizer.from_gguf(gguf.GGUFReader(str(gguf_path)))
+    grammars = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
+    state = grammars.compile(constraint({"tool_choice": "required"}, TOOLS))
+    dev = torch.randn(2, tok.vocab_size, device="cuda")
+    free = dev[1].clone()
+    GrammarMasker(tok.vocab_size).apply(dev, [state, None])
+    assert torch.equal(dev[1], free)
+    allowed = torch.isfinite(dev[0]).nonzero().flatten().tolist()
+    assert allowed and all("<tool_call>".startswith(tok.id_to_token(i)) for i in allowed)
+
+
+def test_call_parser_streams_what_the_whole_text_gives() -> None:
+    from switchyard.engine.tool_stream import ToolCallStream
+
+    text = ('Let me check <that>.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris}", '
+            '"unit": "celsius", "days": [1, {"x": "]"}]}}\n</tool_call>\n<tool_call>\n{"name": "book_trip", '
+            '"arguments": {}}\n</tool_call>')
+    whole = ToolCallStream(tools=True)
+    whole.feed(text)
+    whole.finish()
+    assert whole.content == "Let me check <that>."
+    assert [(c.name, json.loads(c.arguments)) for c in whole.calls] == [
+        ("get_weather", {"city": 'Pa"ris}', "unit": "celsius", "days": [1, {"x": "]"}]}), ("book_trip", {})]
+    for size in (1, 3, 7):
+        s = ToolCallStream(tools=True)
+        deltas = [d for i in range(0, len(text), size) for d in s.feed(text[i:i + size])] + s.finish()
+        content = "".join(d.get("content", "") for d in deltas)
+        calls: dict[int, dict] = {}
+        for d in deltas:
+            for tc in d.get("tool_calls", []):
+                c = calls.setdefault(tc["index"], {"name": None, "arguments": ""})
+                if "id" in tc:
+                    assert c["name"] is None and tc["type"] == "function"  # the first delta of a call
+                    c["name"] = tc["function"]["name"]
+                c["arguments"] += tc["function"]["arguments"]
+        assert content == whole.content
+        assert [(c["name"], c["arguments"]) for c in calls.values()] == [(c.name, c.arguments) for c in whole.calls]
+    plain = ToolCallStream(tools=True)
+    assert plain.feed("a < b <tool") == [{"content": "a < b"}] and plain.finish() == [{"content": " <tool"}]
+
+
+def test_request_fields_that_are_wrong_name_their_parameter() -> None:
+    from switchyard.engine.protocol import RequestError
+    from switchyard.engine.structured import constraint
+
+    cases = [({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, TOOLS, "tool_choice"),
+             ({"tool_choice": "sometimes"}, TOOLS, "tool_choice"),
+             ({"tool_choice": "required"}, None, "tool_choice"),
+             ({"parallel_tool_calls": "yes"}, TOOLS, "parallel_tool_calls"),
+             ({"response_format": {"type": "xml"}}, None, "response_format.type"),
+             ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}}, None,
+              "response_format.json_schema.schema")]
+    for body, tools, param in cases:
+        with pytest.raises(RequestError) as e:
+            constraint(body, tools)
+        assert e.value.param == param and e.value.status == 400, body
+    assert constraint({}, None) is None and constraint({"response_format": {"type": "text"}}, None) is None
+    assert constraint({"tool_choice": "none"}, None) is None
+
+
+# -- through the server ------------------------------------------------------------------------
+
+
+def test_required_calls_validate_over_a_dozen_prompts(server_tp1: EngineServer) -> None:
+    def one(p: str) -> Any:
+        return _ask(server_tp1, p, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:  # batched together, as an agent fleet sends them
+        replies = list(pool.map(one, PROMPTS))
+    names = set()
+    for p, r in zip(PROMPTS, replies, strict=True):
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", (p, choice)
+        calls = _valid_calls(choice)
+        assert len(calls) == 1, (p, calls)
+        names.add(calls[0][0])
+    assert names == {"get_weather", "book_trip"}  # the model picks the tool, the grammar its shape
+
+
+def test_named_function_and_parallel_calls(server_tp1: EngineServer) -> None:
+    for p in PROMPTS[1:7:2]:  # the trip prompts
+        choice = _ask(server_tp1, p, tools=TOOLS,
+                      tool_choice={"type": "function", "function": {"name": "book_trip"}}).choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert [n for n, _ in _valid_calls(choice)] == ["book_trip"]
+    # Parallel calls allowed (the default): every call the budget let finish validates; a call
+    # the budget cut short says "length", never "tool_calls".
+    choice = _ask(server_tp1, PROMPTS[0], tools=TOOLS, tool_choice="required", max_tokens=200).choices[0]
+    calls = choice.message.tool_calls
+    assert calls
+    if choice.finish_reason == "length":
+        calls = calls[:-1]
+    else:
+        assert choice.finish_reason == "tool_calls"
+    for c in calls:
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+
+
+def test_response_format_json_schema_and_object(server_tp1: EngineServer) -> None:
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    for p in ("Describe a person as JSON.", "Who wrote Hamlet? Answer in JSON.", "Invent a chess player."):
+        choice = _ask(server_tp1, p, response_format=rf).choices[0]
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    choice = _ask(server_tp1, "List three colors as a JSON object.", response_format={"type": "json_object"},
+                  max_tokens=200).choices[0]
+    assert choice.finish_reason == "stop" and isinstance(json.loads(choice.message.content), dict)
+    # The budget runs out mid-object: "length", not half a JSON reported as "stop".
+    choice = _ask(server_tp1, "Describe a person as JSON.", response_format=rf, max_tokens=6).choices[0]
+    assert choice.finish_reason == "length"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(choice.message.content)
+
+
+def _stream(server: EngineServer, prompt: str, **kw: Any) -> tuple[list[Any], str | None]:
+    kw = {"temperature": 0, "max_tokens": 120, **kw}
+    chunks = list(_client(server).chat.completions.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": prompt}], stream=True, **kw))
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    return chunks, finish[-1] if finish else None
+
+
+def test_streamed_calls_add_up_to_the_non_streamed_reply(server_tp1: EngineServer) -> None:
+    for prompt, choice in ((PROMPTS[1], "required"), (PROMPTS[0], {"type": "function", "function":
+                                                                   {"name": "get_weather"}})):
+        kw = {"tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": False}
+        whole = _ask(server_tp1, prompt, **kw).choices[0]
+        chunks, finish = _stream(server_tp1, prompt, **kw)
+        assert finish == whole.finish_reason == "tool_calls"
+        deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        first = deltas[0]
+        assert first.index == 0 and first.id.startswith("call_") and first.type == "function"
+        assert first.function.name == whole.message.tool_calls[0].function.name
+        fragments = [d.function.arguments for d in deltas[1:] if d.function.arguments]
+        assert len(fragments) >= 5  # token by token, not one piece at the end
+        assert all(d.id is None for d in deltas[1:])
+        assert "".join(fragments) == whole.message.tool_calls[0].function.arguments
+    # auto, and the model answers in text: the text streams token by token, as without tools.
+    prompt = "Say hello to me in one short sentence."
+    whole = _ask(server_tp1, prompt, tools=TOOLS, max_tokens=24).choices[0]
+    chunks, finish = _stream(server_tp1, prompt, tools=TOOLS, max_tokens=24)
+    text = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert finish == whole.finish_reason
+    if not whole.message.tool_calls:
+        assert len(text) >= 5 and "".join(text) == whole.message.content
+
+
+def test_mixed_batches_give_each_request_its_alone_output(server_tp1: EngineServer) -> None:
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    reqs: list[tuple[str, dict[str, Any]]] = [
+        (PROMPTS[0], {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}),
+        ("What is the capital of France?", {"max_tokens": 24}),
+        ("Describe a person as JSON.", {"response_format": rf}),
+        (PROMPTS[3], {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "book_trip"}}}),
+        ("Name three fruits.", {"max_tokens": 24}),
+        (PROMPTS[4], {"tools": TOOLS, "max_tokens": 40}),
+    ]
+
+    def key(r: Any) -> tuple:
+        m = r.choices[0].message
+        return (m.content, [(c.function.name, c.function.arguments) for c in m.tool_calls or []],
+                r.choices[0].finish_reason)
+
+    alone = [key(_ask(server_tp1, p, **kw)) for p, kw in reqs]
+    with ThreadPoolExecutor(len(reqs)) as pool:
+        together = list(pool.map(lambda r: key(_ask(server_tp1, r[0], **r[1])), reqs))
+    assert together == alone
+
+
+def test_bad_structured_requests_are_openai_400s(server_tp1: EngineServer) -> None:
+    import openai
+
+    bad_schema = {"type": "object", "properties": {"when": {"type": "string", "format": "no-such-format"}}}
+    cases = [
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "send_email"}}}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": bad_schema}}],
+          "tool_choice": "required"}, "tools.0.function.parameters"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": bad_schema}}},
+         "response_format.json_schema.schema"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
+        ({"tool_choice": "required"}, "tool_choice"),
+    ]
+    for kw, param in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            _ask(server_tp1, "hi", **kw)
+        err = e.value.body
+        assert e.value.status_code == 400 and err["param"] == param and err["message"], (kw, err)
+        assert set(err) >= {"message", "type", "param", "code"}
+    assert _ask(server_tp1, "What is 2 + 2?", max_tokens=8).choices[0].message.content  # still serving
+
+
+def test_health_and_models_say_structured_output(server_tp1: EngineServer) -> None:
+    status, health = get(server_tp1.url + "/health")
+    so = health["structured_output"]
+    assert status == 200 and so["supported"] and so["backend"].startswith("llguidance"), health
+    assert "required" in so["tool_choice"] and "json_schema" in so["response_format"]
+    assert so["compiled"] >= 1 and so["cached_grammars"] >= 1  # the tests above compiled some
+    status, models = get(server_tp1.url + "/v1/models")
+    assert models["data"][0]["structured_output"] is True
+
+
+# -- an agent loop through the gateway -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gateway_url(server_tp1: EngineServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from procs import start_gateway
+
+    tmp = tmp_path_factory.mktemp("gw")
+    policy = tmp / "policy.yaml"
+    policy.write_text(f"""
+version: 1
+name: agent
+pools:
+  small:
+    model: smollm2-135m
+    replicas:
+      - {{url: {server_tp1.url}/v1, name: small-0}}
+routes:
+  - name: default
+    pool: small
+""")
+    proc, url = start_gateway(Path(tmp), [policy])
+    yield url
+    proc.stop()
+
+
+def test_agent_loop_call_result_answer_through_the_gateway(gateway_url: str) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=gateway_url + "/v1", api_key="none", timeout=600, max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What's the weather in Paris for 2 days?"}]
+    first = client.chat.completions.create(model="auto", messages=messages, tools=TOOLS, tool_choice="required",
+                                           parallel_tool_calls=False, temperature=0, max_tokens=120)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (name, args), = _valid_calls(choice)
+    assert name == "get_weather"
+    call = choice.message.tool_calls[0]
+    messages.append({"role": "assistant", "content": None, "tool_calls": [call.model_dump()]})
+    messages.append({"role": "tool", "tool_call_id": call.id,
+                     "content": json.dumps({"city": args["city"], "forecast": ["sunny, 24C", "rain, 17C"]})})
+    final = client.chat.completions.create(model="auto", messages=messages, tools=TOOLS, tool_choice="none",
+                                           temperature=0, max_tokens=60)
+    answer = final.choices[0]
+    assert answer.finish_reason in ("stop", "length") and not answer.message.tool_calls
+    assert answer.message.content and answer.message.content.strip()
