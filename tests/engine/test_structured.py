@@ -334,6 +334,7 @@ name: agent
 pools:
   small:
     model: smollm2-135m
+    health: {{interval: 5s, timeout: 30s}}  # a busy test machine answers slowly
     replicas:
       - {{url: {server_tp1.url}/v1, name: small-0}}
 routes:
