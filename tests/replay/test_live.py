@@ -196,3 +196,36 @@ def test_sigterm_keeps_partial_results(tmp_path: Path, upstream) -> None:
     statuses = [c["status"] for c in rep["cases"]]
     assert len(statuses) == 20 and set(statuses) <= {"ok", "skipped"} and "skipped" in statuses
     assert rep["totals"]["correct"] == statuses.count("ok")  # answered cases are all right
+
+
+def test_forced_tool_choice_goes_with_cases_that_have_tools() -> None:
+    """--tool-choice required: sent with every case that has tools, never with one that has none
+    (an engine answers tool_choice without tools with a 400)."""
+    import asyncio
+
+    import httpx
+
+    from switchyard.replay.cases import Case
+    from switchyard.replay.live import LiveClient
+
+    sent: list[dict] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": "ok"}}]})
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    cases = [Case("a", "simple", {"messages": [{"role": "user", "content": "hi"}], "tools": tools}, kind="none"),
+             Case("b", "simple", {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"},
+                  kind="none")]
+    client = LiveClient("http://replay.test", extra_body={"tool_choice": "required"})
+
+    async def go() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as c:
+            for case in cases:
+                await client.send(c, case, "m", None)
+
+    asyncio.run(go())
+    assert sent[0]["tool_choice"] == "required" and "tool_choice" not in sent[1]
+    code, out = _replay("tooluse-92", "--gateway", "http://127.0.0.1:9", "--tool-choice", "sometimes")
+    assert code == 2 and "--tool-choice must be auto, required or none" in out
