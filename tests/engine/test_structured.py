@@ -15,6 +15,16 @@ import pytest
 import torch
 from engine_support import EngineServer, get
 
+
+@pytest.fixture(scope="module")
+def server(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
+    """One replica for the module, as `switchyard up` runs it (int4 weights on the native kernels
+    where the CPU has them; each row's result is the same whatever batch it runs in)."""
+    s = EngineServer(gguf_path, tmp_path_factory.mktemp("structured") / "engine.log",
+                     extra=["--max-model-len", "1024", "--max-num-seqs", "12", "--collective", "ring"])
+    yield s
+    s.close()
+
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string"},
     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
@@ -181,9 +191,9 @@ def test_request_fields_that_are_wrong_name_their_parameter() -> None:
 # -- through the server ------------------------------------------------------------------------
 
 
-def test_required_calls_validate_over_a_dozen_prompts(server_tp1: EngineServer) -> None:
+def test_required_calls_validate_over_a_dozen_prompts(server: EngineServer) -> None:
     def one(p: str) -> Any:
-        return _ask(server_tp1, p, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+        return _ask(server, p, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
 
     with ThreadPoolExecutor(len(PROMPTS)) as pool:  # batched together, as an agent fleet sends them
         replies = list(pool.map(one, PROMPTS))
@@ -197,15 +207,15 @@ def test_required_calls_validate_over_a_dozen_prompts(server_tp1: EngineServer) 
     assert names == {"get_weather", "book_trip"}  # the model picks the tool, the grammar its shape
 
 
-def test_named_function_and_parallel_calls(server_tp1: EngineServer) -> None:
-    for p in PROMPTS[1:7:2]:  # the trip prompts
-        choice = _ask(server_tp1, p, tools=TOOLS,
+def test_named_function_and_parallel_calls(server: EngineServer) -> None:
+    for p in PROMPTS[1:5:2]:  # trip prompts
+        choice = _ask(server, p, tools=TOOLS,
                       tool_choice={"type": "function", "function": {"name": "book_trip"}}).choices[0]
         assert choice.finish_reason == "tool_calls"
         assert [n for n, _ in _valid_calls(choice)] == ["book_trip"]
     # Parallel calls allowed (the default): every call the budget let finish validates; a call
     # the budget cut short says "length", never "tool_calls".
-    choice = _ask(server_tp1, PROMPTS[0], tools=TOOLS, tool_choice="required", max_tokens=200).choices[0]
+    choice = _ask(server, PROMPTS[0], tools=TOOLS, tool_choice="required", max_tokens=150).choices[0]
     calls = choice.message.tool_calls
     assert calls
     if choice.finish_reason == "length":
@@ -216,17 +226,17 @@ def test_named_function_and_parallel_calls(server_tp1: EngineServer) -> None:
         jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
 
 
-def test_response_format_json_schema_and_object(server_tp1: EngineServer) -> None:
+def test_response_format_json_schema_and_object(server: EngineServer) -> None:
     rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
-    for p in ("Describe a person as JSON.", "Who wrote Hamlet? Answer in JSON.", "Invent a chess player."):
-        choice = _ask(server_tp1, p, response_format=rf).choices[0]
+    for p in ("Describe a person as JSON.", "Invent a chess player."):
+        choice = _ask(server, p, response_format=rf).choices[0]
         assert choice.finish_reason == "stop", choice
         jsonschema.validate(json.loads(choice.message.content), PERSON)
-    choice = _ask(server_tp1, "List three colors as a JSON object.", response_format={"type": "json_object"},
-                  max_tokens=200).choices[0]
+    choice = _ask(server, "List three colors as a JSON object.", response_format={"type": "json_object"},
+                  max_tokens=150).choices[0]
     assert choice.finish_reason == "stop" and isinstance(json.loads(choice.message.content), dict)
     # The budget runs out mid-object: "length", not half a JSON reported as "stop".
-    choice = _ask(server_tp1, "Describe a person as JSON.", response_format=rf, max_tokens=6).choices[0]
+    choice = _ask(server, "Describe a person as JSON.", response_format=rf, max_tokens=6).choices[0]
     assert choice.finish_reason == "length"
     with pytest.raises(json.JSONDecodeError):
         json.loads(choice.message.content)
@@ -240,12 +250,11 @@ def _stream(server: EngineServer, prompt: str, **kw: Any) -> tuple[list[Any], st
     return chunks, finish[-1] if finish else None
 
 
-def test_streamed_calls_add_up_to_the_non_streamed_reply(server_tp1: EngineServer) -> None:
-    for prompt, choice in ((PROMPTS[1], "required"), (PROMPTS[0], {"type": "function", "function":
-                                                                   {"name": "get_weather"}})):
+def test_streamed_calls_add_up_to_the_non_streamed_reply(server: EngineServer) -> None:
+    for prompt, choice in ((PROMPTS[1], "required"),):
         kw = {"tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": False}
-        whole = _ask(server_tp1, prompt, **kw).choices[0]
-        chunks, finish = _stream(server_tp1, prompt, **kw)
+        whole = _ask(server, prompt, **kw).choices[0]
+        chunks, finish = _stream(server, prompt, **kw)
         assert finish == whole.finish_reason == "tool_calls"
         deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
         first = deltas[0]
@@ -257,23 +266,21 @@ def test_streamed_calls_add_up_to_the_non_streamed_reply(server_tp1: EngineServe
         assert "".join(fragments) == whole.message.tool_calls[0].function.arguments
     # auto, and the model answers in text: the text streams token by token, as without tools.
     prompt = "Say hello to me in one short sentence."
-    whole = _ask(server_tp1, prompt, tools=TOOLS, max_tokens=24).choices[0]
-    chunks, finish = _stream(server_tp1, prompt, tools=TOOLS, max_tokens=24)
+    whole = _ask(server, prompt, tools=TOOLS, max_tokens=24).choices[0]
+    chunks, finish = _stream(server, prompt, tools=TOOLS, max_tokens=24)
     text = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert finish == whole.finish_reason
     if not whole.message.tool_calls:
         assert len(text) >= 5 and "".join(text) == whole.message.content
 
 
-def test_mixed_batches_give_each_request_its_alone_output(server_tp1: EngineServer) -> None:
+def test_mixed_batches_give_each_request_its_alone_output(server: EngineServer) -> None:
     rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
     reqs: list[tuple[str, dict[str, Any]]] = [
         (PROMPTS[0], {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}),
-        ("What is the capital of France?", {"max_tokens": 24}),
+        ("What is the capital of France?", {"max_tokens": 16}),
         ("Describe a person as JSON.", {"response_format": rf}),
-        (PROMPTS[3], {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "book_trip"}}}),
-        ("Name three fruits.", {"max_tokens": 24}),
-        (PROMPTS[4], {"tools": TOOLS, "max_tokens": 40}),
+        (PROMPTS[4], {"tools": TOOLS, "max_tokens": 24}),
     ]
 
     def key(r: Any) -> tuple:
@@ -281,13 +288,13 @@ def test_mixed_batches_give_each_request_its_alone_output(server_tp1: EngineServ
         return (m.content, [(c.function.name, c.function.arguments) for c in m.tool_calls or []],
                 r.choices[0].finish_reason)
 
-    alone = [key(_ask(server_tp1, p, **kw)) for p, kw in reqs]
+    alone = [key(_ask(server, p, **kw)) for p, kw in reqs]
     with ThreadPoolExecutor(len(reqs)) as pool:
-        together = list(pool.map(lambda r: key(_ask(server_tp1, r[0], **r[1])), reqs))
+        together = list(pool.map(lambda r: key(_ask(server, r[0], **r[1])), reqs))
     assert together == alone
 
 
-def test_bad_structured_requests_are_openai_400s(server_tp1: EngineServer) -> None:
+def test_bad_structured_requests_are_openai_400s(server: EngineServer) -> None:
     import openai
 
     bad_schema = {"type": "object", "properties": {"when": {"type": "string", "format": "no-such-format"}}}
@@ -302,20 +309,20 @@ def test_bad_structured_requests_are_openai_400s(server_tp1: EngineServer) -> No
     ]
     for kw, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
-            _ask(server_tp1, "hi", **kw)
+            _ask(server, "hi", **kw)
         err = e.value.body
         assert e.value.status_code == 400 and err["param"] == param and err["message"], (kw, err)
         assert set(err) >= {"message", "type", "param", "code"}
-    assert _ask(server_tp1, "What is 2 + 2?", max_tokens=8).choices[0].message.content  # still serving
+    assert _ask(server, "What is 2 + 2?", max_tokens=8).choices[0].message.content  # still serving
 
 
-def test_health_and_models_say_structured_output(server_tp1: EngineServer) -> None:
-    status, health = get(server_tp1.url + "/health")
+def test_health_and_models_say_structured_output(server: EngineServer) -> None:
+    status, health = get(server.url + "/health")
     so = health["structured_output"]
     assert status == 200 and so["supported"] and so["backend"].startswith("llguidance"), health
     assert "required" in so["tool_choice"] and "json_schema" in so["response_format"]
     assert so["compiled"] >= 1 and so["cached_grammars"] >= 1  # the tests above compiled some
-    status, models = get(server_tp1.url + "/v1/models")
+    status, models = get(server.url + "/v1/models")
     assert models["data"][0]["structured_output"] is True
 
 
@@ -323,7 +330,7 @@ def test_health_and_models_say_structured_output(server_tp1: EngineServer) -> No
 
 
 @pytest.fixture(scope="module")
-def gateway_url(server_tp1: EngineServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def gateway_url(server: EngineServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from procs import start_gateway
 
     tmp = tmp_path_factory.mktemp("gw")
@@ -336,7 +343,7 @@ pools:
     model: smollm2-135m
     health: {{interval: 5s, timeout: 30s}}  # a busy test machine answers slowly
     replicas:
-      - {{url: {server_tp1.url}/v1, name: small-0}}
+      - {{url: {server.url}/v1, name: small-0}}
 routes:
   - name: default
     pool: small
