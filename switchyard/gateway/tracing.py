@@ -131,6 +131,7 @@ class RequestTrace:
                                       start_time=_ns(self.t0, self.offset),
                                       attributes={"http.request.method": method, "url.path": path})
         self.ctx = trace.set_span_in_context(self.span)
+        self.recording = self.span.is_recording()  # False: not sampled; only the context goes upstream
         self.parsed: float | None = None
         self.routed: tuple[float, float] | None = None
         self.classified: tuple[float, float] | None = None
@@ -145,10 +146,13 @@ class RequestTrace:
     # --- what the proxy reports as it goes ---------------------------------------------------
 
     def mark_parsed(self, at: float) -> None:
-        self.parsed = at
+        if self.recording:
+            self.parsed = at
 
     def mark_routed(self, start: float, end: float, decision: RouteDecision, classify_start: float,
                     classifier_error: str | None) -> None:
+        if not self.recording:
+            return
         self.routed = (start, end)
         lab = decision.label
         attrs: dict[str, Any] = {"switchyard.policy": decision.policy, "switchyard.rule": decision.rule,
@@ -178,12 +182,15 @@ class RequestTrace:
         return AttemptSpan(span, headers)
 
     def mark_relay(self, first_byte: float) -> None:
-        self.relay_from = first_byte
+        if self.recording:
+            self.relay_from = first_byte
 
     # --- the end ---------------------------------------------------------------------------
 
     def answered(self, pool: str, replica: str, status: int, attempts: int, usage: Usage | None,
                  cost: float | None) -> None:
+        if not self.recording:
+            return
         s = self.span
         s.set_attribute("switchyard.served_by.pool", pool)
         s.set_attribute("switchyard.replica", replica)
@@ -200,6 +207,8 @@ class RequestTrace:
             s.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
 
     def failed(self, status: int, message: str) -> None:
+        if not self.recording:
+            return
         self.span.set_attribute("http.response.status_code", status)
         if status >= 500:
             self.span.set_status(Status(StatusCode.ERROR, message[:300]))

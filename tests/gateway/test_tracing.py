@@ -262,3 +262,25 @@ def test_tracing_off_imports_no_sdk_and_forwards_the_clients_context(tmp_path: P
             gw.stop()
     finally:
         up.stop()
+
+
+def test_an_unsampled_request_records_nothing_and_still_propagates() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from switchyard.gateway.tracing import RequestTrace
+    from switchyard.pools.replica import Replica
+
+    got = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.0)))
+    provider.add_span_processor(SimpleSpanProcessor(got))
+    t = RequestTrace(provider.get_tracer("t"), "POST", "/v1/chat/completions", {})
+    t.mark_parsed(time.perf_counter())
+    span = t.attempt("p", Replica("http://h:1/v1", "r"), 1, 0.0)
+    span.end(200, "")
+    t.end()
+    assert not t.recording and got.get_finished_spans() == ()
+    version, trace_id, _, flags = span.headers["traceparent"].split("-")
+    assert version == "00" and trace_id == t.trace_id and int(flags, 16) & 1 == 0  # not sampled, said so upstream
