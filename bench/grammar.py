@@ -209,7 +209,7 @@ def engine(path: Path, rounds: int, steps: int, threads: int, mask_threads: int)
                 ctx.append(n)
             states = [grammars.compile(req) for _ in range(B)]
             last = [prompt[-1]] * B
-            step_t, mask_t = [], []
+            step_t, mask_t, fill_t = [], [], []
             for _ in range(steps):
                 t0 = time.perf_counter()
                 logits = runner.step(torch.tensor(last).unsqueeze(1), torch.tensor(ctx).unsqueeze(1) - 1,
@@ -217,6 +217,7 @@ def engine(path: Path, rounds: int, steps: int, threads: int, mask_threads: int)
                 t1 = time.perf_counter()
                 masker.apply(logits, list(states))
                 t2 = time.perf_counter()
+                fill_t.append(masker.last_fill_s)
                 toks = sample(logits, [greedy] * B, [None] * B)
                 t3 = time.perf_counter()
                 for i, g in enumerate(states):
@@ -230,7 +231,8 @@ def engine(path: Path, rounds: int, steps: int, threads: int, mask_threads: int)
                 ctx = [c + 1 for c in ctx]
             ratio = statistics.median(mask_t) / statistics.median(step_t)
             print(f"  batch {B:2d}: decode step {_ms(step_t)}, masks + accept {_ms(mask_t)} "
-                  f"({ratio:.1%} of the step; p90 {sorted(mask_t)[int(0.9 * len(mask_t))] * 1000:.3f} ms)")
+                  f"({ratio:.1%} of the step; p90 {sorted(mask_t)[int(0.9 * len(mask_t))] * 1000:.3f} ms; "
+                  f"of which llguidance's fill {_ms(fill_t)})")
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +117,7 @@ class GrammarMasker:
         self.words = (vocab_size + 31) // 32
         self.executor = llguidance.LLExecutor(threads)
         self._bitmask = torch.full((0, self.words), -1, dtype=torch.int32)
+        self.last_fill_s = 0.0  # the last step's llguidance time (bench/grammar.py reads it)
 
     def apply(self, logits: torch.Tensor, states: list[GrammarState | None]) -> None:
         """Mask `logits` [B, V] in place; states[i] constrains row i (None: free)."""
@@ -127,5 +129,7 @@ class GrammarMasker:
             self._bitmask = torch.full((B, self.words), -1, dtype=torch.int32)
         bm = self._bitmask[:B]
         todo = [(s.matcher, i) for i, s in enumerate(states) if s is not None]
+        t0 = time.perf_counter()
         llguidance.torch.fill_next_token_bitmask_par(self.executor, todo, bm)
+        self.last_fill_s = time.perf_counter() - t0
         apply_token_bitmask(logits, bm, rows)
