@@ -173,6 +173,27 @@ def test_stream_from_llama_server_is_relayed_chunk_by_chunk(stack: Stack) -> Non
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
 
 
+def test_stream_without_usage_asked_is_counted_and_kept_from_the_client(stack: Stack) -> None:
+    def tokens() -> float:
+        req = urllib.request.Request(stack.gw_url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            lines = r.read().decode().splitlines()
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines
+                   if ln.startswith("switchyard_tokens_total{") and 'pool="cpp"' in ln and 'kind="completion"' in ln)
+
+    before = tokens()
+    chunks = list(stack.client().chat.completions.create(
+        model="cpp", messages=[{"role": "user", "content": "Count from one to five."}], stream=True,
+        temperature=0, max_tokens=20))
+    # The gateway asked llama-server for usage; its usage chunk never reaches this client.
+    assert chunks and all(c.usage is None for c in chunks) and all(c.choices for c in chunks)
+    # Counted when the upstream's stream ends, which may be just after the client read [DONE].
+    deadline = time.monotonic() + 5
+    while tokens() - before <= 0:
+        assert time.monotonic() < deadline, "the stream's tokens were never counted"
+        time.sleep(0.05)
+
+
 def test_tools_go_to_llama_server_and_come_back_as_tool_calls(stack: Stack) -> None:
     raw = stack.client().chat.completions.with_raw_response.create(
         model="auto", tools=TOOLS, tool_choice="required", temperature=0, max_tokens=60, messages=AGENT_TURNS)

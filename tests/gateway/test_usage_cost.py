@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -88,6 +89,16 @@ def scrape(s: Setup) -> str:
     return http_get(s.url + "/metrics")[1].decode()
 
 
+def scrape_when(s: Setup, cond) -> str:
+    """/metrics once `cond(text)` holds: a stream is counted when the upstream's stream ends."""
+    deadline = time.monotonic() + 5
+    while True:
+        text = scrape(s)
+        if cond(text) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
+
+
 def chat(text: str, **kw) -> dict:
     return {"model": "priced", "messages": [{"role": "user", "content": text}], **kw}
 
@@ -126,7 +137,8 @@ def test_stream_usage_is_asked_for_and_kept_from_a_client_that_did_not(setup: Se
     assert through == direct and b'"usage"' not in through and through.endswith(b"data: [DONE]\n\n")
     assert h["x-switchyard-price"].startswith("prompt=0.1; completion=0.4; cached=0.025")
     assert "x-switchyard-cost-usd" not in h  # headers leave before the usage exists
-    after = scrape(setup)
+    after = scrape_when(setup, lambda t: metric(t, "switchyard_tokens_total", pool="small", kind="completion")
+                        > metric(before, "switchyard_tokens_total", pool="small", kind="completion"))
     assert metric(after, "switchyard_tokens_total", pool="small", kind="completion") - \
         metric(before, "switchyard_tokens_total", pool="small", kind="completion") == 5
     assert metric(after, "switchyard_cost_usd_total", pool="small") - \
@@ -139,7 +151,8 @@ def test_stream_usage_a_client_asked_for_reaches_it(setup: Setup) -> None:
     _, _, through = post(setup.url + "/v1/chat/completions", body)
     events = [orjson.loads(line[6:]) for line in through.split(b"\n\n") if line.startswith(b"data: {")]
     assert events[-1]["choices"] == [] and events[-1]["usage"]["total_tokens"] == 15
-    after = scrape(setup)
+    after = scrape_when(setup, lambda t: metric(t, "switchyard_tokens_total", pool="small", kind="prompt")
+                        > metric(before, "switchyard_tokens_total", pool="small", kind="prompt"))
     assert metric(after, "switchyard_tokens_total", pool="small", kind="prompt") - \
         metric(before, "switchyard_tokens_total", pool="small", kind="prompt") == 10
 
