@@ -54,6 +54,13 @@ def engine_serve(
     dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | int4 (auto: int4 for 4-bit GGUF files)"),
     kv_cache_dtype: str = typer.Option(
         "auto", help="auto | float32 | float16 (CPU; auto: float16 with int4 weights, float32 with float32 weights)"),
+    block_size: int = typer.Option(16, help="Positions per KV-cache block (a multiple of 16 keeps the CPU's native "
+                                             "decode attention)"),
+    num_kv_blocks: int = typer.Option(
+        0, help="KV-cache blocks per rank (0: enough for --max-num-seqs sequences of --max-model-len); fewer "
+                "means preemption under load, more keeps more prefixes cached"),
+    prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching",
+                                        help="Reuse the KV blocks of prompts' common prefixes"),
     threads: int = typer.Option(0, help="Torch threads per rank (0: cores / local ranks)"),
     collective_timeout: float = typer.Option(10.0, help="Seconds before a stuck collective fails the replica"),
     device: str = typer.Option("cpu", help="cpu | cuda (bf16 weights and KV cache on the GPU; rank r uses GPU r)"),
@@ -74,6 +81,11 @@ def engine_serve(
         raise typer.BadParameter(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}")
     if max_num_batched_tokens < 1:
         raise typer.BadParameter("--max-num-batched-tokens must be at least 1")
+    if not 1 <= block_size <= 256:
+        raise typer.BadParameter("--block-size must be between 1 and 256")
+    if num_kv_blocks < 0 or 0 < num_kv_blocks * block_size < max_model_len:
+        raise typer.BadParameter(f"--num-kv-blocks must be 0 (auto) or hold one sequence of --max-model-len: at "
+                                 f"least {-(-max_model_len // block_size)} blocks of {block_size}")
     if device not in ("cpu", "cuda"):
         raise typer.BadParameter("--device must be cpu or cuda")
     if device == "cpu":
@@ -103,6 +115,8 @@ def engine_serve(
         typer.echo(f"error: --tp {tp} but WORLD_SIZE={world}", err=True)
         raise typer.Exit(2)
     opts = {"collective": collective, "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
-            "max_waiting": max_waiting, "max_num_batched_tokens": max_num_batched_tokens, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype, "threads": threads, "collective_timeout_s": collective_timeout, "device": device,
-            "extra": {"cuda_graphs": cuda_graphs}}
+            "max_waiting": max_waiting, "max_num_batched_tokens": max_num_batched_tokens, "dtype": dtype,
+            "kv_cache_dtype": kv_cache_dtype, "block_size": block_size, "num_kv_blocks": num_kv_blocks,
+            "prefix_caching": prefix_caching, "threads": threads, "collective_timeout_s": collective_timeout,
+            "device": device, "extra": {"cuda_graphs": cuda_graphs}}
     raise typer.Exit(launch.run_rank(path, served_model_name or model, rank, world, host, port, opts))

@@ -4,16 +4,24 @@ as CUDA graphs.
 Same sharding, interface and numerics choices as model.TPModel (float32 residual stream,
 float32 embedding, exact float32 logits for the top candidates), different execution:
 
-- Decode runs in slot space: a step covers cache slots 0..S-1 (S = a batch bucket >= the
+- The KV cache is paged like the CPU model's: [blocks + 1, kv_heads, block_size, head_dim] per
+  layer, the step's block tables saying which blocks hold each sequence's positions. The
+  extra block (index num_blocks) is a spare that only idle decode rows write to.
+- Decode runs in slot space: a step covers decode slots 0..S-1 (S = a batch bucket >= the
   highest live slot + 1), so shapes depend only on (S, context bucket) and the step can be
-  captured once per bucket. Slots not in the step write their K/V into a spare cache column
-  (position max_len) that no query ever attends to, and their logits are dropped.
-- The step reads token ids, positions and context lengths from static device buffers and
-  writes logits into a static buffer: no host synchronisation inside a step, one small
-  host-to-device copy before it and one gather after it.
-- Decode attention: two batched matmuls around a fused masked softmax, which on an H200
-  beat memory-efficient SDPA for a handful of query rows per KV head (SDPA kept as a variant).
-- Prefill is eager (its shapes vary), causal SDPA (flash attention on GPU).
+  captured once per bucket. Slots not in the step write their K/V into the spare block, which
+  no live row attends to, and their logits are dropped.
+- The step reads token ids, positions, context lengths and block tables from static device
+  buffers and writes logits into a static buffer: no host synchronisation inside a step, two
+  small host-to-device copies before it and one gather after it.
+- Decode attention: each row's blocks gathered into a contiguous span, then two batched
+  matmuls around a fused masked softmax, which on an H200 beat memory-efficient SDPA for a
+  handful of query rows per KV head (SDPA kept as a variant). The gather copies what the old
+  per-slot cache's reshape copied; a paged attention kernel (FlashInfer, flash-attn's
+  block_table) would read the blocks in place.
+- Prefill is eager (its shapes vary): causal SDPA (flash attention on GPU) for prompts from
+  position 0; a prompt whose start is cached (prefix caching) attends over its gathered blocks
+  with a mask.
 
 It also runs on CPU (eagerly, graphs off), which is how CI checks it against TPModel.
 """
@@ -74,7 +82,8 @@ class CudaModel:
     def __init__(self, config: ModelConfig, shard: Shard, weights: dict[str, torch.Tensor],
                  comm: CollectiveBackend, max_slots: int, max_len: int,
                  device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
-                 cuda_graphs: bool = True, compile_ops: bool | None = None) -> None:
+                 cuda_graphs: bool = True, compile_ops: bool | None = None, block_size: int = 16,
+                 num_blocks: int = 0) -> None:
         dev = torch.device(device)
         self.c, self.shard, self.comm, self.device, self.dtype = config, shard, comm, dev, dtype
         self.heads, self.kv_heads, self.hd = shard.heads, shard.kv_heads, config.head_dim
@@ -94,44 +103,71 @@ class CudaModel:
         self.ops = Ops(dev, compile_ops)
         self.ops_eager = Ops(dev, compile_ops=False)
         self._ops = self.ops
-        # Decode-step variants, measured on an H200 (bench/engine_cuda_probe.py): how K/V are
-        # written into the cache and which attention kernel reads it.
-        self.kv_write = "scatter"  # scatter | index
+        # Decode-step variants, measured on an H200 (bench/engine_cuda_probe.py, on the per-slot
+        # cache before paging): how K/V are written into the cache and which attention kernel reads it.
+        self.kv_write = "scatter"  # scatter (index_copy_ of cache rows) | index (advanced indexing)
         self.attn_impl = "bmm"  # bmm | sdpa (memory-efficient kernel: slower for one query row)
         self.graph_parts = 4  # decode graphs per step (see _decode_core): measured best on an H200
         # A decode step's largest all-reduce: the embedding rows, float32, per batch slot.
         self.graphs = DecodeGraphs(self._decode_core, dev, cuda_graphs,
                                    capturable=lambda batch: comm.graph_safe(batch * config.hidden_size * 4))
         self.max_slots = self.max_len = 0
-        self.allocate_cache(max_slots, max_len)
+        self.block_size = block_size
+        self.allocate_cache(max_slots, max_len, num_blocks)
 
     # -- memory --------------------------------------------------------------------------
 
-    def allocate_cache(self, max_slots: int, max_len: int) -> None:
-        """(Re)allocate the KV cache and the static step buffers; drops captured graphs."""
-        dev, c = self.device, self.c
+    def allocate_cache(self, max_slots: int, max_len: int, num_blocks: int = 0) -> None:
+        """(Re)allocate the KV cache and the static step buffers; drops captured graphs.
+        num_blocks 0: enough for max_slots sequences of max_len."""
+        dev, c, bs = self.device, self.c, self.block_size
         self.graphs.clear()
         self.k_cache = self.v_cache = None  # free the old cache before allocating the new one
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         self.max_slots, self.max_len = max_slots, max_len
-        # One spare position (index max_len): where slots outside a decode step write.
-        shape = (c.num_layers, max_slots, self.kv_heads, max_len + 1, self.hd)
+        self.blocks_per_seq = -(-max_len // bs)
+        self.num_blocks = num_blocks or max_slots * self.blocks_per_seq
+        # One spare block (index num_blocks): where slots outside a decode step write.
+        shape = (c.num_layers, self.num_blocks + 1, self.kv_heads, bs, self.hd)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
         freqs = torch.outer(torch.arange(max_len + 1, dtype=torch.float32), self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(dev), emb.sin().to(dev)
         self.step_in = torch.zeros(3, max_slots, dtype=torch.int64, device=dev)  # ids, positions, ctx lens
+        # Block tables of a decode step: the first S * (span / block_size) entries, viewed [S, span / block_size].
+        self.step_tables = torch.zeros(max_slots * self.blocks_per_seq, dtype=torch.int64, device=dev)
         self.step_out = torch.zeros(max_slots, self.vocab_hi - self.vocab_lo, dtype=torch.float32, device=dev)
-        self._slot_ids = torch.arange(max_slots, device=dev)
         pin = dev.type == "cuda"
         self._host = torch.zeros(3, max_slots, dtype=torch.int64, pin_memory=pin)  # staging for step_in
-        self._host_idle = torch.zeros(3, max_slots, dtype=torch.int64)
-        self._host_idle[1] = max_len
+        self._host_tables = torch.zeros(max_slots * self.blocks_per_seq, dtype=torch.int64, pin_memory=pin)
+        self._host_idle = torch.zeros(3, max_slots, dtype=torch.int64)  # idle slots: position 0 of the spare
         self._host_ids = torch.arange(max_slots)
         self._staged: torch.cuda.Event | None = None
-        self._span_ids = torch.arange(max_len, device=dev)
+        self._span_ids = torch.arange(self.blocks_per_seq * bs, device=dev)
+        self._head_rows = torch.arange(self.kv_heads, device=dev) * bs  # a head's first row inside a block
+
+    def slot_tables(self, slots: torch.Tensor) -> torch.Tensor:
+        """Block tables for callers that think in slots (as TPModel.slot_tables)."""
+        return slots.view(-1, 1).cpu() * self.blocks_per_seq + torch.arange(self.blocks_per_seq)
+
+    def _write_kv(self, li: int, blocks: torch.Tensor, offs: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keys and values [N, kv_heads, head_dim] of N tokens into (block, offset) of layer li."""
+        kc, vc = self.k_cache[li], self.v_cache[li]  # type: ignore[index]
+        if self.kv_write == "scatter":  # one row copy kernel per tensor, over the cache as rows
+            rows = ((blocks * self.kv_heads * self.block_size + offs).view(-1, 1) + self._head_rows).view(-1)
+            kc.view(-1, self.hd).index_copy_(0, rows, k.reshape(-1, self.hd))
+            vc.view(-1, self.hd).index_copy_(0, rows, v.reshape(-1, self.hd))
+        else:
+            kc[blocks, :, offs] = k
+            vc[blocks, :, offs] = v
+
+    def _gather(self, cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """Rows' blocks [R, n] of one layer's cache as spans [R, kv_heads, n * block_size, head_dim]."""
+        R, n = tables.shape
+        g = cache.index_select(0, tables.reshape(-1)).view(R, n, self.kv_heads, self.block_size, self.hd)
+        return g.transpose(1, 2).reshape(R, self.kv_heads, n * self.block_size, self.hd)
 
     def weight_bytes_per_token(self) -> int:
         """Bytes a batch-1 decode step must read: every projection, the norms, the low-precision
@@ -215,6 +251,10 @@ class CudaModel:
         per = max(1, -(-len(self.layers) // max(1, self.graph_parts)))
         self._ops = self.ops if self.graphs.enabled else self.ops_eager
         ids, pos, ctx = self.step_in[0, :S], self.step_in[1, :S], self.step_in[2, :S]
+        nb = L // self.block_size
+        tables = self.step_tables[: S * nb].view(S, nb)
+        w_blocks = tables.gather(1, (pos // self.block_size).view(S, 1)).view(S)
+        w_offs = pos % self.block_size
         H, Hkv, D = self.heads, self.kv_heads, self.hd
         eps = self.c.rms_eps
         x = self._embed(ids)
@@ -223,30 +263,23 @@ class CudaModel:
         valid = self._span_ids[:L].unsqueeze(0) < ctx.clamp(min=1).unsqueeze(1)
         mask = torch.zeros(S, 1, 1, L, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~valid.view(S, 1, 1, L), float("-inf"))
-        rows = self._slot_ids[:S]
         G = H // Hkv
         if self.attn_impl == "bmm":
             bias = torch.zeros(S, 1, 1, L, dtype=torch.float32, device=self.device)
             bias.masked_fill_(~valid.view(S, 1, 1, L), float("-inf"))
-        idx = pos.view(S, 1, 1, 1).expand(S, Hkv, 1, D)
         h = rms_norm(x, self.layers[0].ln1, eps, self.dtype)
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)
-            kc, vc = self.k_cache[li, :S], self.v_cache[li, :S]  # type: ignore[index]
-            if self.kv_write == "scatter":  # one plain scatter kernel per tensor
-                kc.scatter_(2, idx, k.view(S, Hkv, 1, D))
-                vc.scatter_(2, idx, v.view(S, Hkv, 1, D))
-            else:
-                kc[rows, :, pos] = k
-                vc[rows, :, pos] = v
+            self._write_kv(li, w_blocks, w_offs, k, v)
+            kc = self._gather(self.k_cache[li], tables)  # type: ignore[index]
+            vc = self._gather(self.v_cache[li], tables)  # type: ignore[index]
             if self.attn_impl == "bmm":
-                s = torch.bmm(q.view(S * Hkv, G, D), kc[:, :, :L].reshape(S * Hkv, L, D).transpose(1, 2))
+                s = torch.bmm(q.view(S * Hkv, G, D), kc.view(S * Hkv, L, D).transpose(1, 2))
                 p = self._ops.masked_softmax(s.view(S, Hkv, G, L), bias, 1.0 / D ** 0.5, self.dtype)
-                o = torch.bmm(p.view(S * Hkv, G, L), vc[:, :, :L].reshape(S * Hkv, L, D))
+                o = torch.bmm(p.view(S * Hkv, G, L), vc.view(S * Hkv, L, D))
             else:
                 with sdpa_kernel(_DECODE_SDPA):
-                    o = F.scaled_dot_product_attention(q.view(S, Hkv, G, D), kc[:, :, :L], vc[:, :, :L],
-                                                       attn_mask=mask)
+                    o = F.scaled_dot_product_attention(q.view(S, Hkv, G, D), kc, vc, attn_mask=mask)
             x, h = self._mlp_in(layer, x, o.reshape(S, H * D))
             w, dt = self._next_norm(li)
             x, h = self._ops.add_rms(x, self._mlp_out(layer, h), w, eps, dt)
@@ -258,20 +291,29 @@ class CudaModel:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                lens: torch.Tensor, ctx_lens: torch.Tensor, view_slots: int) -> torch.Tensor:
+                lens: torch.Tensor, ctx_lens: torch.Tensor, view_slots: int,
+                block_tables: torch.Tensor | None = None) -> torch.Tensor:
         """Same arguments and result as TPModel.forward (logits of each row's last new token)."""
         B, T = ids.shape
+        tables = self.slot_tables(slots) if block_tables is None else block_tables.cpu()
         if T > 1:
-            return self._prefill(ids, positions, slots, lens)
+            return self._prefill(ids, positions, tables, lens, ctx_lens)
         S = batch_bucket(max(view_slots, int(slots.max()) + 1), self.max_slots)
-        L = len_bucket(int(ctx_lens.max()), self.max_len)
+        # The span: a bucket of whole blocks, so that it splits into each row's blocks.
+        L = -(-len_bucket(int(ctx_lens.max()), self.max_len) // self.block_size) * self.block_size
+        nb = L // self.block_size
         cpu_slots = slots.cpu()
         if self._staged is not None:
-            self._staged.synchronize()  # the previous step's copy has left the staging buffer
+            self._staged.synchronize()  # the previous step's copies have left the staging buffers
         host = self._host[:, :S]
-        host.copy_(self._host_idle[:, :S])  # slots outside this step write to the spare column
+        host.copy_(self._host_idle[:, :S])  # slots outside this step write to the spare block
         host[:, cpu_slots] = torch.stack((ids[:, 0].cpu(), positions[:, 0].cpu(), ctx_lens.cpu()))
+        host_tables = self._host_tables[: S * nb].view(S, nb)
+        host_tables.fill_(self.num_blocks)
+        w = min(nb, tables.shape[1])
+        host_tables[cpu_slots, :w] = tables[:, :w]
         self.step_in[:, :S].copy_(host, non_blocking=True)
+        self.step_tables[: S * nb].copy_(self._host_tables[: S * nb], non_blocking=True)
         if self.device.type == "cuda":
             self._staged = torch.cuda.Event()
             self._staged.record()
@@ -281,27 +323,44 @@ class CudaModel:
                 else self.step_out[:B].clone()
         return self.step_out[cpu_slots.to(self.device, non_blocking=True)]
 
-    def _prefill(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                 lens: torch.Tensor) -> torch.Tensor:
-        dev = self.device
+    def _prefill(self, ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor,
+                 lens: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
+        """Prompts (right-padded rows) from position 0, or continuing one whose start is cached."""
+        dev, bs = self.device, self.block_size
         B, T = ids.shape
         H, Hkv, D = self.heads, self.kv_heads, self.hd
         self._ops = self.ops if B * T >= COMPILED_PREFILL_TOKENS else self.ops_eager
         eps = self.c.rms_eps
+        positions, lens = positions.cpu(), lens.cpu()
+        fresh = bool((positions[:, 0] == 0).all())
+        # The rows that are not padding (padding is not written: it may lie past the row's
+        # blocks), and where each goes.
+        sel = (torch.arange(T).unsqueeze(0) < lens.unsqueeze(1)).view(-1).nonzero().view(-1)
+        blocks = tables.gather(1, (positions // bs).clamp(max=tables.shape[1] - 1)).view(-1)[sel]
+        offs = (positions.view(-1) % bs)[sel]
+        sel, w_blocks, w_offs = sel.to(dev), blocks.to(dev), offs.to(dev)
+        if not fresh:
+            nb = -(-int(ctx_lens.max()) // bs)
+            span = tables[:, :nb].to(dev)
+            mask = (self._span_ids[: nb * bs].view(1, 1, -1) <= positions.to(dev).unsqueeze(-1)).unsqueeze(1)
         ids, pos = ids.to(dev).reshape(-1), positions.to(dev).reshape(-1)
-        slots = slots.to(dev)
         x = self._embed(ids)
         cos, sin = self.cos[pos], self.sin[pos]
         h = rms_norm(x, self.layers[0].ln1, eps, self.dtype)
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)
+            self._write_kv(li, w_blocks, w_offs, k.index_select(0, sel), v.index_select(0, sel))
             q = q.view(B, T, H, D).transpose(1, 2)
-            k = k.view(B, T, Hkv, D).transpose(1, 2)
-            v = v.view(B, T, Hkv, D).transpose(1, 2)
-            self.k_cache[li, slots, :, :T] = k  # type: ignore[index]
-            self.v_cache[li, slots, :, :T] = v  # type: ignore[index]
-            with sdpa_kernel(_PREFILL_SDPA):
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
+            if fresh:
+                k = k.view(B, T, Hkv, D).transpose(1, 2)
+                v = v.view(B, T, Hkv, D).transpose(1, 2)
+                with sdpa_kernel(_PREFILL_SDPA):
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
+            else:
+                k = self._gather(self.k_cache[li], span)  # type: ignore[index]
+                v = self._gather(self.v_cache[li], span)  # type: ignore[index]
+                with sdpa_kernel(_DECODE_SDPA):  # a mask: no flash attention
+                    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hkv != H)
             x, h = self._mlp_in(layer, x, o.transpose(1, 2).reshape(B * T, H * D))
             w, dt = self._next_norm(li)
             x, h = self._ops.add_rms(x, self._mlp_out(layer, h), w, eps, dt)

@@ -100,12 +100,34 @@ class BlockPool:
 
     # -- a sequence's life ------------------------------------------------------------------
 
-    def admit(self, seq: SeqBlocks, tokens: list[int], count: bool = True) -> int:
-        """Give a sequence with no blocks the longest cached run of its leading full blocks;
-        returns how many tokens that covers. The last token is never served from the cache (its
-        logits are needed), so at most the full blocks of tokens[:-1] are. `count`: add the
-        lookup to the hit-rate counters (not for a preempted sequence coming back)."""
+    def admit(self, seq: SeqBlocks, tokens: list[int], step: int = 0, count: bool = True) -> int | None:
+        """Give a sequence with no blocks the longest cached run of its leading full blocks, and
+        blocks for its first step: `step` more tokens (0: all of them). Returns how many tokens
+        the cache covers, or None, with nothing taken, when the pool is short. The last token is
+        never served from the cache (its logits are needed), so at most the full blocks of
+        tokens[:-1] are. `count`: add the lookup to the hit-rate counters (not for a preempted
+        sequence coming back)."""
         assert not seq.table, "admit() is for a sequence without blocks"
+        hit, keys = self._match(tokens)
+        cached = len(hit) * self.block_size
+        first = len(tokens) if step <= 0 else min(len(tokens), cached + step)
+        idle_hits = sum(1 for b in hit if self._blocks[b].refs == 0)  # free now, held once admitted
+        if self.blocks_for(first) - len(hit) > self.num_free - idle_hits:
+            return None
+        for b in hit:
+            self._hold(b)
+        seq.table, seq.keys = hit, keys
+        self.grow(seq, first)
+        if count:
+            self.queries += len(tokens)
+            self.hits += cached
+        return cached
+
+    def cached_prefix(self, tokens: list[int]) -> int:
+        """How many of tokens' leading positions admit() would serve from the cache now."""
+        return len(self._match(tokens)[0]) * self.block_size
+
+    def _match(self, tokens: list[int]) -> tuple[list[int], list[bytes]]:
         hit: list[int] = []
         keys: list[bytes] = []
         if self.prefix_caching:
@@ -115,14 +137,7 @@ class BlockPool:
                     break
                 hit.append(b)
                 keys.append(key)
-            for b in hit:
-                self._hold(b)
-        seq.table, seq.keys = hit, keys
-        cached = len(hit) * self.block_size
-        if count:
-            self.queries += len(tokens)
-            self.hits += cached
-        return cached
+        return hit, keys
 
     def grow(self, seq: SeqBlocks, tokens: int) -> bool:
         """Make seq's table cover `tokens` positions. False, with nothing taken, when the pool

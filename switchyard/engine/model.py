@@ -2,7 +2,9 @@
 
 Column-parallel QKV and gate/up, row-parallel o_proj and down_proj, each followed by one
 all-reduce through the collective backend; vocab-parallel embedding and LM head. The KV
-cache is preallocated per sequence slot, so a step never allocates cache memory.
+cache is paged: one preallocated pool of fixed-size blocks per layer, [blocks, kv_heads,
+block_size, head_dim], and each step's block tables (rank 0's scheduler decides them, see
+kv_blocks) say which blocks hold each sequence's positions. A step never allocates cache memory.
 """
 
 from __future__ import annotations
@@ -76,18 +78,16 @@ class _Step:
     B: int
     T: int
     positions: torch.Tensor  # [B, T]
-    slots: torch.Tensor  # [B]
-    fresh: bool  # decode, or prompts from position 0; else a later chunk of some prompt
+    tables: torch.Tensor  # [B, W] block ids, contiguous int64
+    fresh: bool  # decode, or prompts from position 0; else a continued prompt (cached start)
     pos_flat: torch.Tensor | None = None  # decode: [B] positions
     scale: float = 1.0
-    L: int = 0  # positions attended over (torch's decode path, later chunks)
-    valid: torch.Tensor | None = None  # later chunks: [B, T] rows that are not padding
-    w_slots: torch.Tensor | None = None  # ... and their slots and positions
-    w_pos: torch.Tensor | None = None
-    mask: torch.Tensor | None = None  # ... [B, 1, T, L] causal over the cache
-    S: int = 0  # torch's decode path: slots in the view
-    bias: torch.Tensor | None = None  # ... [S, 1, 1, L] additive mask
-    dense_slots: bool = False  # ... slots 0..B-1 in order
+    L: int = 0  # positions attended over, whole blocks (torch's decode path, continued prompts)
+    valid: torch.Tensor | None = None  # prefill: [B, T] rows that are not padding
+    w_blocks: torch.Tensor | None = None  # where the new keys and values go: blocks ...
+    w_offs: torch.Tensor | None = None  # ... and positions inside them
+    mask: torch.Tensor | None = None  # continued prompts: [B, 1, T, L] causal over the cache
+    bias: torch.Tensor | None = None  # torch's decode path: [B, 1, 1, L] additive mask
     cos: torch.Tensor | None = None  # torch's RoPE, filled on first use
     sin: torch.Tensor | None = None
 
@@ -99,7 +99,8 @@ class TPModel:
 
     def __init__(self, config: ModelConfig, shard: Shard, weights: dict[str, torch.Tensor],
                  comm: CollectiveBackend, max_slots: int, max_len: int,
-                 dtype: torch.dtype | str = torch.float32, kv_dtype: str = "auto") -> None:
+                 dtype: torch.dtype | str = torch.float32, kv_dtype: str = "auto", block_size: int = 16,
+                 num_blocks: int = 0) -> None:
         # "int4": int4 projection weights (see linear.Int4); else a dense dtype.
         fmt = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
         if fmt == "int4":  # what the int4 kernel takes: float32 on ours, bfloat16 on torch's
@@ -123,10 +124,16 @@ class TPModel:
         self.lm_head_lowp = self.lm_head.to(torch.bfloat16) if fmt == "int4" and not native_head else None
         self.layers = [Layer(weights, f"layers.{i}.", dtype, fmt) for i in range(config.num_layers)]
         self.max_slots, self.max_len = max_slots, max_len
+        # num_blocks 0: as many as max_slots sequences of max_len need, the memory a cache of
+        # one max_len slot per sequence took.
+        self.block_size = block_size
+        self.blocks_per_seq = -(-max_len // block_size)
+        self.num_blocks = num_blocks or max_slots * self.blocks_per_seq
         lib, _ = load_native()
-        fits = self.hd % 16 == 0 and self.hd <= 256 and self.heads // max(1, self.kv_heads) <= 16
+        fits = (self.hd % 16 == 0 and self.hd <= 256 and self.heads // max(1, self.kv_heads) <= 16
+                and block_size % 16 == 0)
         self.attn = lib.sy_decode_attn if lib is not None and fits else None
-        shape = (config.num_layers, max_slots, self.kv_heads, max_len, self.hd)
+        shape = (config.num_layers, self.num_blocks, self.kv_heads, block_size, self.hd)
         self.k_cache = torch.zeros(shape, dtype=resolve_kv_dtype(kv_dtype, fmt, self.attn is not None))
         self.v_cache = torch.zeros_like(self.k_cache)
         inv = rope_inv_freq(config, weights.get("rope_freqs"))
@@ -145,18 +152,24 @@ class TPModel:
             for layer in self.layers))
         self._ws = torch.empty(0)
 
-    def _native_attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
+    def slot_tables(self, slots: torch.Tensor) -> torch.Tensor:
+        """Block tables for callers that think in slots: slot s owns blocks
+        s * blocks_per_seq .. (s + 1) * blocks_per_seq - 1 (the whole pool at its default size)."""
+        return (slots.view(-1, 1) * self.blocks_per_seq + torch.arange(self.blocks_per_seq)).contiguous()
+
+    def _native_attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, tables: torch.Tensor,
                           pos: torch.Tensor, scale: float) -> torch.Tensor:
-        """Write this step's keys and values into the cache and attend, in one native call, on
-        the projection's rows as they are (queries, keys, values side by side)."""
+        """Write this step's keys and values into their blocks and attend, in one native call,
+        on the projection's rows as they are (queries, keys, values side by side)."""
         B = qkv.shape[0]
         qkv = qkv.contiguous()
         out = qkv.new_empty(B, 1, self._q_size)
-        rc = self.attn(qkv.data_ptr(), kc.data_ptr(), vc.data_ptr(), slots.data_ptr(), pos.data_ptr(), B, self.heads,
-                       self.kv_heads, self.hd, self.max_slots, self.max_len, scale, out.data_ptr(), torch.get_num_threads(),
-                       int(kc.dtype == torch.float16))
+        rc = self.attn(qkv.data_ptr(), kc.data_ptr(), vc.data_ptr(), tables.data_ptr(), tables.shape[1],
+                       pos.data_ptr(), B, self.heads, self.kv_heads, self.hd, self.num_blocks, self.block_size, scale,
+                       out.data_ptr(), torch.get_num_threads(), int(kc.dtype == torch.float16))
         if rc:
-            why = {1: "head shape unsupported", 2: "slot or position outside the cache", 3: "out of memory"}
+            why = {1: "head shape or block size unsupported", 2: "block or position outside the cache",
+                   3: "out of memory"}
             raise RuntimeError(f"native decode attention failed: {why.get(rc, rc)}")
         return out
 
@@ -169,29 +182,33 @@ class TPModel:
         x = x.float() * inside.unsqueeze(-1)
         return self.comm.all_reduce(x)
 
-    def _plan(self, positions: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor, ctx_lens: torch.Tensor,
-              view_slots: int) -> _Step:
+    def _plan(self, positions: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+              ctx_lens: torch.Tensor) -> _Step:
         B, T = positions.shape
+        bs = self.block_size
         fresh = T == 1 or bool((positions[:, 0] == 0).all())
-        step = _Step(B, T, positions, slots, fresh)
+        step = _Step(B, T, positions, tables, fresh)
         if T == 1:
             step.pos_flat = positions[:, 0].contiguous()
             step.scale = 1.0 / math.sqrt(self.hd)
-        elif not fresh:
-            L = step.L = int(ctx_lens.max())
-            step.valid = torch.arange(T).unsqueeze(0) < lens.unsqueeze(1)  # right padding is not written
-            step.w_slots, step.w_pos = slots.unsqueeze(1).expand(B, T)[step.valid], positions[step.valid]
-            step.mask = (torch.arange(L).view(1, 1, L) <= positions.unsqueeze(-1)).unsqueeze(1)
-        if T == 1 and self.attn is None:
-            S, L = step.S, step.L = view_slots, int(ctx_lens.max())
-            # Additive mask over slot-indexed cache rows; idle slots see position 0 (no NaN).
-            bias = torch.full((S, L), float("-inf"))
-            bias[:, 0] = 0.0
-            bias[slots] = torch.where(torch.arange(L).unsqueeze(0) < ctx_lens.unsqueeze(1), 0.0, float("-inf"))
-            step.bias = bias.view(S, 1, 1, L)
-            # The usual case, slots 0..B-1 in order: no scatter/gather around attention.
-            step.dense_slots = S == B and slots.tolist() == list(range(B))
+        if T > 1 or self.attn is None:
+            # Where this step's keys and values go; right padding is not written (its positions
+            # may lie past the row's blocks).
+            step.valid = torch.arange(T).unsqueeze(0) < lens.unsqueeze(1)
+            blocks = tables.gather(1, (positions // bs).clamp(max=tables.shape[1] - 1))
+            step.w_blocks, step.w_offs = blocks[step.valid], (positions % bs)[step.valid]
+        if T == 1 and self.attn is None or not fresh:
+            L = step.L = -(-int(ctx_lens.max()) // bs) * bs
+            if T == 1:
+                step.bias = torch.where(torch.arange(L) < ctx_lens.unsqueeze(1), 0.0, float("-inf")).view(B, 1, 1, L)
+            else:
+                step.mask = (torch.arange(L).view(1, 1, L) <= positions.unsqueeze(-1)).unsqueeze(1)
         return step
+
+    def _gather(self, cache: torch.Tensor, st: _Step) -> torch.Tensor:
+        """The step's sequences' first L positions of one layer's cache: [B, kv_heads, L, head_dim], float32."""
+        blocks = cache[st.tables[:, : st.L // self.block_size]]  # [B, L / bs, kv_heads, bs, head_dim]
+        return blocks.transpose(1, 2).reshape(st.B, self.kv_heads, st.L, self.hd).float()
 
     def _attend(self, qkv: torch.Tensor, rotated: bool, layer: Layer, kc: torch.Tensor, vc: torch.Tensor,
                 st: _Step) -> torch.Tensor:
@@ -208,51 +225,44 @@ class TPModel:
             if st.cos is None:
                 st.cos, st.sin = self.cos[st.positions].unsqueeze(2), self.sin[st.positions].unsqueeze(2)
             q, k = rotate_torch(q, st.cos, st.sin), rotate_torch(k, st.cos, st.sin)
-        slots = st.slots
         if T == 1 and self.attn is not None:
             qkv = torch.cat((q.flatten(2), k.flatten(2), v.flatten(2)), dim=-1)
-            return self._native_attention(qkv, kc, vc, slots, st.pos_flat, st.scale)
+            return self._native_attention(qkv, kc, vc, st.tables, st.pos_flat, st.scale)
+        kc[st.w_blocks, :, st.w_offs] = k[st.valid].to(kc.dtype)
+        vc[st.w_blocks, :, st.w_offs] = v[st.valid].to(vc.dtype)
         if T == 1:
-            S, L = st.S, st.L
-            kc[slots, :, st.pos_flat] = k[:, 0].to(kc.dtype)
-            vc[slots, :, st.pos_flat] = v[:, 0].to(vc.dtype)
-            qh = q[:, 0] * st.scale
-            if not st.dense_slots:
-                qs = qh.new_zeros(S, H, D)
-                qs[slots] = qh
-                qh = qs
-            scores = torch.matmul(qh.view(S, Hkv, H // Hkv, D), kc[:S, :, :L].float().transpose(-1, -2))
-            o = torch.matmul(torch.softmax(scores + st.bias, dim=-1), vc[:S, :, :L].float()).view(S, H * D)
-            return (o if st.dense_slots else o[slots]).view(B, T, H * D)
-        if st.fresh:
-            kt, vt = k.transpose(1, 2), v.transpose(1, 2)
-            kc[slots, :, :T] = kt.to(kc.dtype)
-            vc[slots, :, :T] = vt.to(vc.dtype)
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=True, enable_gqa=True)
+            qh = (q[:, 0] * st.scale).view(B, Hkv, H // Hkv, D)
+            scores = torch.matmul(qh, self._gather(kc, st).transpose(-1, -2))
+            o = torch.matmul(torch.softmax(scores + st.bias, dim=-1), self._gather(vc, st))
+            return o.reshape(B, T, H * D)
+        if st.fresh:  # prompts from position 0: attend over their own keys and values
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True, enable_gqa=True)
         else:
-            # A later chunk of a prompt: write its valid rows at their positions, then attend
-            # over the cache so far (the earlier chunks included), causal from each position.
-            kc[st.w_slots, :, st.w_pos] = k[st.valid].to(kc.dtype)
-            vc[st.w_slots, :, st.w_pos] = v[st.valid].to(vc.dtype)
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), kc[slots, :, :st.L].float(),
-                                               vc[slots, :, :st.L].float(), attn_mask=st.mask, enable_gqa=True)
+            # A prompt whose start is cached (an earlier chunk, or a prefix another sequence
+            # computed): attend over its blocks so far, causal from each position.
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), self._gather(kc, st), self._gather(vc, st),
+                                               attn_mask=st.mask, enable_gqa=True)
         return o.transpose(1, 2).reshape(B, T, self._q_size)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                lens: torch.Tensor, ctx_lens: torch.Tensor, view_slots: int) -> torch.Tensor:
+                lens: torch.Tensor, ctx_lens: torch.Tensor, view_slots: int,
+                block_tables: torch.Tensor | None = None) -> torch.Tensor:
         """Run one step and return this rank's slice of the logits of each row's last new token.
 
         ids/positions: [B, T] (right-padded when T > 1: a prefill, each row either a new prompt
-        from position 0 or the next chunk of one whose start is already cached);
+        from position 0 or the continuation of one whose start is already cached);
         lens: [B] valid new tokens per row; ctx_lens: [B] cached tokens after this step;
-        view_slots: 1 + the highest slot in use, so decode attends over a view, not a copy.
+        block_tables: [B, W] int64, the blocks holding each row's positions (None: slot_tables);
+        slots and view_slots: the GPU model's decode rows (unused here).
         """
         B, T = ids.shape
         x = self._embed(ids)  # the residual stream, float32, updated in place
         ops = self.ops
         eps = self.c.rms_eps
-        step = self._plan(positions, slots, lens, ctx_lens, view_slots)
+        tables = self.slot_tables(slots) if block_tables is None else block_tables.contiguous()
+        step = self._plan(positions, tables, lens, ctx_lens)
         if self.fused:
             self._fused_layers(x, step)
         else:
@@ -272,7 +282,7 @@ class TPModel:
     def _attention(self, qkv: torch.Tensor, rotated: bool, layer: Layer, li: int, st: _Step) -> torch.Tensor:
         kc, vc = self.k_cache[li], self.v_cache[li]
         if st.T == 1 and self.attn is not None and rotated:  # the usual decode step: no views, no copies
-            return self._native_attention(qkv, kc, vc, st.slots, st.pos_flat, st.scale)
+            return self._native_attention(qkv, kc, vc, st.tables, st.pos_flat, st.scale)
         return self._attend(qkv, rotated, layer, kc, vc, st)
 
     def _layers(self, x: torch.Tensor, step: _Step) -> None:

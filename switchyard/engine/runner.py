@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from switchyard.engine.comm import GPU_ENV, CollectiveBackend, SingleRank, make_backend
-from switchyard.engine.config import ModelConfig
+from switchyard.engine.config import ConfigError, ModelConfig
 from switchyard.engine.cuda_model import CudaModel, rank_device
 from switchyard.engine.model import TPModel
 from switchyard.engine.native import load as load_native
@@ -29,7 +29,7 @@ from switchyard.engine.weights import Shard, load_shard, open_source
 log = logging.getLogger("switchyard.engine.runner")
 
 HEARTBEAT, STEP, STOP = 0, 1, 2
-_HEADER = 5  # kind, B, T, view_slots, reserved
+_HEADER = 5  # kind, B, T, view_slots, block table width
 SMALL_STEP_TOKENS = 4  # steps with at most this many tokens count as small (see setup)
 
 
@@ -44,6 +44,9 @@ class RunnerOptions:
     max_num_batched_tokens: int = 512
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"  # resolved at setup: float32 or float16 (CPU only)
+    block_size: int = 16  # positions per KV block
+    num_kv_blocks: int = 0  # blocks per rank; 0: enough for max_num_seqs sequences of max_model_len
+    prefix_caching: bool = True  # the scheduler's (rank 0) business; every rank holds the same tables
     threads: int = 0
     collective_timeout_s: float = 10.0
     device: str = "cpu"
@@ -126,6 +129,10 @@ class Runner:
         weights = load_shard(src, self.rank, self.world)
         max_len = min(self.opts.max_model_len, cfg.max_position)
         self.opts.max_model_len = max_len
+        blocks, bs = self.opts.num_kv_blocks, self.opts.block_size
+        if blocks and blocks * bs < max_len:  # a lone sequence must always fit: preemption relies on it
+            raise ConfigError(f"{blocks} KV blocks of {bs} positions ({blocks * bs}) cannot hold one sequence of "
+                              f"the maximum length, {max_len}: raise --num-kv-blocks or lower --max-model-len")
         if self.world > 1:
             dist.barrier()
             self.comm, self.collective_info = make_backend(self.opts.collective, self.rank, self.world,
@@ -137,7 +144,8 @@ class Runner:
             self.model = CudaModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
                                    max_slots=self.opts.max_num_seqs, max_len=max_len, device=device,
                                    dtype=getattr(torch, self.opts.dtype),
-                                   cuda_graphs=bool(self.opts.extra.get("cuda_graphs", True)))
+                                   cuda_graphs=bool(self.opts.extra.get("cuda_graphs", True)),
+                                   block_size=bs, num_blocks=blocks)
             # Compile and capture now (every rank: the captures' collectives pair up), not on
             # the first requests.
             log.info("GPU warm-up (fused ops, decode graphs) took %.1fs", self.model.warmup())
@@ -145,7 +153,9 @@ class Runner:
             self.opts.dtype = resolve_dtype(self.opts.dtype, src)
             self.model = TPModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
                                  max_slots=self.opts.max_num_seqs, max_len=max_len,
-                                 dtype=self.opts.dtype, kv_dtype=self.opts.kv_cache_dtype)
+                                 dtype=self.opts.dtype, kv_dtype=self.opts.kv_cache_dtype, block_size=bs,
+                                 num_blocks=blocks)
+        self.opts.num_kv_blocks = self.model.num_blocks
         self.opts.kv_cache_dtype = str(self.model.k_cache.dtype).removeprefix("torch.")
         del weights
         self.load_seconds = time.monotonic() - start
@@ -156,30 +166,34 @@ class Runner:
 
     def broadcast(self, kind: int, ids: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                   slots: torch.Tensor | None = None, lens: torch.Tensor | None = None,
-                  ctx_lens: torch.Tensor | None = None, view_slots: int = 0) -> None:
-        """Rank 0: tell the followers what to do next."""
+                  ctx_lens: torch.Tensor | None = None, view_slots: int = 0,
+                  tables: torch.Tensor | None = None) -> None:
+        """Rank 0: tell the followers what to do next (a step's block tables included: rank 0's
+        pool decides them, every rank's cache follows)."""
         if self.world == 1:
             return
         header = torch.zeros(_HEADER, dtype=torch.int64)
         header[0] = kind
         if kind == STEP:
             assert ids is not None and positions is not None and slots is not None
-            assert lens is not None and ctx_lens is not None
-            header[1], header[2], header[3] = ids.shape[0], ids.shape[1], view_slots
+            assert lens is not None and ctx_lens is not None and tables is not None
+            header[1], header[2], header[3], header[4] = ids.shape[0], ids.shape[1], view_slots, tables.shape[1]
         dist.broadcast(header, src=0, group=self.ctrl_group)
         if kind == STEP:
-            payload = torch.cat([ids.reshape(-1), positions.reshape(-1), slots, lens, ctx_lens])  # type: ignore[union-attr]
+            payload = torch.cat([ids.reshape(-1), positions.reshape(-1), slots, lens, ctx_lens,  # type: ignore[union-attr]
+                                 tables.reshape(-1)])  # type: ignore[union-attr]
             dist.broadcast(payload, src=0, group=self.ctrl_group)
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
-             ctx_lens: torch.Tensor, view_slots: int) -> torch.Tensor:
-        """Run one forward on this rank; returns the full-vocab logits [B, vocab]."""
+             ctx_lens: torch.Tensor, view_slots: int, tables: torch.Tensor | None = None) -> torch.Tensor:
+        """Run one forward on this rank; returns the full-vocab logits [B, vocab]. tables: [B, W]
+        block ids (None: each slot's fixed run of blocks, see TPModel.slot_tables)."""
         assert self.model is not None and self.config is not None
         want = self.small_threads if ids.numel() <= SMALL_STEP_TOKENS else self.big_threads
         if want != self._threads:
             torch.set_num_threads(want)
             self._threads = want
-        local = self.model.forward(ids, positions, slots, lens, ctx_lens, view_slots)
+        local = self.model.forward(ids, positions, slots, lens, ctx_lens, view_slots, tables)
         full = self.comm.all_gather_last(local)
         return full[:, : self.config.vocab_size]
 
@@ -193,11 +207,11 @@ class Runner:
                 continue
             if kind == STOP:
                 return 0
-            B, T, view_slots = int(header[1]), int(header[2]), int(header[3])
-            payload = torch.empty(2 * B * T + 3 * B, dtype=torch.int64)
+            B, T, view_slots, W = int(header[1]), int(header[2]), int(header[3]), int(header[4])
+            payload = torch.empty(2 * B * T + 3 * B + B * W, dtype=torch.int64)
             dist.broadcast(payload, src=0, group=self.ctrl_group)
-            ids, positions, slots, lens, ctx_lens = payload.split([B * T, B * T, B, B, B])
-            self.step(ids.view(B, T), positions.view(B, T), slots, lens, ctx_lens, view_slots)
+            ids, positions, slots, lens, ctx_lens, tables = payload.split([B * T, B * T, B, B, B, B * W])
+            self.step(ids.view(B, T), positions.view(B, T), slots, lens, ctx_lens, view_slots, tables.view(B, W))
 
     def shutdown(self) -> None:
         if self.world > 1 and dist.is_initialized():

@@ -1,9 +1,15 @@
-"""Rank 0's scheduler: continuous batching over preallocated KV slots.
+"""Rank 0's scheduler: continuous batching over a paged KV cache.
 
 New requests wait in a bounded queue; between decode steps they are admitted (prefilled
-together, right-padded) while slots are free, then join the running batch. Each step is
-broadcast to the other ranks before it runs. A collective failure stops everything
-(fail-stop): every open request gets an error and the process exits non-zero.
+together, right-padded) while decode slots are free, then join the running batch. At
+admission a request takes the longest cached run of its prompt's leading blocks (automatic
+prefix caching, see kv_blocks) and prefills only the rest. Blocks are taken as each step
+needs them; when the pool runs out, the most recently admitted sequence is preempted: its
+blocks are freed (the full ones stay cached) and it goes back to the front of the queue, to
+be prefilled again, prompt and output so far, when there is room (vLLM's recompute). Each
+step, block tables included, is broadcast to the other ranks before it runs. A collective
+failure stops everything (fail-stop): every open request gets an error and the process exits
+non-zero.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 import torch
 
 from switchyard.engine.grammar import GrammarMasker, GrammarState
+from switchyard.engine.kv_blocks import BlockPool, SeqBlocks
 from switchyard.engine.runner import HEARTBEAT, STEP, STOP, Runner
 from switchyard.engine.sampling import SamplingParams, make_generator, sample, token_logprobs
 from switchyard.engine.tokenizer import ChatTokenizer, Detokenizer
@@ -40,8 +47,8 @@ class Sequence:
     params: SamplingParams
     sink: Callable[[Event], None]
     id: int = field(default_factory=lambda: next(_ids))
-    slot: int = -1
-    prefilled: int = 0  # prompt tokens already in the KV cache (chunked prefill)
+    slot: int = -1  # decode row while admitted (the GPU model's decode steps run in slot space)
+    computed: int = 0  # tokens whose keys and values are in the cache: prompt, then output
     out: list[int] = field(default_factory=list)
     detok: Detokenizer | None = None
     generator: torch.Generator | None = None
@@ -50,16 +57,29 @@ class Sequence:
     arrived: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     grammar: GrammarState | None = None  # constrained decoding: the tokens it allows, each step
+    kv: SeqBlocks = field(default_factory=SeqBlocks)
+    cached_tokens: int = 0  # prompt tokens the prefix cache served at admission
+    admitted: int = 0  # admission order, kept through preemptions: the latest is preempted first
+    preemptions: int = 0
 
     @property
     def ctx_len(self) -> int:
         return len(self.prompt) + len(self.out)
 
+    def tokens(self, a: int, b: int) -> list[int]:
+        """(prompt + out)[a:b] without building the whole list."""
+        n = len(self.prompt)
+        if b <= n:
+            return self.prompt[a:b]
+        if a >= n:
+            return self.out[a - n:b - n]
+        return self.prompt[a:] + self.out[:b - n]
+
 
 class Scheduler:
     def __init__(self, runner: Runner, tokenizer: ChatTokenizer, max_num_seqs: int, max_model_len: int,
                  max_waiting: int = 256, max_prefill_tokens: int = 4096, heartbeat_s: float = 0.5,
-                 max_num_batched_tokens: int = 512) -> None:
+                 max_num_batched_tokens: int = 512, pool: BlockPool | None = None) -> None:
         self.runner = runner
         self.tok = tokenizer
         self.max_num_seqs = max_num_seqs
@@ -76,11 +96,19 @@ class Scheduler:
         model = getattr(runner, "model", None)
         self.chunk = max_num_batched_tokens if getattr(model, "chunked_prefill", False) else 0
         self.free_slots = list(range(max_num_seqs))
+        # Default: blocks of 16 for max_num_seqs sequences of max_model_len (serve passes the
+        # model's own pool size).
+        self.pool = pool or BlockPool(max_num_seqs * -(-max_model_len // 16), 16)
+        bs = self.pool.block_size
+        # Each decode slot's block table, kept up to date as blocks are taken, so that a step's
+        # tables are one index_select, not a tensor built from lists.
+        self._tables = torch.zeros(max_num_seqs, -(-max_model_len // bs), dtype=torch.int64)
+        self._admissions = itertools.count(1)
         self._aborted: set[int] = set()
         self._cv = threading.Condition()
         self._stop = False
         self.failed: str | None = None
-        self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
+        self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0, "preemptions": 0}
         self.finished_by_reason: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
         self.ttft: list[float] = []
         self.masker: GrammarMasker | None = None  # made on the first constrained step
@@ -118,8 +146,8 @@ class Scheduler:
 
     @property
     def kv_usage(self) -> float:
-        used = sum(s.ctx_len for s in list(self.running)) + sum(s.prefilled for s in list(self.prefilling))
-        return used / float(self.max_num_seqs * self.max_model_len)
+        """Share of the KV blocks held by sequences (cached blocks nobody holds count as free)."""
+        return self.pool.usage
 
     # -- the engine thread -----------------------------------------------------------------
 
@@ -141,9 +169,8 @@ class Scheduler:
                     if idle:
                         self.runner.broadcast(HEARTBEAT)
                         continue
-                    prefilled = bool(self.prefilling)
-                    if prefilled:
-                        self._prefill()
+                    # A prompt that finds no blocks (older sequences hold them) waits: decode goes on.
+                    prefilled = bool(self.prefilling) and self._prefill()
                     # Unchunked, new prompts go first (as before); chunked, every step also decodes.
                     if self.running and (self.chunk or not prefilled):
                         self._decode()
@@ -178,73 +205,139 @@ class Scheduler:
         self._aborted.clear()
 
     def _admit(self) -> None:
-        """Give waiting sequences free slots; their prompts are prefilled by the next steps."""
+        """Give waiting sequences free slots and their cached prefix; the rest of their prompts
+        (after a preemption: prompt and output so far) is prefilled by the next steps."""
+        admitted = False
         while self.waiting and self.free_slots and self.num_running < self.max_num_seqs:
-            nxt = self.waiting.popleft()
+            nxt = self.waiting[0]
+            first = nxt.admitted == 0
+            # Blocks for its first step or it waits (first come, first served): a newcomer never
+            # preempts a running sequence.
+            cached = self.pool.admit(nxt.kv, nxt.tokens(0, nxt.ctx_len), self.chunk, count=first)
+            if cached is None:
+                break
+            self.waiting.popleft()
+            nxt.computed = cached
+            if first:
+                nxt.admitted = next(self._admissions)
+                nxt.cached_tokens = cached
             self.free_slots.sort()
             nxt.slot = self.free_slots.pop(0)  # lowest slot first keeps the decode view small
+            self._sync_table(nxt, 0)
             self.prefilling.append(nxt)
+            admitted = True
+        if admitted:
+            self.prefilling.sort(key=lambda s: s.admitted)  # one coming back from preemption goes first
+
+    def _sync_table(self, s: Sequence, start: int) -> None:
+        if len(s.kv.table) > start:
+            self._tables[s.slot, start:len(s.kv.table)] = torch.tensor(s.kv.table[start:], dtype=torch.int64)
+
+    def _reserve(self, s: Sequence, tokens: int) -> bool:
+        """Blocks for s's first `tokens` positions, preempting sequences admitted after s while
+        the pool is short. False when none is left to preempt (s itself holds what it has)."""
+        had = len(s.kv.table)
+        while not self.pool.grow(s.kv, tokens):
+            later = [v for v in (*self.running, *self.prefilling) if v.admitted > s.admitted]
+            if not later:
+                return False
+            self._preempt(max(later, key=lambda v: v.admitted))
+        self._sync_table(s, had)
+        return True
+
+    def _preempt(self, v: Sequence) -> None:
+        """Free v's blocks (its full ones stay cached) and put it back at the head of the queue."""
+        log.info("preempting request %d (%d tokens in the cache, %d free blocks)", v.id, v.computed,
+                 self.pool.num_free)
+        self._release(v)
+        v.computed = 0
+        v.preemptions += 1
+        self.stats["preemptions"] += 1
+        self.running = [x for x in self.running if x is not v]
+        self.prefilling = [x for x in self.prefilling if x is not v]
+        self.waiting.appendleft(v)  # victims go youngest first, so the oldest ends up in front
 
     def _release(self, s: Sequence) -> None:
+        self.pool.free(s.kv)
         if s.slot >= 0:
             self.free_slots.append(s.slot)
             s.slot = -1
 
-    def _prefill(self) -> None:
+    def _prefill(self) -> bool:
         """One prefill step: whole prompts, right-padded, up to max_prefill_tokens; chunked,
-        at most `chunk` prompt tokens, a long prompt continuing over several steps."""
+        at most `chunk` prompt tokens, a long prompt continuing over several steps. False when
+        no prompt got the blocks it needs."""
         budget = self.chunk or self.max_prefill_tokens
         batch: list[Sequence] = []
         takes: list[int] = []
-        for s in self.prefilling:
-            left = len(s.prompt) - s.prefilled
+        for s in list(self.prefilling):  # admission order: only later ones are preempted below
+            if s.slot < 0:
+                continue  # preempted for an earlier row of this step
+            left = s.ctx_len - s.computed
             n = min(left, budget) if self.chunk else left
-            if n <= 0 or (batch and n > budget):
+            if n <= 0 or (batch and n > budget) or not self._reserve(s, s.computed + n):
                 break
             batch.append(s)
             takes.append(n)
             budget -= n
+        if not batch:
+            return False
         B, T = len(batch), max(takes)
-        starts = [s.prefilled for s in batch]
+        starts = [s.computed for s in batch]
         ids = torch.zeros(B, T, dtype=torch.int64)
         for i, (s, n) in enumerate(zip(batch, takes, strict=True)):
-            ids[i, :n] = torch.tensor(s.prompt[s.prefilled:s.prefilled + n], dtype=torch.int64)
-        # Right padding continues each row's positions, kept inside the cache.
+            ids[i, :n] = torch.tensor(s.tokens(s.computed, s.computed + n), dtype=torch.int64)
+        # Right padding continues each row's positions, kept inside the cache (it is not written).
         positions = (torch.tensor(starts).unsqueeze(1) + torch.arange(T)).clamp(max=self.max_model_len - 1)
         lens = torch.tensor(takes, dtype=torch.int64)
         ctx = torch.tensor([a + n for a, n in zip(starts, takes, strict=True)], dtype=torch.int64)
         slots = torch.tensor([s.slot for s in batch], dtype=torch.int64)
+        tables = self._tables[slots, :self.pool.blocks_for(int(ctx.max()))]
         # A one-token step takes the decode path, which attends over a view of the slots.
         view = max(s.slot for s in batch) + 1 if T == 1 else 0
-        self.runner.broadcast(STEP, ids, positions, slots, lens, ctx, view)
-        logits = self.runner.step(ids, positions, slots, lens, ctx, view)
+        self.runner.broadcast(STEP, ids, positions, slots, lens, ctx, view, tables)
+        logits = self.runner.step(ids, positions, slots, lens, ctx, view, tables)
         done_rows = []
         for i, (s, n) in enumerate(zip(batch, takes, strict=True)):
-            s.prefilled += n
-            if s.prefilled == len(s.prompt):
+            s.computed += n
+            self.pool.commit(s.kv, s.tokens, s.computed)
+            if s.computed == s.ctx_len:
                 done_rows.append(i)
         if not done_rows:
-            return
+            return True
         done = [batch[i] for i in done_rows]
         ids_done = {s.id for s in done}
         self.prefilling = [s for s in self.prefilling if s.id not in ids_done]
         for s in done:
-            self.stats["prompt_tokens"] += len(s.prompt)
+            if not s.preemptions:
+                self.stats["prompt_tokens"] += len(s.prompt)
         self.running.extend(done)
         self.running.sort(key=lambda s: s.slot)  # slots 0..B-1 in order: decode skips a scatter
         self._advance(done, logits[done_rows] if len(done_rows) < B else logits)
+        return True
 
     def _decode(self) -> None:
+        # Each sequence's next position needs a block: the oldest first, so that when the pool
+        # is short the youngest are preempted (and one that finds nobody younger, itself).
+        for s in sorted(self.running, key=lambda s: s.admitted):
+            if s.slot >= 0 and not self._reserve(s, s.ctx_len):
+                self._preempt(s)
         run = self.running
+        if not run:
+            return
         B = len(run)
         ids = torch.tensor([[s.out[-1]] for s in run], dtype=torch.int64)
         positions = torch.tensor([[s.ctx_len - 1] for s in run], dtype=torch.int64)
         slots = torch.tensor([s.slot for s in run], dtype=torch.int64)
         lens = torch.ones(B, dtype=torch.int64)
         ctx = torch.tensor([s.ctx_len for s in run], dtype=torch.int64)
+        tables = self._tables[slots, :self.pool.blocks_for(int(ctx.max()))]
         view = int(slots.max()) + 1
-        self.runner.broadcast(STEP, ids, positions, slots, lens, ctx, view)
-        logits = self.runner.step(ids, positions, slots, lens, ctx, view)
+        self.runner.broadcast(STEP, ids, positions, slots, lens, ctx, view, tables)
+        logits = self.runner.step(ids, positions, slots, lens, ctx, view, tables)
+        for s in run:
+            s.computed = s.ctx_len
+            self.pool.commit(s.kv, s.tokens, s.computed)
         self._advance(list(run), logits)
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
@@ -292,7 +385,8 @@ class Scheduler:
                 self.finished_by_reason[reason] += 1
                 s.sink({"type": "finish", "reason": reason,
                         "usage": {"prompt_tokens": len(s.prompt), "completion_tokens": len(s.out),
-                                  "total_tokens": len(s.prompt) + len(s.out)}})
+                                  "total_tokens": len(s.prompt) + len(s.out),
+                                  "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}})
         if done:
             self.running = [s for s in self.running if s.id not in done]
 

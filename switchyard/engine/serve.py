@@ -11,6 +11,7 @@ import time
 
 import uvicorn
 
+from switchyard.engine.kv_blocks import BlockPool
 from switchyard.engine.runner import Runner
 from switchyard.engine.scheduler import Scheduler
 from switchyard.engine.server import EngineState, build_app
@@ -66,9 +67,11 @@ def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
                 from switchyard.engine.linear import int4_kernel
 
                 state.device["int4_kernel"] = int4_kernel()
+            assert runner.model is not None
+            pool = BlockPool(runner.model.num_blocks, runner.opts.block_size, runner.opts.prefix_caching)
             sched = Scheduler(runner, state.tokenizer, runner.opts.max_num_seqs, runner.opts.max_model_len,
                               max_waiting=runner.opts.max_waiting,
-                              max_num_batched_tokens=runner.opts.max_num_batched_tokens)
+                              max_num_batched_tokens=runner.opts.max_num_batched_tokens, pool=pool)
             state.scheduler = sched
             state.phase = "ready"
             log.info("ready: %s tp=%d dtype=%s %s collective=%s (%.1fs)", model_name, runner.world, state.dtype,

@@ -86,7 +86,14 @@ class _Metrics:
                              registry=self.registry)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting for a slot", labels,
                              registry=self.registry)
-        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 = full)", labels, registry=self.registry)
+        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV cache usage: share of the blocks held by requests (1 = full)",
+                        labels, registry=self.registry)
+        self.cache_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                     labels, registry=self.registry)
+        self.cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache", labels,
+                                  registry=self.registry)
+        self.preemptions = Counter("vllm:num_preemptions", "Requests preempted for want of KV blocks", labels,
+                                   registry=self.registry)
         self.prompt = Counter("vllm:prompt_tokens", "Prefilled tokens", labels, registry=self.registry)
         self.gen = Counter("vllm:generation_tokens", "Generated tokens", labels, registry=self.registry)
         self.success = Counter("vllm:request_success", "Finished requests", labels + ["finished_reason"],
@@ -97,13 +104,13 @@ class _Metrics:
         self.healthy = Gauge("switchyard_engine_ready", "1 when the replica serves", labels,
                              registry=self.registry)
         self.state = state
-        self._seen = {"prompt_tokens": 0, "generation_tokens": 0}
+        self._seen = {"prompt_tokens": 0, "generation_tokens": 0, "preemptions": 0, "queries": 0, "hits": 0}
         self._seen_reason: dict[str, int] = {}
         name = state.model_name
         for g in (self.running, self.waiting, self.kv, self.healthy):
             g.labels(name).set(0)  # present from the first scrape, before the engine is up
-        self.prompt.labels(name)
-        self.gen.labels(name)
+        for c in (self.prompt, self.gen, self.cache_queries, self.cache_hits, self.preemptions):
+            c.labels(name)
 
     def render(self) -> bytes:
         st, name = self.state, self.state.model_name
@@ -112,8 +119,11 @@ class _Metrics:
             self.running.labels(name).set(s.num_running)
             self.waiting.labels(name).set(s.num_waiting)
             self.kv.labels(name).set(s.kv_usage)
-            for key, counter in (("prompt_tokens", self.prompt), ("generation_tokens", self.gen)):
-                now = s.stats[key]
+            totals = {**s.stats, "queries": s.pool.queries, "hits": s.pool.hits}
+            for key, counter in (("prompt_tokens", self.prompt), ("generation_tokens", self.gen),
+                                 ("preemptions", self.preemptions), ("queries", self.cache_queries),
+                                 ("hits", self.cache_hits)):
+                now = totals[key]
                 counter.labels(name).inc(now - self._seen[key])
                 self._seen[key] = now
             for reason, n in s.finished_by_reason.items():
@@ -261,6 +271,13 @@ class EngineHandlers:
             body["device"] = st.device
         body["structured_output"] = st.structured_output()
         s = st.scheduler
+        if s is not None:
+            pool = s.pool
+            body["kv_cache"] = {"blocks": pool.num_blocks, "block_size": pool.block_size, "free_blocks": pool.num_free,
+                                "cached_blocks": pool.num_cached, "usage": round(pool.usage, 4),
+                                "prefix_caching": pool.prefix_caching, "prefix_cache_hit_rate": round(pool.hit_rate, 4),
+                                "prefix_cache_queries": pool.queries, "prefix_cache_hits": pool.hits,
+                                "preemptions": s.stats["preemptions"]}
         if s is not None and s.failed:
             body["status"] = "failed"
             body["reason"] = s.failed

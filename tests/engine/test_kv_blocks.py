@@ -12,8 +12,8 @@ from switchyard.engine.kv_blocks import BlockPool, SeqBlocks, prefix_keys
 def _run(pool: BlockPool, tokens: list[int]) -> SeqBlocks:
     """Admit a sequence, give it blocks for all its tokens, mark them computed."""
     s = SeqBlocks()
-    pool.admit(s, tokens)
-    assert pool.grow(s, len(tokens))
+    assert pool.admit(s, tokens) is not None  # blocks for every token
+    assert len(s.table) == pool.blocks_for(len(tokens))
     pool.commit(s, lambda a, b: tokens[a:b], len(tokens))
     pool.check()
     return s
@@ -34,7 +34,7 @@ def test_longest_cached_run_and_the_last_token_is_always_computed() -> None:
     assert len(first.table) == 3 and len(first.keys) == 2 and pool.num_cached == 2
     again = SeqBlocks()
     assert pool.admit(again, list(range(10)) + [77]) == 8  # both full blocks
-    assert again.table == first.table[:2]
+    assert again.table[:2] == first.table[:2] and len(again.table) == 3  # + a block of its own for the rest
     exact = SeqBlocks()
     # 8 tokens = exactly the two cached blocks; the last token must be computed, so only one is served.
     assert pool.admit(exact, list(range(8))) == 4
@@ -70,21 +70,22 @@ def test_uncached_blocks_go_first_then_least_recently_freed() -> None:
     assert pool.grow(x, 2) and pool.evictions == 0  # an uncached free block first
     assert pool.grow(x, 4) and pool.evictions == 0
     assert pool.grow(x, 6) and pool.evictions == 1  # now the least recently freed cached block: old's
-    probe = SeqBlocks()
-    assert pool.admit(probe, [1, 2, 3], count=False) == 0
-    assert pool.admit(probe, [5, 6, 7], count=False) == 2
+    assert pool.cached_prefix([1, 2, 3]) == 0 and pool.cached_prefix([5, 6, 7]) == 2
     pool.check()
 
 
-def test_grow_takes_nothing_when_short_and_held_blocks_are_never_evicted() -> None:
-    pool = BlockPool(3, 4)
-    a = _run(pool, list(range(9)))  # all 3 blocks
+def test_admission_and_growth_take_nothing_when_short_and_held_blocks_are_never_evicted() -> None:
+    pool = BlockPool(4, 4)
+    a = _run(pool, list(range(9)))  # 3 blocks: 2 full and cached, 1 partial
     b = SeqBlocks()
-    assert pool.admit(b, list(range(9))) == 8
-    assert not pool.grow(b, 9)  # needs one more block; every block is held
-    assert len(b.table) == 2
+    assert pool.admit(b, list(range(8)) + [50, 51, 52, 53, 54]) is None  # its 2 hits + 2 new > 1 free
+    assert b.table == [] and pool.hits == 0
+    assert pool.admit(b, list(range(8)) + [50, 51, 52, 53, 54], step=4) == 8  # the first step: 1 new block
+    assert len(b.table) == 3 and pool.num_free == 0
+    assert not pool.grow(b, 13)  # every block is held: nothing to evict
+    assert len(b.table) == 3 and pool.evictions == 0
     pool.free(a)
-    assert pool.grow(b, 9) and pool.evictions == 0  # a's private last block, uncached
+    assert pool.grow(b, 13) and pool.evictions == 0  # a's private last block, uncached
     pool.check()
 
 
@@ -121,8 +122,14 @@ def test_random_workload_never_serves_another_prefix() -> None:
         if op < 0.35 or not live:
             toks = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, 12))]
             s = SeqBlocks()
-            computed = pool.admit(s, toks)
+            step = rng.randrange(0, 9)
+            computed = pool.admit(s, toks, step)
+            if computed is None:
+                assert s.table == []
+                continue
             verify(s, toks, computed)
+            n = len(toks) if step == 0 else min(len(toks), computed + step)
+            assert len(s.table) == pool.blocks_for(n)
             live.append((s, toks, computed))
         elif op < 0.85:
             i = rng.randrange(len(live))

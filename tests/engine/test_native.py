@@ -267,6 +267,57 @@ def test_native_decode_attention_equals_torch_path(build: str, kv_dtype: str) ->
             assert torch.allclose(models[0].v_cache[li], models[1].v_cache[li], **tol)
 
 
+@pytest.mark.parametrize("attention", ["native", "torch"])
+def test_scattered_blocks_and_a_shared_prefix_equal_contiguous_slots(build: str, attention: str) -> None:
+    """Paged KV through block tables: a 40-token prompt in blocks 7, 2, 11 of a small pool; a
+    second prompt with the same first 32 tokens reuses blocks 7 and 2 and prefills only its
+    last 7 tokens; then both decode together. Logits equal (float32 rounding) a model that
+    prefilled both prompts whole into contiguous slots; the shared blocks are never written."""
+    import dataclasses
+
+    from switchyard.engine.comm import SingleRank
+    from switchyard.engine.model import TPModel
+    from switchyard.engine.random_weights import SMOLLM2_135M, random_weights
+    from switchyard.engine.weights import Shard
+
+    cfg = dataclasses.replace(SMOLLM2_135M, num_layers=2)
+    w = random_weights(cfg, seed=8)
+    ref = TPModel(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=2, max_len=64)
+    paged = TPModel(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=2, max_len=64, num_blocks=12)
+    assert paged.k_cache.shape[1:3] == (12, cfg.num_kv_heads) and paged.attn is not None
+    if attention == "torch":
+        paged.attn = None
+    g = torch.Generator().manual_seed(1)
+    a = torch.randint(0, cfg.vocab_size, (40,), generator=g)
+    b = torch.cat((a[:32], torch.randint(0, cfg.vocab_size, (7,), generator=g)))
+    one = torch.ones(2, dtype=torch.int64)
+
+    def close(x: torch.Tensor, y: torch.Tensor) -> None:
+        assert (x - y).abs().max() <= 1e-4 * y.std(), float((x - y).abs().max() / y.std())
+
+    with torch.inference_mode():
+        ids = torch.zeros(2, 40, dtype=torch.int64)
+        ids[0], ids[1, :39] = a, b
+        lens = torch.tensor([40, 39])
+        want = ref.forward(ids, torch.arange(40).expand(2, 40).contiguous(), torch.tensor([0, 1]), lens, lens, 0)
+        tables = torch.tensor([[7, 2, 11, 3], [7, 2, 5, 9]])
+        got_a = paged.forward(a.view(1, 40), torch.arange(40).view(1, 40), torch.tensor([0]), lens[:1], lens[:1], 0,
+                              tables[:1])
+        close(got_a, want[:1])
+        shared = paged.k_cache[:, [7, 2]].clone(), paged.v_cache[:, [7, 2]].clone()
+        got_b = paged.forward(b[32:].view(1, 7), torch.arange(32, 39).view(1, 7), torch.tensor([1]),
+                              torch.tensor([7]), lens[1:], 0, tables[1:])
+        close(got_b, want[1:])
+        ctx = lens.clone()
+        nxt = want.argmax(-1).view(2, 1)
+        for _ in range(10):  # a moves on into block 3, b into block 9
+            w1 = ref.forward(nxt, ctx.view(2, 1).clone(), torch.tensor([0, 1]), one, ctx + 1, 2)
+            w2 = paged.forward(nxt, ctx.view(2, 1).clone(), torch.tensor([0, 1]), one, ctx + 1, 2, tables)
+            close(w2, w1)
+            nxt, ctx = w1.argmax(-1).view(2, 1), ctx + 1
+        assert torch.equal(paged.k_cache[:, [7, 2]], shared[0]) and torch.equal(paged.v_cache[:, [7, 2]], shared[1])
+
+
 def test_native_attention_refuses_a_slot_outside_the_cache(build: str) -> None:
     import dataclasses
 
@@ -324,38 +375,53 @@ def test_row_ops_match_torch(build: str) -> None:
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (16, 2, 80), (4, 4, 128)])
-def test_native_attention_other_head_shapes(build: str, heads: int, kv_heads: int, dim: int,
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "bs"), [(9, 3, 64, 16), (16, 2, 80, 32), (4, 4, 128, 16)])
+def test_native_attention_other_head_shapes(build: str, heads: int, kv_heads: int, dim: int, bs: int,
                                             kv_dtype: torch.dtype) -> None:
-    """Groups of 1-8 query heads, head widths that are not a multiple of 64, contexts that are
-    not a multiple of 16 and one that ends at the last cache row, a float32 or float16 cache:
-    the new key and value written (rounded to the cache's dtype), then softmax(qK)V."""
+    """Groups of 1-8 query heads, head widths that are not a multiple of 64, blocks of 16 and 32
+    positions scattered over the pool in no order, contexts that are not a multiple of 16 and
+    one that ends at its table's last position, a float32 or float16 cache: the new key and
+    value written into the right block (rounded to the cache's dtype), then softmax(qK)V over
+    the sequence's blocks."""
     from switchyard.engine.native import load as load_native
 
     lib = load_native()[0]
-    g = torch.Generator().manual_seed(heads + dim)
-    slots_n, max_len = 3, 37
-    kc, vc = (torch.randn(slots_n, kv_heads, max_len, dim, generator=g).to(kv_dtype) for _ in range(2))
-    slots, pos = torch.tensor([2, 0, 1]), torch.tensor([36, 0, 17])
-    B = len(slots)
+    g = torch.Generator().manual_seed(heads + dim + bs)
+    num_blocks, width = 13, 4
+    kc, vc = (torch.randn(num_blocks, kv_heads, bs, dim, generator=g).to(kv_dtype) for _ in range(2))
+    tables = torch.randperm(num_blocks, generator=g)[:3 * width].view(3, width).contiguous()
+    pos = torch.tensor([width * bs - 1, 0, bs + 5])
+    B = len(pos)
     q = torch.randn(B, heads, dim, generator=g)
     k, v = torch.randn(B, kv_heads, dim, generator=g), torch.randn(B, kv_heads, dim, generator=g)
     want_k, want_v = kc.clone(), vc.clone()
-    want_k[slots, :, pos], want_v[slots, :, pos] = k.to(kv_dtype), v.to(kv_dtype)
+    at = tables[torch.arange(B), pos // bs]
+    want_k[at, :, pos % bs], want_v[at, :, pos % bs] = k.to(kv_dtype), v.to(kv_dtype)
     qkv = torch.cat((q, k, v), dim=1)  # each row as the projection writes it
     out = torch.empty_like(q)
     scale = dim ** -0.5
-    assert lib.sy_decode_attn(qkv.data_ptr(), kc.data_ptr(), vc.data_ptr(), slots.data_ptr(), pos.data_ptr(), B, heads,
-                              kv_heads, dim, slots_n, max_len, scale, out.data_ptr(), 2,
+    assert lib.sy_decode_attn(qkv.data_ptr(), kc.data_ptr(), vc.data_ptr(), tables.data_ptr(), width, pos.data_ptr(),
+                              B, heads, kv_heads, dim, num_blocks, bs, scale, out.data_ptr(), 2,
                               int(kv_dtype == torch.float16)) == 0
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
     group = heads // kv_heads
     for b in range(B):
         L = int(pos[b]) + 1
-        K = want_k[slots[b], :, :L].float().repeat_interleave(group, 0)  # [heads, L, dim]
-        V = want_v[slots[b], :, :L].float().repeat_interleave(group, 0)
+        # The sequence's positions in order: its blocks one after another, [kv_heads, L, dim].
+        K, V = (c[tables[b]].transpose(0, 1).reshape(kv_heads, width * bs, dim)[:, :L].float()
+                .repeat_interleave(group, 0) for c in (want_k, want_v))
         ref = torch.softmax((q[b].unsqueeze(1) @ K.transpose(1, 2)).squeeze(1) * scale, -1).unsqueeze(1) @ V
         assert torch.allclose(out[b], ref.squeeze(1), rtol=1e-5, atol=1e-5), b
+    bad = tables.clone()
+    bad[2, 1] = num_blocks  # a block the position needs lies outside the pool
+    assert lib.sy_decode_attn(qkv.data_ptr(), kc.data_ptr(), vc.data_ptr(), bad.data_ptr(), width, pos.data_ptr(),
+                              B, heads, kv_heads, dim, num_blocks, bs, scale, out.data_ptr(), 2, 0) == 2
+    assert torch.equal(kc, want_k)  # refused before writing anything
+    past = torch.tensor([width * bs, 0, 1])  # a position past the table
+    assert lib.sy_decode_attn(qkv.data_ptr(), kc.data_ptr(), vc.data_ptr(), tables.data_ptr(), width,
+                              past.data_ptr(), B, heads, kv_heads, dim, num_blocks, bs, scale, out.data_ptr(), 2, 0) == 2
+    assert lib.sy_decode_attn(qkv.data_ptr(), kc.data_ptr(), vc.data_ptr(), tables.data_ptr(), width, pos.data_ptr(),
+                              B, heads, kv_heads, dim, num_blocks, 8, scale, out.data_ptr(), 2, 0) == 1  # blocks of 8
 
 
 def test_native_top_k_orders_like_a_stable_sort(build: str) -> None:

@@ -37,16 +37,18 @@ def run_model(model_dir: Path, out: Path, collective: str) -> None:
     lens = torch.tensor([len(p) for p in PROMPTS])
     slots = torch.tensor([0, 1])
     pos = torch.arange(T).expand(2, T).contiguous()
-    r.broadcast(STEP, ids, pos, slots, lens, lens, 0)
-    logits = [r.step(ids, pos, slots, lens, lens, 0)]
+    assert r.model is not None
+    tables = r.model.slot_tables(slots)  # every rank gets rank 0's block tables with the step
+    r.broadcast(STEP, ids, pos, slots, lens, lens, 0, tables)
+    logits = [r.step(ids, pos, slots, lens, lens, 0, tables)]
     ctx = lens.clone()
     for _ in range(6):
         nxt = logits[-1].argmax(-1).view(2, 1)
         positions = ctx.view(2, 1).clone()
         ctx = ctx + 1
         one = torch.ones(2, dtype=torch.int64)
-        r.broadcast(STEP, nxt, positions, slots, one, ctx, 2)
-        logits.append(r.step(nxt, positions, slots, one, ctx, 2))
+        r.broadcast(STEP, nxt, positions, slots, one, ctx, 2, tables)
+        logits.append(r.step(nxt, positions, slots, one, ctx, 2, tables))
     r.broadcast(STOP)
     torch.save({"logits": torch.stack(logits), "collective": r.collective_info}, out)
     r.shutdown()

@@ -170,10 +170,10 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     if failures:
         log.warning("native kernels: using %s; %s", build.name, "; ".join(failures))
     lib.sy_int4_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    lib.sy_decode_attn.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6 +
-                                   [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int])
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     i32 = ctypes.c_int
+    # qkv, k cache, v cache, block tables, table width, positions, B, H, Hkv, D, blocks, block size, ...
+    lib.sy_decode_attn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, i64, i64, f32, p, i32, i32]
     lib.sy_add_rmsnorm.argtypes = [p, p, p, f32, p, i64, i64, i32]
     lib.sy_silu_mul.argtypes = [p, p, i64, i64, i32]
     lib.sy_rope.argtypes = [p, i64, i64, i64, i64, p, p, p, i64, i32]

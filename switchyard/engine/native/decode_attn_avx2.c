@@ -1,7 +1,7 @@
 /* One decode step of attention for a batch of sequences, float32, grouped-query heads.
  * AVX2 + FMA build of decode_attn_avx512.c: the same interface, checks and one-pass scheme
  * (each cached key and value row is read once for the whole group of query heads).
- * Cache layout: [slots, kv_heads, max_len, head_dim], contiguous, float32 or float16.
+ * Cache layout: paged, [num_blocks, kv_heads, block_size, head_dim] (see decode_attn.h).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -61,22 +61,25 @@ static inline __m256 ld8(const void *base, int64_t i, const int half)
 }
 
 static inline __attribute__((always_inline)) void task(
-    const float *qkv, void *kc, void *vc, const int64_t *slots, const int64_t *pos, int64_t b, int64_t kh,
-    int64_t H, int64_t Hkv, int64_t D, int64_t max_len, float scale, float *out, float *sc, const int half)
+    const float *qkv, void *kc, void *vc, const int64_t *tables, int64_t width, const int64_t *pos, int64_t b,
+    int64_t kh, int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale, float *out, float *sc, const int half)
 {
-    const struct attn_task a = decode_attn_begin(qkv, kc, vc, slots, pos, b, kh, H, Hkv, D, max_len, out, half);
+    const struct attn_task a = decode_attn_begin(qkv, kc, vc, tables, width, pos, b, kh, H, Hkv, D, bs, out, half);
     const int64_t G = a.G, L = a.L;
-    const char *K = a.K, *V = a.V;
     const int64_t Lp = (L + 7) & ~7;
     const float *qg = a.q;
-    for (int64_t l = 0; l < L; l++) {
-        for (int64_t j = 0; j < G; j++) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            for (int64_t d = 0; d < D; d += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d), ld8(K, l * D + d, half), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d + 8), ld8(K, l * D + d + 8, half), a1);
+    for (int64_t l0 = 0; l0 < L; l0 += bs) {  /* one block's rows at a time */
+        const char *K = a.K + attn_block(&a, l0 / bs);
+        const int64_t n = L - l0 >= bs ? bs : L - l0;
+        for (int64_t l = 0; l < n; l++) {
+            for (int64_t j = 0; j < G; j++) {
+                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                for (int64_t d = 0; d < D; d += 16) {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d), ld8(K, l * D + d, half), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d + 8), ld8(K, l * D + d + 8, half), a1);
+                }
+                sc[j * Lp + l0 + l] = hsum(_mm256_add_ps(a0, a1)) * scale;
             }
-            sc[j * Lp + l] = hsum(_mm256_add_ps(a0, a1)) * scale;
         }
     }
     float inv[MAX_GROUP];
@@ -100,11 +103,15 @@ static inline __attribute__((always_inline)) void task(
     }
     float o[MAX_GROUP * MAX_DIM];
     memset(o, 0, sizeof(float) * G * D);
-    for (int64_t l = 0; l < L; l++) {
-        for (int64_t j = 0; j < G; j++) {
-            const __m256 p = _mm256_set1_ps(sc[j * Lp + l]);
-            for (int64_t d = 0; d < D; d += 8)
-                _mm256_storeu_ps(o + j * D + d, _mm256_fmadd_ps(p, ld8(V, l * D + d, half), _mm256_loadu_ps(o + j * D + d)));
+    for (int64_t l0 = 0; l0 < L; l0 += bs) {
+        const char *V = a.V + attn_block(&a, l0 / bs);
+        const int64_t n = L - l0 >= bs ? bs : L - l0;
+        for (int64_t l = 0; l < n; l++) {
+            for (int64_t j = 0; j < G; j++) {
+                const __m256 p = _mm256_set1_ps(sc[j * Lp + l0 + l]);
+                for (int64_t d = 0; d < D; d += 8)
+                    _mm256_storeu_ps(o + j * D + d, _mm256_fmadd_ps(p, ld8(V, l * D + d, half), _mm256_loadu_ps(o + j * D + d)));
+            }
         }
     }
     float *og = a.out;
@@ -112,11 +119,11 @@ static inline __attribute__((always_inline)) void task(
         for (int64_t d = 0; d < D; d++) og[j * D + d] = o[j * D + d] * inv[j];
 }
 
-int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *slots, const int64_t *pos, int64_t B,
-                   int64_t H, int64_t Hkv, int64_t D, int64_t max_slots, int64_t max_len, float scale, float *out,
-                   int threads, int kv_half)
+int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *tables, int64_t width, const int64_t *pos,
+                   int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t num_blocks, int64_t bs, float scale,
+                   float *out, int threads, int kv_half)
 {
-    const int rc = decode_attn_check(slots, pos, B, H, Hkv, D, max_slots, max_len);
+    const int rc = decode_attn_check(tables, width, pos, B, H, Hkv, D, num_blocks, bs);
     if (rc) return rc;
     int failed = 0;
     const int64_t longest = decode_attn_longest(pos, B);
@@ -128,9 +135,9 @@ int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *slots, c
     for (int64_t t = 0; t < B * Hkv; t++) {
         if (!sc) continue;
         if (kv_half)
-            task(qkv, kc, vc, slots, pos, t / Hkv, t % Hkv, H, Hkv, D, max_len, scale, out, sc, 1);
+            task(qkv, kc, vc, tables, width, pos, t / Hkv, t % Hkv, H, Hkv, D, bs, scale, out, sc, 1);
         else
-            task(qkv, kc, vc, slots, pos, t / Hkv, t % Hkv, H, Hkv, D, max_len, scale, out, sc, 0);
+            task(qkv, kc, vc, tables, width, pos, t / Hkv, t % Hkv, H, Hkv, D, bs, scale, out, sc, 0);
     }
     free(sc);
     }

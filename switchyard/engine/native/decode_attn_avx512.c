@@ -1,13 +1,14 @@
 /* One decode step of attention for a batch of sequences, float32, grouped-query heads.
  *
  * For each (sequence, KV head): write the new key and value at the sequence's position in
- * its cache slot, then attend the group's query heads over positions 0..pos. One pass reads
+ * its block, then attend the group's query heads over positions 0..pos. One pass reads
  * each cached key and value row once for the whole group (torch's batched matmul reads
  * them per head, in a strided, cache-cold way that runs at a third of memory bandwidth).
  * Scores come 16 positions at a time (one vector of partial sums each, reduced together), and
  * the weighted sum of values keeps up to 4 heads x 64 dims of output in registers: a batch of
  * 16 sequences makes this the step's largest cost after the matmuls otherwise.
- * Cache layout: [slots, kv_heads, max_len, head_dim], contiguous, float32 or float16.
+ * Cache layout: paged, [num_blocks, kv_heads, block_size, head_dim] (see decode_attn.h),
+ * float32 or float16.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -62,29 +63,34 @@ static inline __m512 ld16(const void *base, int64_t i, const int half)
 }
 
 static inline __attribute__((always_inline)) void task(
-    const float *qkv, void *kc, void *vc, const int64_t *slots, const int64_t *pos, int64_t b, int64_t kh,
-    int64_t H, int64_t Hkv, int64_t D, int64_t max_len, float scale, float *out, float *sc, const int half)
+    const float *qkv, void *kc, void *vc, const int64_t *tables, int64_t width, const int64_t *pos, int64_t b,
+    int64_t kh, int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale, float *out, float *sc, const int half)
 {
-    const struct attn_task a = decode_attn_begin(qkv, kc, vc, slots, pos, b, kh, H, Hkv, D, max_len, out, half);
+    const struct attn_task a = decode_attn_begin(qkv, kc, vc, tables, width, pos, b, kh, H, Hkv, D, bs, out, half);
     const int64_t G = a.G, L = a.L;
-    const char *K = a.K, *V = a.V;
     const int64_t Lp = (L + 15) & ~15;
     const float *qg = a.q;
+    const int64_t esize = half ? 2 : 4;
     for (int64_t l0 = 0; l0 < L; l0 += 16) {
-        const int n = L - l0 >= 16 ? 16 : (int)(L - l0);  /* rows past L may lie past the cache */
-        /* Fetch the next block of keys and this block of values while the scores run: each
-         * (slot, head) is a few short streams, too short for the hardware prefetchers. */
+        const int n = L - l0 >= 16 ? 16 : (int)(L - l0);  /* rows past L may lie past the block */
+        /* 16 positions lie in one block (bs is a multiple of 16): one run of rows. */
+        const char *K = a.K + attn_block(&a, l0 / bs) + (l0 % bs) * a.row;
+        /* Fetch the next run of keys and this run of values while the scores run: each
+         * (block, head) is a short stream, too short for the hardware prefetchers. */
         const int64_t ahead = L - (l0 + 16) >= 16 ? 16 : L - (l0 + 16);
-        const int64_t esize = half ? 2 : 4;
-        for (int64_t o = 0; o < ahead * D * esize; o += 64) _mm_prefetch(K + (l0 + 16) * D * esize + o, _MM_HINT_T0);
-        for (int64_t o = 0; o < n * D * esize; o += 64) _mm_prefetch(V + l0 * D * esize + o, _MM_HINT_T1);
+        if (ahead > 0) {
+            const char *K2 = a.K + attn_block(&a, (l0 + 16) / bs) + ((l0 + 16) % bs) * a.row;
+            for (int64_t o = 0; o < ahead * D * esize; o += 64) _mm_prefetch(K2 + o, _MM_HINT_T0);
+        }
+        const char *V = a.V + attn_block(&a, l0 / bs) + (l0 % bs) * a.row;
+        for (int64_t o = 0; o < n * D * esize; o += 64) _mm_prefetch(V + o, _MM_HINT_T1);
         for (int64_t j = 0; j < G; j++) {
             __m512 acc[16];
             for (int l = 0; l < 16; l++) acc[l] = _mm512_setzero_ps();
             for (int64_t d = 0; d < D; d += 16) {
                 const __m512 qd = _mm512_loadu_ps(qg + j * D + d);
                 for (int l = 0; l < 16; l++)
-                    if (l < n) acc[l] = _mm512_fmadd_ps(qd, ld16(K, (l0 + l) * D + d, half), acc[l]);
+                    if (l < n) acc[l] = _mm512_fmadd_ps(qd, ld16(K, l * D + d, half), acc[l]);
             }
             _mm512_store_ps(sc + j * Lp + l0, _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale)));
         }
@@ -115,15 +121,19 @@ static inline __attribute__((always_inline)) void task(
             __m512 o[4][4];
             for (int j = 0; j < 4; j++)
                 for (int c = 0; c < 4; c++) o[j][c] = _mm512_setzero_ps();
-            for (int64_t l = 0; l < L; l++) {
-                __m512 v[4] = {0};
-                for (int c = 0; c < 4; c++)
-                    if (c < nc) v[c] = ld16(V, l * D + d0 + 16 * c, half);
-                for (int j = 0; j < 4; j++) {
-                    if (j >= nj) break;
-                    const __m512 p = _mm512_set1_ps(sc[(j0 + j) * Lp + l]);
+            for (int64_t l0 = 0; l0 < L; l0 += bs) {  /* one block's rows at a time */
+                const char *V = a.V + attn_block(&a, l0 / bs);
+                const int64_t n = L - l0 >= bs ? bs : L - l0;
+                for (int64_t l = 0; l < n; l++) {
+                    __m512 v[4] = {0};
                     for (int c = 0; c < 4; c++)
-                        if (c < nc) o[j][c] = _mm512_fmadd_ps(p, v[c], o[j][c]);
+                        if (c < nc) v[c] = ld16(V, l * D + d0 + 16 * c, half);
+                    for (int j = 0; j < 4; j++) {
+                        if (j >= nj) break;
+                        const __m512 p = _mm512_set1_ps(sc[(j0 + j) * Lp + l0 + l]);
+                        for (int c = 0; c < 4; c++)
+                            if (c < nc) o[j][c] = _mm512_fmadd_ps(p, v[c], o[j][c]);
+                    }
                 }
             }
             for (int j = 0; j < nj; j++)
@@ -133,14 +143,15 @@ static inline __attribute__((always_inline)) void task(
     }
 }
 
-int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *slots, const int64_t *pos, int64_t B,
-                   int64_t H, int64_t Hkv, int64_t D, int64_t max_slots, int64_t max_len, float scale, float *out,
-                   int threads, int kv_half)
+int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *tables, int64_t width, const int64_t *pos,
+                   int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t num_blocks, int64_t bs, float scale,
+                   float *out, int threads, int kv_half)
 {
-    const int rc = decode_attn_check(slots, pos, B, H, Hkv, D, max_slots, max_len);
+    const int rc = decode_attn_check(tables, width, pos, B, H, Hkv, D, num_blocks, bs);
     if (rc) return rc;
     int failed = 0;
     const int64_t longest = decode_attn_longest(pos, B);
+    const int64_t esize = kv_half ? 2 : 4;
     /* Tasks dealt round-robin, so each thread knows its next one and fetches its first keys
      * ahead (13% faster at batch 16 than taking tasks as they come). */
     #pragma omp parallel num_threads(threads)
@@ -151,16 +162,17 @@ int sy_decode_attn(const float *qkv, void *kc, void *vc, const int64_t *slots, c
     if (!sc) failed = 1;
     for (int64_t t = omp_get_thread_num(); sc && t < B * Hkv; t += nt) {
         const int64_t nx = t + nt;
-        if (nx < B * Hkv) {
+        if (nx < B * Hkv) {  /* the next task's first rows: in its first block */
             const int64_t nb = nx / Hkv, nk = nx % Hkv;
-            const char *K2 = (const char *)kc + decode_attn_rows(slots[nb], nk, Hkv, D, max_len) * (kv_half ? 2 : 4);
-            const int64_t bytes = (pos[nb] + 1 < 32 ? pos[nb] + 1 : 32) * D * (kv_half ? 2 : 4);
+            const char *K2 = (const char *)kc + ((size_t)tables[nb * width] * Hkv + nk) * bs * D * esize;
+            const int64_t rows = pos[nb] + 1 < 32 ? pos[nb] + 1 : 32;
+            const int64_t bytes = (rows < bs ? rows : bs) * D * esize;
             for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(K2 + o, _MM_HINT_T1);
         }
         if (kv_half)
-            task(qkv, kc, vc, slots, pos, t / Hkv, t % Hkv, H, Hkv, D, max_len, scale, out, sc, 1);
+            task(qkv, kc, vc, tables, width, pos, t / Hkv, t % Hkv, H, Hkv, D, bs, scale, out, sc, 1);
         else
-            task(qkv, kc, vc, slots, pos, t / Hkv, t % Hkv, H, Hkv, D, max_len, scale, out, sc, 0);
+            task(qkv, kc, vc, tables, width, pos, t / Hkv, t % Hkv, H, Hkv, D, bs, scale, out, sc, 0);
     }
     free(sc);
     }
