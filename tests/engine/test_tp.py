@@ -68,6 +68,27 @@ def test_tp3_equals_tp1(server_tp1: EngineServer, server_tp3_forced_ring: Engine
                 assert abs(x["logprob"] - y["logprob"]) < 2e-3, (prompt, a, b)
 
 
+def test_tp3_prefix_cache_equals_tp1(server_tp1: EngineServer, server_tp3_forced_ring: EngineServer) -> None:
+    """Rank 0's pool decides, every rank's cache follows the broadcast block tables: the second
+    turn of a conversation reuses the first's blocks on all three ranks and answers as TP=1."""
+    system = "You help with a garden. " + " ".join(f"Bed {i} has {i + 2} rows of beans and one of peas." for i in range(12))
+    turn1 = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "Which bed has 5 rows?"}],
+             "temperature": 0, "max_tokens": 16}
+    answers = {}
+    for name, url in (("tp1", server_tp1.url), ("tp3", server_tp3_forced_ring.url)):
+        status, r1 = post(url + "/v1/chat/completions", turn1)
+        assert status == 200, r1
+        turn2 = {**turn1, "messages": [*turn1["messages"], r1["choices"][0]["message"],
+                                       {"role": "user", "content": "And which has 9?"}]}
+        status, r2 = post(url + "/v1/chat/completions", turn2)
+        assert status == 200, r2
+        assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1["usage"]["prompt_tokens"] - 16
+        answers[name] = (r1["choices"][0]["message"]["content"], r2["choices"][0]["message"]["content"])
+    assert answers["tp3"] == answers["tp1"]
+    status, health = get(server_tp3_forced_ring.url + "/health")
+    assert health["kv_cache"]["prefix_cache_hits"] > 0
+
+
 def test_auto_with_failed_oneshot_test_serves_with_ring(server_tp3_forced_ring: EngineServer) -> None:
     status, health = get(server_tp3_forced_ring.url + "/health")
     assert status == 200
