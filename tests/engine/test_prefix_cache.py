@@ -55,9 +55,9 @@ def uncached(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 @pytest.fixture(scope="module")
 def small_pool(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
     """The shipped defaults (int4 weights, float16 cache where the native kernels run) on a pool
-    of 40 blocks of 16: 640 positions for 4 sequences of up to 512."""
+    of 32 blocks of 16: 512 positions, one sequence of the maximum length, for 4 sequences."""
     s = EngineServer(gguf_path, tmp_path_factory.mktemp("small") / "engine.log",
-                     extra=["--max-model-len", "512", "--max-num-seqs", "4", "--num-kv-blocks", "40",
+                     extra=["--max-model-len", "512", "--max-num-seqs", "4", "--num-kv-blocks", "32",
                             "--collective", "ring"])
     yield s
     s.close()
@@ -89,16 +89,17 @@ def test_cached_prefix_gives_the_uncached_greedy_output_float32(server_tp1: Engi
 
 
 def test_concurrent_requests_share_a_cached_prefix(server_tp1: EngineServer, uncached: EngineServer) -> None:
-    """One request warms a system prompt; six concurrent ones with different questions then
+    """One request warms a system prompt; four concurrent ones with different questions then
     hold its blocks together, each answering as the uncached server does."""
     system = SYSTEM + " Session 2."
-    _, n, _ = _ask(server_tp1.url, _chat("Hello.", system))
-    with ThreadPoolExecutor(6) as pool:
-        warm = list(pool.map(lambda q: _ask(server_tp1.url, _chat(q, system)), QUESTIONS))
-        cold = list(pool.map(lambda q: _ask(uncached.url, _chat(q, system)), QUESTIONS))
+    _ask(server_tp1.url, _chat("Hello.", system, max_tokens=1))
+    questions = QUESTIONS[:4]
+    with ThreadPoolExecutor(4) as pool:
+        warm = list(pool.map(lambda q: _ask(server_tp1.url, _chat(q, system, max_tokens=12)), questions))
+        cold = list(pool.map(lambda q: _ask(uncached.url, _chat(q, system, max_tokens=12)), questions))
     shared = min(c for _, _, c in warm)
     assert shared >= 320, warm  # the system prompt's full blocks (~330 tokens of it)
-    for q, (text, _, _), (ref, _, c) in zip(QUESTIONS, warm, cold, strict=True):
+    for q, (text, _, _), (ref, _, c) in zip(questions, warm, cold, strict=True):
         assert text == ref, q
         assert c == 0
 
@@ -128,7 +129,7 @@ def test_cached_tokens_in_every_response_shape(server_tp1: EngineServer) -> None
 
 
 def test_eviction_keeps_answers_right_int4(small_pool: EngineServer) -> None:
-    """int4 on a 40-block pool: turn 2 with turn 1's blocks cached, then other prompts evict
+    """int4 on a 32-block pool: turn 2 with turn 1's blocks cached, then other prompts evict
     them, then turn 2 again from scratch (nothing cached): the same tokens both times."""
     url = small_pool.url
     turn1 = _chat(QUESTIONS[2])
@@ -137,35 +138,37 @@ def test_eviction_keeps_answers_right_int4(small_pool: EngineServer) -> None:
                                    {"role": "user", "content": QUESTIONS[3]}]}
     warm, _, cached = _ask(url, turn2)
     assert cached >= n1 - 16
-    for i in range(4):  # 4 x ~22 blocks through a 40-block pool: the least recently freed go
-        _ask(url, _chat("Tell me about crates.", f"Unrelated system prompt {i}. " + SYSTEM[:1200]))
+    for i in range(3):  # 3 x ~20 blocks through a 32-block pool: the least recently freed go
+        _ask(url, _chat("Tell me about crates.", f"Unrelated system prompt {i}. " + SYSTEM[:1200], max_tokens=1))
     cold, _, cached = _ask(url, turn2)
     assert cached == 0, "turn 2's blocks should have been evicted"
     assert cold == warm
     status, health = get(url + "/health")
-    assert health["kv_cache"]["blocks"] == 40 and health["kv_cache"]["free_blocks"] == 40
+    assert health["kv_cache"]["blocks"] == 32 and health["kv_cache"]["free_blocks"] == 32
 
 
 def test_preemption_recomputes_instead_of_failing(small_pool: EngineServer) -> None:
-    """Four concurrent requests that need ~15 blocks each at the end on a 40-block pool: the
+    """Four concurrent requests that need ~10 blocks each at the end on a 32-block pool: the
     youngest are preempted (blocks freed, requeued, prompt and output so far prefilled again)
-    and every one finishes with the text it gets alone. (Counting: each greedy choice wins by a
-    wide margin, so the recomputed cache's rounding, prefill's rather than decode's, cannot tip
-    one; free text after an end-of-turn can.)"""
+    and every one finishes with the text it gets two at a time, without preemption. (Counting:
+    each greedy choice wins by a wide margin, so the recomputed cache's rounding, prefill's
+    rather than decode's, cannot tip one; free text after an end-of-turn can.)"""
     url = small_pool.url
     asks = ["Count from 1 to 100, separated by commas.", "List the numbers from 200 to 300, separated by commas.",
             "Write the even numbers from 2 to 200, separated by commas.",
             "List the numbers from 1000 to 1100, separated by commas."]
-    bodies = [{"messages": [{"role": "user", "content": q}], "temperature": 0, "max_tokens": 200, "ignore_eos": True}
+    bodies = [{"messages": [{"role": "user", "content": q}], "temperature": 0, "max_tokens": 120, "ignore_eos": True}
               for q in asks]
-    alone = [_ask(url, b)[0] for b in bodies]
     before = _metric(url, "vllm:num_preemptions_total")
+    with ThreadPoolExecutor(2) as pool:
+        alone = [text for text, _, _ in pool.map(lambda b: _ask(url, b), bodies)]
+    assert _metric(url, "vllm:num_preemptions_total") == before
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(lambda b: post(url + "/v1/chat/completions", b), bodies))
     assert _metric(url, "vllm:num_preemptions_total") > before
     for (status, r), text in zip(together, alone, strict=True):
         assert status == 200, r
-        assert r["usage"]["completion_tokens"] == 200
+        assert r["usage"]["completion_tokens"] == 120
         assert r["choices"][0]["message"]["content"] == text
     status, health = get(url + "/health")
     assert status == 200 and health["kv_cache"]["preemptions"] >= 1 and health["kv_cache"]["usage"] == 0.0
