@@ -183,7 +183,7 @@ def engine(path: Path, rounds: int, steps: int, threads: int, mask_threads: int)
     assert runner.config is not None
     t = time.perf_counter()
     grammars = Grammars(tok.tok.to_str(), runner.config.vocab_size, sorted(tok.eos_ids))
-    print(f"engine: dtype {runner.opts.dtype}, {runner.big_threads} threads; grammar tokenizer "
+    print(f"engine: dtype {runner.dtype}, {runner.big_threads} threads; grammar tokenizer "
           f"{(time.perf_counter() - t) * 1000:.0f} ms")
     for kind, body in BODIES.items():
         c = constraint(body, None if kind == "json" else TOOLS)

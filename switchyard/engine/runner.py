@@ -92,6 +92,11 @@ class Runner:
         self.source: Any = None
         self.load_seconds = 0.0
         self.big_threads = self.small_threads = self._threads = 1
+        # What setup resolved from the options (the options themselves stay as given).
+        self.max_model_len = opts.max_model_len
+        self.dtype = opts.dtype  # auto -> int4 | float32 (CPU), bfloat16 | float32 (GPU)
+        self.kv_cache_dtype = opts.kv_cache_dtype
+        self.num_kv_blocks = opts.num_kv_blocks
 
     def setup(self) -> None:
         # Large steps are compute-bound and use every core this rank has. Small decode steps
@@ -127,8 +132,7 @@ class Runner:
                 list(range(self.world)), backend="gloo", timeout=timedelta(seconds=60))
             self.ctrl_group = cpu_group  # headers and token ids are CPU tensors: gloo even on GPU
         weights = load_shard(src, self.rank, self.world)
-        max_len = min(self.opts.max_model_len, cfg.max_position)
-        self.opts.max_model_len = max_len
+        max_len = self.max_model_len = min(self.opts.max_model_len, cfg.max_position)
         blocks, bs = self.opts.num_kv_blocks, self.opts.block_size
         if blocks and blocks * bs < max_len:  # a lone sequence must always fit: preemption relies on it
             raise ConfigError(f"{blocks} KV blocks of {bs} positions ({blocks * bs}) cannot hold one sequence of "
@@ -140,23 +144,23 @@ class Runner:
         self.config = cfg
         if device.type == "cuda":
             # bf16 weights and KV cache on the GPU (int4 is a CPU kernel); float32 on request.
-            self.opts.dtype = "float32" if self.opts.dtype == "float32" else "bfloat16"
+            self.dtype = "float32" if self.opts.dtype == "float32" else "bfloat16"
             self.model = CudaModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
                                    max_slots=self.opts.max_num_seqs, max_len=max_len, device=device,
-                                   dtype=getattr(torch, self.opts.dtype),
+                                   dtype=getattr(torch, self.dtype),
                                    cuda_graphs=bool(self.opts.extra.get("cuda_graphs", True)),
                                    block_size=bs, num_blocks=blocks)
             # Compile and capture now (every rank: the captures' collectives pair up), not on
             # the first requests.
             log.info("GPU warm-up (fused ops, decode graphs) took %.1fs", self.model.warmup())
         else:
-            self.opts.dtype = resolve_dtype(self.opts.dtype, src)
+            self.dtype = resolve_dtype(self.opts.dtype, src)
             self.model = TPModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
                                  max_slots=self.opts.max_num_seqs, max_len=max_len,
-                                 dtype=self.opts.dtype, kv_dtype=self.opts.kv_cache_dtype, block_size=bs,
+                                 dtype=self.dtype, kv_dtype=self.opts.kv_cache_dtype, block_size=bs,
                                  num_blocks=blocks)
-        self.opts.num_kv_blocks = self.model.num_blocks
-        self.opts.kv_cache_dtype = str(self.model.k_cache.dtype).removeprefix("torch.")
+        self.num_kv_blocks = self.model.num_blocks
+        self.kv_cache_dtype = str(self.model.k_cache.dtype).removeprefix("torch.")
         del weights
         self.load_seconds = time.monotonic() - start
         if self.world > 1:

@@ -57,19 +57,19 @@ def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
             state.tokenizer = _tokenizer(runner)
             _structured_output(state, runner)
             state.collective = runner.collective_info
-            state.max_model_len = runner.opts.max_model_len
+            state.max_model_len = runner.max_model_len
             state.load_seconds = runner.load_seconds
-            state.dtype = runner.opts.dtype
+            state.dtype = runner.dtype
             status = getattr(runner.model, "status", None)
             state.device = status() if status is not None else {"device": "cpu"}
-            state.device["kv_cache_dtype"] = runner.opts.kv_cache_dtype
-            if runner.opts.dtype == "int4":
+            state.device["kv_cache_dtype"] = runner.kv_cache_dtype
+            if runner.dtype == "int4":
                 from switchyard.engine.linear import int4_kernel
 
                 state.device["int4_kernel"] = int4_kernel()
             assert runner.model is not None
             pool = BlockPool(runner.model.num_blocks, runner.opts.block_size, runner.opts.prefix_caching)
-            sched = Scheduler(runner, state.tokenizer, runner.opts.max_num_seqs, runner.opts.max_model_len,
+            sched = Scheduler(runner, state.tokenizer, runner.opts.max_num_seqs, runner.max_model_len,
                               max_waiting=runner.opts.max_waiting,
                               max_num_batched_tokens=runner.opts.max_num_batched_tokens, pool=pool)
             state.scheduler = sched

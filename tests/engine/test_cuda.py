@@ -306,7 +306,7 @@ def test_gpu_runner_and_sampling(tmp_path) -> None:  # type: ignore[no-untyped-d
         r.setup()
         runners.append(r)
     cpu, gpu_runner = runners
-    assert isinstance(gpu_runner.model, CudaModel) and gpu_runner.opts.dtype == "bfloat16"
+    assert isinstance(gpu_runner.model, CudaModel) and gpu_runner.dtype == "bfloat16"
 
     class Step:
         def __init__(self, r: Runner) -> None:
