@@ -191,7 +191,8 @@ class CudaModel:
     def warmup(self) -> float:
         """Compile the fused ops and capture the decode graphs of every batch bucket (at the
         shortest span) before serving, so the first requests do not pay for them. Writes only
-        into slot 0's cache, which a prefill overwrites before any use. Every TP rank must call
+        into slot 0's blocks (and the spare), which no request reads before its own prefill or
+        decode writes them (the scheduler's pool has no keys for them). Every TP rank must call
         it (its collectives pair up). Returns the seconds it took."""
         start = time.perf_counter()
         n = 8
