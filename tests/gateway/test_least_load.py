@@ -2,7 +2,7 @@
 names read, the engine's counts combined with the gateway's in-flight, and a replica whose
 metrics stop answering balanced on in-flight counts once its last reading is stale.
 
-(The same strategy against two real engine replicas: tests/engine/test_least_load.py.)
+(The same strategy against two real engine replicas: tests/engine/test_engine_least_load.py.)
 """
 
 from __future__ import annotations
