@@ -152,6 +152,8 @@ def release(replica: Replica) -> None:
     replica.inflight -= 1
     for pool in replica.pools:
         pool.wake_one()
+    if replica.inflight == 0 and replica.on_idle is not None:
+        replica.on_idle(replica)
 
 
 class ReplicaRegistry:
@@ -160,6 +162,7 @@ class ReplicaRegistry:
 
     def __init__(self) -> None:
         self.by_url: dict[str, Replica] = {}
+        self._closing: set[asyncio.Task[None]] = set()  # held so that aclose can wait for them
 
     def get(self, spec: ReplicaSpec, pool: PoolSpec) -> Replica:
         r = self.by_url.get(spec.url)
@@ -196,18 +199,37 @@ class ReplicaRegistry:
             for r in p.replicas:
                 if p not in r.pools:
                     r.pools.append(p)
+                r.on_idle = None  # used again: a later edit decides whether it goes
 
     async def prune(self) -> list[str]:
         """Close the connection pools of replicas that no pool uses any more (a policy edit dropped
-        them) and forget them; one still serving a request stays until a later prune."""
+        them) and forget them. One still serving a request is closed when its last request ends
+        (`release` calls its `on_idle`): no later edit need come for it."""
         gone = []
         for url, r in list(self.by_url.items()):
-            if not r.pools and r.inflight == 0:
+            if r.pools:
+                continue
+            # Armed on the closed ones too: a request of the old policy may still retry onto one
+            # (it reopens a session), and that session must not outlive the request either.
+            r.on_idle = self._idle
+            if r.inflight == 0:
                 del self.by_url[url]
                 await r.aclose()
                 gone.append(url)
         return gone
 
+    def _idle(self, r: Replica) -> None:
+        """The last request on a dropped replica ended: forget it and close its connection pool."""
+        if r.pools:
+            return
+        if self.by_url.get(r.url) is r:
+            del self.by_url[r.url]
+        task = asyncio.get_running_loop().create_task(r.aclose())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     async def aclose(self) -> None:
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         for r in self.by_url.values():
             await r.aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -104,6 +105,9 @@ class Replica:
     engine_tried: float = 0.0  # monotonic time of the last attempt to read it
     session: aiohttp.ClientSession | None = None
     health_path: str | None = None
+    # Set while no pool uses it (a policy edit dropped it): called when its last request ends, so
+    # a replica busy at the edit still has its connection pool closed (ReplicaRegistry.prune).
+    on_idle: Callable[[Replica], None] | None = None
 
     @property
     def root(self) -> str:

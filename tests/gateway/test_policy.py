@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -391,6 +392,50 @@ def test_a_policy_edit_that_drops_a_replica_closes_its_connections(tmp_path):
         while time.time() < deadline and _connections_to(port1):
             time.sleep(0.1)
         assert _connections_to(port1) == 0, "the dropped replica's connection pool is still open"
+        assert http_post(url + "/v1/chat/completions", body)[0] == 200
+    finally:
+        gw.stop()
+        u0.stop()
+        u1.stop()
+
+
+def test_a_replica_dropped_while_serving_is_closed_when_its_last_request_ends(tmp_path):
+    # The edit's prune must leave the busy replica alone (the request is answered), and with no
+    # further edit to come, the end of that request is what closes its connection pool.
+    (u0, url0) = start_upstream(tmp_path, "keep", None, "--keep-alive", "60")
+    (u1, url1) = start_upstream(tmp_path, "slow", None, "--keep-alive", "60")
+    port1 = int(url1.rsplit(":", 1)[1])
+    p = tmp_path / "live.yaml"
+    text = "version: 1\nname: live\npools:\n  a: {{model: m, replicas: [{{url: {url}/v1}}]}}\nroutes:\n  - {{name: r, pool: a}}\n"
+    p.write_text(text.format(url=url1))
+    gw, url = start_gateway(tmp_path, [p], "--no-health-checks")
+    body = b'{"model": "live", "messages": [{"role": "user", "content": "x"}]}'
+
+    def replicas() -> list[dict]:
+        health = orjson.loads(http_get(url + "/health")[1])
+        return health["policies"]["live"]["pools"]["a"]["replicas"]
+
+    def wait_for(cond, seconds: float = 4.0) -> bool:
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if cond():
+                return True
+            time.sleep(0.05)
+        return False
+
+    answered: list[int] = []
+    try:
+        assert http_post(url + "/v1/chat/completions", body)[0] == 200
+        assert http_post(url1 + "/_control", b'{"delay_ms": 3000}')[0] == 200
+        slow = threading.Thread(target=lambda: answered.append(http_post(url + "/v1/chat/completions", body, 10)[0]))
+        slow.start()
+        assert wait_for(lambda: replicas()[0]["inflight"] == 1), gw.output()
+        p.write_text(text.format(url=url0))
+        assert wait_for(lambda: [r["url"] for r in replicas()] == [f"{url0}/v1"]), gw.output()
+        assert slow.is_alive() and _connections_to(port1) >= 1, "the edit cut the request in flight"
+        slow.join(10)
+        assert answered == [200]
+        assert wait_for(lambda: _connections_to(port1) == 0), "the dropped replica's connection pool is still open"
         assert http_post(url + "/v1/chat/completions", body)[0] == 200
     finally:
         gw.stop()
