@@ -101,8 +101,8 @@ async def route(policy: RoutingPolicy, features: Features, body: dict[str, Any],
                 label: Label | None = None) -> Routed:
     """Route one request.
 
-    `sessions` None routes without session state (a preview of one request); `commit` False
-    reads the session's state without writing it (`/v1/route`); `label`, when given, is taken as
+    `sessions` None routes without session state (one request alone); `commit` False reads the
+    session's state without writing it (`/v1/route`, the UI preview); `label`, when given, is taken as
     the classifier's answer (replay's threshold sweeps relabel a request at each threshold).
     """
     spec = policy.spec

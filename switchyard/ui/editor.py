@@ -152,7 +152,11 @@ class PolicyEditor:
 
     async def preview(self, name: str, text: str, body: dict, headers: dict[str, str]) -> dict[str, Any]:
         """The decision for `body` under the edited text and under the running policy, each with its
-        trace, from the gateway's own routing function (no session state: one request alone)."""
+        trace, from the gateway's own routing function. A request with a session id starts from
+        the state the gateway keeps for that session, read and never written, as `/v1/route` does:
+        the preview shows where that session's next turn goes now, and would go once the edit is
+        applied (a reload keeps session state). The sessions are those of callers without a key:
+        a key's sessions are keyed by its id, which the editor has none of."""
         spec, issues = await self.validate(name, text)
         features = extract(body, headers)
         out: dict[str, Any] = {"features": features.summary(), "issues": issue_dicts(issues)}
@@ -169,9 +173,11 @@ class PolicyEditor:
                     out["issues"] = issue_dicts(e.issues)
                     return out
             edited = _Edited(spec, compile_policy(spec, str(path)), clf)
-            out["edited"] = (await routing.route(edited, features, body, sid)).trace()
+            out["edited"] = (await routing.route(edited, features, body, sid, sessions=self.gateway.state,
+                                                 commit=False)).trace()
         if lp is not None:
-            running = (await routing.route(lp, features, body, sid)).trace()
+            running = (await routing.route(lp, features, body, sid, sessions=self.gateway.state,
+                                           commit=False)).trace()
             pool = lp.pools.get(running["pool"])
             running["replicas"] = [r.snapshot() for r in pool.replicas] if pool else []
             running["upstream_model"] = pool.model if pool else None

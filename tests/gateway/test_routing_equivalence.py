@@ -7,6 +7,10 @@ The requests cover a fail-open label, a session pinned to its pool through a too
 escalate-only, a weighted split fixed per session, and a fallback chain. The classifier is
 real: an llm classifier asking a real label server (its own process) over HTTP, and one whose
 pool is dead, so it fails open.
+
+`/v1/route` and the preview read a session's state and never write it: each is asked about a
+turn just before the proxy serves it, so it starts from the state the proxy's earlier turns
+left, and so must decide as the proxy does.
 """
 
 from __future__ import annotations
@@ -107,12 +111,28 @@ def setup(tmp_path_factory):
             p.stop()
 
 
-def _send_all(url: str, policy: str) -> None:
+def _send_all(url: str, policy: str, path: Path) -> tuple[list[dict], list[dict], list[dict]]:
+    """Every request through the proxy, in order; before each, `/v1/route` and the UI preview
+    (the running policy's decision, and the edited one's for the same text) on the same turn.
+    Were either to write the session's state, the proxy's decision on that turn would start
+    from it (a label reused where explain and replay classify), and the comparisons fail."""
+    routes, running, edited = [], [], []
+    text = path.read_text()
     with httpx.Client(timeout=30, trust_env=False) as c:
         for sid, body in REQUESTS:
             headers = {"x-session-id": sid} if sid else {}
-            r = c.post(url + "/v1/chat/completions", json={**body, "model": policy}, headers=headers)
+            request = {**body, "model": policy}
+            r = c.post(url + "/v1/route", json=request, headers=headers)
             assert r.status_code == 200, r.text
+            routes.append(r.json())
+            p = c.post(url + "/ui/api/policies/preview",
+                       json={"name": policy, "text": text, "request": request, "headers": headers})
+            assert p.status_code == 200, p.text
+            running.append(p.json()["running"])
+            edited.append(p.json()["edited"])
+            r = c.post(url + "/v1/chat/completions", json=request, headers=headers)
+            assert r.status_code == 200, r.text
+    return routes, running, edited
 
 
 def _recorded(record: Path, policy: str) -> list[dict]:
@@ -158,29 +178,11 @@ def _replay(tmp: Path, policy: Path, name: str) -> tuple[list[dict], list[dict]]
     return runs[0], runs[1]
 
 
-def _route_and_preview(url: str, policy: str, path: Path) -> tuple[list[dict], list[dict]]:
-    """/v1/route and the UI preview, for the requests without a session (they keep no state)."""
-    routes, previews = [], []
-    text = path.read_text()
-    with httpx.Client(timeout=30, trust_env=False) as c:
-        for sid, body in REQUESTS:
-            if sid is not None:
-                continue
-            r = c.post(url + "/v1/route", json={**body, "model": policy})
-            assert r.status_code == 200, r.text
-            routes.append(r.json())
-            p = c.post(url + "/ui/api/policies/preview",
-                       json={"name": policy, "text": text, "request": {**body, "model": policy}})
-            assert p.status_code == 200, p.text
-            previews.append(p.json()["running"])
-    return routes, previews
-
-
 @pytest.mark.parametrize("policy", ["live", "dead"])
 def test_every_entry_point_routes_alike(setup, policy):
     tmp, url, live, dead, record = setup
     path = live if policy == "live" else dead
-    _send_all(url, policy)
+    routes, running, edited = _send_all(url, policy, path)
     gateway = [_clean(t) for t in _recorded(record, policy)]
     assert len(gateway) == len(REQUESTS)
 
@@ -189,11 +191,12 @@ def test_every_entry_point_routes_alike(setup, policy):
     assert explained == gateway
     assert dry == gateway
     assert counterfactual == gateway
-
-    routes, previews = _route_and_preview(url, policy, path)
-    alone = [g for (sid, _), g in zip(REQUESTS, gateway, strict=True) if sid is None]
-    assert [_clean(r) for r in routes] == alone
-    assert [_clean(p) for p in previews] == alone
+    assert [_clean(r) for r in routes] == gateway
+    assert [_clean(p) for p in running] == gateway
+    assert [_clean(p) for p in edited] == gateway
+    # Each session-bearing turn after the first started from the record its earlier turns left.
+    assert [g["session"] is not None for g in gateway] == [
+        sid is not None and any(s == sid for s, _ in REQUESTS[:i]) for i, (sid, _) in enumerate(REQUESTS)]
 
     pools = [g["pool"] for g in gateway]
     rules = [g["rule"] for g in gateway]
