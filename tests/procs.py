@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -21,9 +22,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Test gateways serve TLS with a certificate made for the test: on loopback, trust it unseen.
+LOOPBACK_TLS = ssl.create_default_context()
+LOOPBACK_TLS.check_hostname = False
+LOOPBACK_TLS.verify_mode = ssl.CERT_NONE
+
+
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(url, timeout=timeout,
+                                    context=LOOPBACK_TLS if url.startswith("https:") else None) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -104,5 +112,6 @@ def start_gateway(tmp: Path, policies: list[Path], *extra: str, name: str = "gw"
     cmd = [sys.executable, "-m", "switchyard.cli", "serve", "--port", str(port), "--log-level", "info"]
     for p in policies:
         cmd += ["--policy", str(p)]
-    proc = Proc([*cmd, *extra], f"http://127.0.0.1:{port}/health", tmp / f"{name}.log", env=env)
-    return proc, f"http://127.0.0.1:{port}"
+    scheme = "https" if "--ssl-certfile" in extra else "http"
+    proc = Proc([*cmd, *extra], f"{scheme}://127.0.0.1:{port}/health", tmp / f"{name}.log", env=env)
+    return proc, f"{scheme}://127.0.0.1:{port}"

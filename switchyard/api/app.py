@@ -63,6 +63,7 @@ class GatewayConfig:
     allowed_hosts: tuple[str, ...] = ()  # open mode: Host names served besides loopback ones
     check_host: bool = True  # open mode: refuse Host names that are not loopback (off: --insecure-open)
     classifier_dirs: tuple[str, ...] = ()  # folders besides the policy's and the shipped one for ONNX models
+    ui_session_ttl: float = 8 * 3600.0  # seconds a UI login lasts (the server forgets the token then)
 
     @property
     def open_mode(self) -> bool:
@@ -204,7 +205,8 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
     if config.ui:  # the browser UI: dashboard, policy editor, replay reports
         from switchyard.api.ui import ui_router
 
-        app.include_router(ui_router(rt, config.admin_key, config.keystore is not None, config.reports_dir))
+        app.include_router(ui_router(rt, config.admin_key, config.keystore is not None, config.reports_dir,
+                                     config.ui_session_ttl))
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> Response:

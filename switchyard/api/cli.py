@@ -52,6 +52,11 @@ def serve(
     header_timeout: Annotated[float, typer.Option(help="Seconds a client has to send a request's headers")] = 10.0,
     body_timeout: Annotated[float, typer.Option(help="Seconds to wait for the next piece of a request body")] = 30.0,
     max_connections: Annotated[int, typer.Option(help="Open connections and requests; beyond them, 503")] = 1024,
+    ui_session_ttl: Annotated[float, typer.Option(
+        help="Seconds a UI login lasts before the page must log in again")] = 8 * 3600.0,
+    ssl_certfile: Annotated[Path | None, typer.Option(
+        help="Serve HTTPS with this PEM certificate (chain); needs --ssl-keyfile")] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(help="The PEM private key of --ssl-certfile")] = None,
     classifier_dir: Annotated[list[Path] | None, typer.Option(
         help="A folder ONNX classifiers may load from, besides the policy's and the shipped one (repeatable)")] = None,
     otel: Annotated[bool | None, typer.Option(
@@ -85,6 +90,12 @@ def serve(
         except OSError as e:
             typer.echo(f"--admin-key-file: cannot read {o['admin_key_file']}: {e.strerror or e}", err=True)
             raise typer.Exit(2) from None
+    if (o["ssl_certfile"] is None) != (o["ssl_keyfile"] is None):
+        typer.echo("--ssl-certfile and --ssl-keyfile go together", err=True)
+        raise typer.Exit(2)
+    if o["ui_session_ttl"] <= 0:
+        typer.echo("--ui-session-ttl must be more than 0 seconds", err=True)
+        raise typer.Exit(2)
     loopback = is_loopback(host_name(o["host"]))
     if not o["auth"] and not loopback and not o["insecure_open"]:
         typer.echo(f"refusing to serve {o['host']} without API keys: anyone who reaches it could use every pool "
@@ -97,6 +108,7 @@ def serve(
         admin_key=key or None, ui=o["ui"], reports_dir=str(o["reports"]) if o["reports"] else None,
         body_timeout=o["body_timeout"], allowed_hosts=tuple(o["allowed_host"] or ()),
         check_host=not o["insecure_open"], classifier_dirs=tuple(str(d) for d in o["classifier_dir"] or ()),
+        ui_session_ttl=o["ui_session_ttl"],
     )
     if o["auth"]:
         from switchyard.gateway.keys import open_keystore
@@ -126,7 +138,8 @@ def serve(
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
     names = [lp.name for lp in app.state.gateway.policies()]
-    where = f"http://{o['host']}:{o['port']}"
+    tls = o["ssl_certfile"] is not None
+    where = f"{'https' if tls else 'http'}://{o['host']}:{o['port']}"
     typer.echo(f"switchyard: serving policies {', '.join(names)} on {where}/v1 (model 'auto' = {names[0]})")
     if o["ui"]:
         typer.echo(f"switchyard: dashboard and policy editor on {where}/ui")
@@ -142,6 +155,7 @@ def serve(
     uv = GatewayServerConfig(
         app, limits, rt.metrics.client_stalls.inc, host=o["host"], port=o["port"], loop="uvloop",
         log_level=o["log_level"].lower(), access_log=o["access_log"], timeout_graceful_shutdown=30, lifespan="on",
+        ssl_certfile=str(o["ssl_certfile"]) if tls else None, ssl_keyfile=str(o["ssl_keyfile"]) if tls else None,
     )
     DrainingServer(uv, rt, o["drain_grace"]).run()
 
@@ -183,7 +197,7 @@ def _config_file(ctx: typer.Context, path: Path, opts: dict) -> dict:
             continue
         if key == "policy":
             value = [Path(path.parent / v) for v in ([value] if isinstance(value, str) else value)]
-        elif key in ("record", "keys_file", "reports") and value is not None:
+        elif key in ("record", "keys_file", "reports", "ssl_certfile", "ssl_keyfile") and value is not None:
             value = Path(path.parent / value)
         out[key] = value
     return out

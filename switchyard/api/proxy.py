@@ -55,6 +55,21 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON, for every route that reads one (the proxy's and the UI's): a 400
+    for what does not parse, and for what nests deeper than MAX_JSON_DEPTH."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise errors.BadRequest(f"could not parse the JSON body: {e}") from None
+    # Deeper than the encoder takes, the body could not be sent upstream or answered (a 500 on
+    # re-encoding): refuse it now. A body with fewer brackets than the limit cannot be that deep,
+    # so most never get walked.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth(body) > MAX_JSON_DEPTH:
+        raise errors.BadRequest(f"the JSON body is nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
 class Proxy:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -64,15 +79,7 @@ class Proxy:
         raw = await request.body()
         if not raw:
             raise errors.BadRequest("the request body is empty; send a JSON object")
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise errors.BadRequest(f"could not parse the JSON body: {e}") from None
-        # Deeper than the encoder takes, the body could not be sent upstream: refuse it now. A body
-        # with fewer brackets than the limit cannot be that deep, so most never get walked.
-        if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth(body) > MAX_JSON_DEPTH:
-            raise errors.BadRequest(f"the JSON body is nested deeper than {MAX_JSON_DEPTH} levels")
-        return body
+        return parse_json(raw)
 
     def target(self, model: str) -> Target:
         t = self.rt.gateway.resolve(model)

@@ -19,6 +19,7 @@ Everything but the page and its static files needs the admin key when the gatewa
 from __future__ import annotations
 
 import ipaddress
+import math
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 
+from switchyard.api.proxy import parse_json
 from switchyard.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from switchyard.gateway.requests import kind_of
 from switchyard.gateway.requests import validate as validate_request
@@ -61,8 +63,9 @@ def _loopback(request: Request) -> bool:
         return False
 
 
-def ui_router(rt: Runtime, admin_key: str | None, keys_on: bool, reports_dir: str | Path | None = None) -> APIRouter:
-    access = UiAccess(admin_key, keys_on)
+def ui_router(rt: Runtime, admin_key: str | None, keys_on: bool, reports_dir: str | Path | None = None,
+              session_ttl: float = SESSION_TTL_S) -> APIRouter:
+    access = UiAccess(admin_key, keys_on, ttl=session_ttl)
     sampler = LiveSampler(rt)
     editor = PolicyEditor(rt.gateway)
     reports = Path(reports_dir).expanduser() if reports_dir else None
@@ -89,11 +92,7 @@ def ui_router(rt: Runtime, admin_key: str | None, keys_on: bool, reports_dir: st
         # JSON only: a cross-site form cannot send it without a CORS preflight we never answer.
         if not request.headers.get("content-type", "").startswith("application/json"):
             raise BadRequest("send the body as application/json")
-        raw = await request.body()  # bounded in size and time by api/guard.py
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise BadRequest(f"could not parse the JSON body: {e}") from None
+        body = parse_json(await request.body())  # bounded in size and time by api/guard.py
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
         return body
@@ -138,8 +137,10 @@ def ui_router(rt: Runtime, admin_key: str | None, keys_on: bool, reports_dir: st
         if token is None:
             return _json({"ok": False, "error": "wrong admin key"}, 401)
         resp = _json({"ok": True})
-        resp.set_cookie(COOKIE, token, max_age=int(SESSION_TTL_S), httponly=True, samesite="strict", path="/ui",
-                        secure=request.url.scheme == "https")
+        # https: served over TLS (--ssl-certfile), or behind a TLS proxy that says so in
+        # X-Forwarded-Proto from an address uvicorn trusts (FORWARDED_ALLOW_IPS, loopback by default).
+        resp.set_cookie(COOKIE, token, max_age=max(1, math.ceil(access.ttl)), httponly=True, samesite="strict",
+                        path="/ui", secure=request.url.scheme == "https")
         return resp
 
     @page.post("/ui/api/logout")

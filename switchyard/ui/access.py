@@ -2,10 +2,11 @@
 admin key holder otherwise.
 
 The page logs in once with the admin key (POST /ui/api/login) and gets an HttpOnly,
-SameSite=Strict cookie holding a random session token (Secure when served over TLS), so the
-replay reports' iframe and images load too and page scripts never see the key. The gateway
-keeps the tokens: each expires after SESSION_TTL_S and logout revokes it at once. Failed logins
-from one address slow down exponentially (429 with Retry-After). Scripts may send
+SameSite=Strict cookie holding a random session token (Secure when served over TLS, or behind
+a trusted proxy that forwards https), so the replay reports' iframe and images load too and page
+scripts never see the key. The gateway keeps the tokens: each expires after `ttl` (8 h unless
+`serve --ui-session-ttl` says) and logout revokes it at once. Failed logins from one address
+slow down exponentially (429 with Retry-After). Scripts may send
 `Authorization: Bearer ADMIN_KEY` instead. With API keys on (--auth) and no admin key, the UI
 stays locked: it can rewrite policies.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import hmac
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from switchyard.gateway.auth import check_admin
 
@@ -30,8 +31,12 @@ MAX_WAIT_S = 300.0
 
 
 class UiAccess:
-    def __init__(self, admin_key: str | None, keys_on: bool, clock=time.monotonic):
+    def __init__(self, admin_key: str | None, keys_on: bool, clock: Callable[[], float] = time.monotonic,
+                 ttl: float = SESSION_TTL_S) -> None:
+        if ttl <= 0:
+            raise ValueError(f"a UI session must last some time, not {ttl:g}s")
         self.admin_key = admin_key
+        self.ttl = ttl
         self.mode = "admin" if admin_key else ("locked" if keys_on else "open")
         self._clock = clock
         self._sessions: dict[str, float] = {}  # token -> expiry
@@ -77,7 +82,7 @@ class UiAccess:
             while len(self._sessions) >= MAX_SESSIONS:
                 self._sessions.pop(next(iter(self._sessions)))
         token = secrets.token_urlsafe(32)
-        self._sessions[token] = now + SESSION_TTL_S
+        self._sessions[token] = now + self.ttl
         return token
 
     def logout(self, cookies: Mapping[str, str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -123,12 +124,25 @@ def test_an_alias_bomb_never_freezes_a_running_gateway(env):
     assert httpx.post(gurl + "/v1/chat/completions", json=BODY, timeout=10, trust_env=False).status_code == 200
 
 
+def test_a_huge_flat_policy_is_refused_by_its_node_count_not_the_deadline(env):
+    tmp, url, gw, gurl, pol = env
+    flat = "version: 1\nname: p\nbig: [" + "1, " * 300_000 + "1]\n"  # ~900 KB, no alias
+    t0 = time.monotonic()
+    r = httpx.post(gurl + "/ui/api/policies/validate", json={"name": "p", "text": flat}, timeout=30, trust_env=False)
+    took = time.monotonic() - t0
+    assert r.status_code == 200 and not r.json()["ok"]
+    # The node count's reason, not the 5 s deadline's: composing all 300k nodes took ~15 s of CPU.
+    assert "more than 50,000 YAML nodes" in r.json()["issues"][0]["reason"], (took, r.text)
+
+
 # --- 2. clients that stop reading ---------------------------------------------------------
 
 
 def test_a_client_that_stops_reading_frees_its_slot(tmp_path):
     up, url = start_upstream(tmp_path, "big")
-    control(url, stream_chunks=2500, chunk_pad=4000)  # a ~10 MB stream
+    # A ~40 MB stream over 10 s or more: it outlasts the stall, so only the stall can end it, and
+    # the upstream notices the cancel while it waits between chunks.
+    control(url, stream_chunks=10_000, chunk_pad=4000, chunk_delay_ms=1)
     pol = write(tmp_path, policy_text(url).replace("    model: m\n", "    model: m\n    max_inflight_per_replica: 1\n"
                                                                     "    queue_size: 0\n"))
     gw, gurl = start_gateway(tmp_path, [pol], "--client-timeout", "2")
@@ -158,6 +172,11 @@ def test_a_client_that_stops_reading_frees_its_slot(tmp_path):
             time.sleep(0.2)
         metrics = http_get(gurl + "/metrics")[1].decode()
         assert "switchyard_client_stalls_total 1.0" in metrics
+        while upstream_state(url)["cancelled"] == 0:  # the gateway closed its upstream request too
+            assert time.monotonic() - t0 < 20, upstream_state(url)
+            time.sleep(0.1)
+        st = upstream_state(url)
+        assert st["cancelled"] == 1 and st["inflight"] == 0, st
         s.close()
     finally:
         gw.stop()
@@ -362,6 +381,84 @@ def test_ui_sessions_are_random_expire_on_logout_and_failed_logins_slow_down(tmp
         up.stop()
 
 
+def test_ui_sessions_expire_on_the_server(tmp_path):
+    up, url = start_upstream(tmp_path, "u")
+    pol = write(tmp_path, policy_text(url))
+    key = "adm-" + "e" * 40
+    gw, gurl = start_gateway(tmp_path, [pol], "--admin-key", key, "--ui-session-ttl", "1")
+    try:
+        with httpx.Client(base_url=gurl, timeout=5, trust_env=False) as c:
+            r = c.post("/ui/api/login", json={"key": key})
+            assert r.status_code == 200
+            cookie = r.headers["set-cookie"].lower()
+            assert "max-age=1" in cookie and "secure" not in cookie  # plain http: no Secure
+            token = r.cookies["switchyard_ui"]
+            c.cookies.clear()
+            c.cookies.set("switchyard_ui", token)
+            assert c.get("/ui/api/live").status_code == 200
+            time.sleep(1.5)
+            c.cookies.set("switchyard_ui", token)  # a browser that ignored Max-Age
+            assert c.get("/ui/api/live").status_code == 401  # the server forgot the token
+            assert c.get("/ui/api/session").json() == {"auth": "admin", "ok": False}
+            c.cookies.clear()
+            assert c.get("/ui/api/live", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+            # Behind a TLS proxy on this host (uvicorn trusts X-Forwarded-Proto from loopback only).
+            r = c.post("/ui/api/login", json={"key": key}, headers={"X-Forwarded-Proto": "https"})
+            assert r.status_code == 200 and "; secure" in r.headers["set-cookie"].lower()
+    finally:
+        gw.stop()
+        up.stop()
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=30)
+    return cert, key
+
+
+def test_the_ui_cookie_is_secure_over_tls(tmp_path):
+    cert, tls_key = _self_signed(tmp_path)
+    up, url = start_upstream(tmp_path, "u")
+    pol = write(tmp_path, policy_text(url))
+    key = "adm-" + "t" * 40
+    gw, gurl = start_gateway(tmp_path, [pol], "--admin-key", key, "--ssl-certfile", str(cert),
+                             "--ssl-keyfile", str(tls_key))
+    assert gurl.startswith("https://")
+    try:
+        with httpx.Client(base_url=gurl, timeout=5, trust_env=False, verify=False) as c:
+            r = c.post("/ui/api/login", json={"key": key})
+            assert r.status_code == 200
+            cookie = r.headers["set-cookie"].lower()
+            assert "; secure" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+            assert c.get("/ui/api/live").status_code == 200  # the cookie works over TLS
+            assert c.post("/v1/chat/completions", json=BODY).status_code == 200  # and so does the proxy
+    finally:
+        gw.stop()
+        up.stop()
+
+
+def test_the_admin_key_from_the_environment_never_shows_in_ps(tmp_path):
+    up, url = start_upstream(tmp_path, "u")
+    pol = write(tmp_path, policy_text(url))
+    key = "adm-env-" + "q" * 36
+    gw, gurl = start_gateway(tmp_path, [pol], env={"SWITCHYARD_ADMIN_KEY": key})
+    try:
+        with httpx.Client(base_url=gurl, timeout=5, trust_env=False) as c:
+            assert c.get("/admin/replicas", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+            assert c.get("/admin/replicas").status_code == 401
+            assert c.get("/admin/replicas", headers={"Authorization": "Bearer wrong"}).status_code == 401
+            assert c.post("/ui/api/login", json={"key": key}).status_code == 200  # the UI takes it too
+        ps = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True, timeout=10).stdout
+        assert str(gw.p.pid) in ps and "switchyard.cli serve" in ps
+        assert key not in ps
+        assert key.encode() not in Path(f"/proc/{gw.p.pid}/cmdline").read_bytes()
+    finally:
+        gw.stop()
+        up.stop()
+
+
 # --- 11, 12: regexes and deep JSON ------------------------------------------------------------
 
 
@@ -400,6 +497,17 @@ def test_json_nested_too_deep_is_a_400(env):
     r = httpx.post(gurl + "/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"},
                    timeout=10, trust_env=False)
     assert r.status_code == 400 and "nested deeper" in r.json()["error"]["message"]
+    # The UI's bodies take the same check: the preview would otherwise fail to encode its answer.
+    ui = (b'{"name": "p", "text": ' + orjson.dumps(pol.read_text()) + b', "request": {"messages": '
+          b'[{"role": "user", "content": "x"}], "metadata": {"x": ' + deep + b"}}}")
+    for route in ("/ui/api/policies/preview", "/ui/api/policies/validate", "/ui/api/login"):
+        r = httpx.post(gurl + route, content=ui, headers={"Content-Type": "application/json"}, timeout=10,
+                       trust_env=False)
+        assert r.status_code == 400 and "nested deeper" in r.json()["error"]["message"], (route, r.text)
+    shallow = ui.replace(deep, b"[[1]]")
+    r = httpx.post(gurl + "/ui/api/policies/preview", content=shallow, headers={"Content-Type": "application/json"},
+                   timeout=10, trust_env=False)
+    assert r.status_code == 200, r.text
 
 
 # --- 13: classifier paths ----------------------------------------------------------------------
@@ -416,6 +524,51 @@ def test_a_policy_cannot_load_a_classifier_from_elsewhere(tmp_path):
         assert r.returncode == 1
         out.append(r.stderr.replace(str(f), "F").replace("/etc/passwd", "P").replace("/etc/no-such", "P"))
     assert out[0] == out[1] and "not found or not readable" in out[0]  # existing and missing look alike
+
+
+def _serve_fails(pol: Path, *extra: str) -> str:
+    """The one line a gateway that cannot start prints about its classifier."""
+    r = subprocess.run([sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(pol), "--port",
+                        str(free_port()), *extra], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 1, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if "classifier" in ln]
+    assert len(lines) == 1, r.stderr[-2000:]
+    return lines[0]
+
+
+def test_classifier_dir_widens_where_a_policy_may_load_a_model(tmp_path):
+    models, pols = tmp_path / "models", tmp_path / "policies"
+    models.mkdir()
+    pols.mkdir()
+    for suffix in (".onnx", ".json"):
+        shutil.copy(ROOT / "classifiers" / f"tool-complexity{suffix}", models)
+    (models / "dir.onnx").mkdir()  # a path that exists but cannot be read as a model file
+
+    def policy(model: str, name: str) -> Path:
+        return write(pols, policy_text("http://127.0.0.1:9", top=f"classifier: {{kind: onnx, path: '{model}', "
+                                                                 "labels: [simple, complex]}\n"), name)
+
+    good = policy(str(models / "tool-complexity.onnx"), "good.yaml")
+    line = _serve_fails(good)  # outside the policy's folder and the shipped one: refused without the flag
+    assert "not found or not readable" in line
+    gw, gurl = start_gateway(tmp_path, [good], "--classifier-dir", str(models), "--no-health-checks")
+    try:
+        r = httpx.post(gurl + "/v1/route", json=BODY, timeout=10, trust_env=False)
+        assert r.status_code == 200 and r.json()["label"] in ("simple", "complex"), r.text
+    finally:
+        gw.stop()
+    # With the flag, a missing file and one that cannot be read get the same one error.
+    cases = {"missing": models / "gone.onnx", "a directory": models / "dir.onnx"}
+    if os.geteuid() != 0:  # root reads a file whatever its mode says
+        (models / "locked.onnx").write_bytes(b"x")
+        os.chmod(models / "locked.onnx", 0)
+        cases["mode 000"] = models / "locked.onnx"
+    seen = {}
+    for what, model in cases.items():
+        line = _serve_fails(policy(str(model), "p.yaml"), "--classifier-dir", str(models))
+        seen[what] = line.replace(str(model), "MODEL")
+    assert len(set(seen.values())) == 1, seen
+    assert "not found or not readable" in seen["missing"]
 
 
 # --- 14, 15: upstream keys and upstream error text ---------------------------------------------
