@@ -191,16 +191,23 @@ def send(url: str, turn: Turn, headers: dict[str, str] | None = None, timeout: f
 
 def replay(url: str, trace: list[list[Turn]], concurrency: int = 1,
            headers: Callable[[Turn], dict[str, str]] | None = None,
-           on_result: Callable[[Result], None] | None = None) -> list[Result]:
+           on_result: Callable[[Result], None] | None = None,
+           think: Callable[[Turn], float] | None = None) -> list[Result]:
     """Sessions in parallel (up to `concurrency` at once), each session's turns in order, the
     next sent when the previous one is done. headers(turn): extra request headers (default:
-    x-session-id, which the gateway's session pinning and routing read)."""
+    x-session-id, which the gateway's session pinning and routing read). think(turn): seconds
+    to wait before sending it (the agent running its tool; on turn 1, the session's arrival):
+    without it, a closed loop of concurrent sessions keeps least_inflight on each session's
+    replica by accident (a session's own finished request is what makes its replica the least
+    loaded one)."""
     headers = headers or (lambda t: {"x-session-id": t.session})
     results: list[Result] = []
     lock = threading.Lock()
 
     def run(session: list[Turn]) -> None:
         for t in session:
+            if think:
+                time.sleep(think(t))
             r = send(url, t, headers(t))
             with lock:
                 results.append(r)
