@@ -43,6 +43,7 @@ from switchyard.engine.cuda_ops import Ops, rms_norm
 from switchyard.engine.model import rope_inv_freq
 from switchyard.engine.weights import Shard
 
+MAX_FUSED_ROWS = 16  # cuda_kernels.MAX_ROWS, without importing triton here
 COMPILED_PREFILL_TOKENS = 4096  # prefills at least this long use the fused (compiled) ops
 _REFINE = 32  # candidates per row whose logits are recomputed in float32
 # Decode attention has a padding mask; flash attention takes none. Memory-efficient
@@ -52,7 +53,7 @@ _PREFILL_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 
 
 class _Layer:
-    __slots__ = ("ln1", "ln2", "qkv", "qkv_b", "o", "gate_up", "down", "q_norm", "k_norm")
+    __slots__ = ("ln1", "ln2", "qkv", "qkv_b", "o", "gate_up", "down", "q_norm", "k_norm", "qk_norm")
 
     def __init__(self, w: dict[str, torch.Tensor], p: str, dev: torch.device, dt: torch.dtype) -> None:
         def mat(*names: str) -> torch.Tensor:
@@ -74,6 +75,9 @@ class _Layer:
         self.down = mat("mlp.down_proj.weight")
         self.q_norm = vec("self_attn.q_norm.weight")
         self.k_norm = vec("self_attn.k_norm.weight")
+        # The fused kernel reads both from one buffer.
+        self.qk_norm = torch.cat((self.q_norm, self.k_norm)) if self.q_norm is not None and self.k_norm is not None \
+            else None
 
 
 class CudaModel:
@@ -108,6 +112,9 @@ class CudaModel:
         self.kv_write = "scatter"  # scatter (index_copy_ of cache rows) | index (advanced indexing)
         self.attn_impl = "bmm"  # bmm | sdpa (memory-efficient kernel: slower for one query row)
         self.graph_parts = 4  # decode graphs per step (see _decode_core): measured best on an H200
+        # fused: each layer in five Triton kernels (cuda_kernels) for steps of up to 16 rows on
+        # one rank; torch: the ops above (larger steps, TP > 1, no triton, the CPU tests).
+        self.decode_impl = "fused" if dev.type == "cuda" and shard.tp == 1 and _have_triton() else "torch"
         # A decode step's largest all-reduce: the embedding rows, float32, per batch slot.
         self.graphs = DecodeGraphs(self._decode_core, dev, cuda_graphs,
                                    capturable=lambda batch: comm.graph_safe(batch * config.hidden_size * 4))
@@ -185,6 +192,7 @@ class CudaModel:
     def status(self) -> dict[str, Any]:
         return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "cuda_graphs": self.graphs.enabled, "graphs_captured": len(self.graphs.graphs),
+                "decode_kernels": self.decode_impl,
                 "eager_batch_buckets": sorted(self.graphs.eager_batches),
                 "fused_ops": self.ops.status()}
 
@@ -256,6 +264,9 @@ class CudaModel:
         tables = self.step_tables[: S * nb].view(S, nb)
         w_blocks = tables.gather(1, (pos // self.block_size).view(S, 1)).view(S)
         w_offs = pos % self.block_size
+        if self.decode_impl == "fused" and S <= MAX_FUSED_ROWS:
+            yield from self._decode_fused(S, L, ids, pos, ctx, tables, w_blocks, w_offs, per)
+            return
         H, Hkv, D = self.heads, self.kv_heads, self.hd
         eps = self.c.rms_eps
         x = self._embed(ids)
@@ -287,6 +298,24 @@ class CudaModel:
             if (li + 1) % per == 0 and li + 1 < len(self.layers):
                 yield
         self.step_out[:S].copy_(self._logits(h))
+
+    def _decode_fused(self, S: int, L: int, ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor,
+                      tables: torch.Tensor, w_blocks: torch.Tensor, w_offs: torch.Tensor, per: int) -> Iterator[None]:
+        """The same step in five Triton kernels a layer (cuda_kernels): what _decode_core runs for
+        up to 16 rows on one rank."""
+        from switchyard.engine import cuda_kernels as ck
+
+        eps = self.c.rms_eps
+        x = self._embed(ids)
+        for li, layer in enumerate(self.layers):
+            kc, vc = self.k_cache[li], self.v_cache[li]  # type: ignore[index]
+            q = ck.qkv_rope(x, layer.ln1, layer.qkv, layer.qkv_b, layer.qk_norm, self.cos, self.sin, pos, w_blocks,
+                            w_offs, kc, vc, self.heads, self.kv_heads, eps)
+            x = ck.gemv_residual(ck.paged_attention(q, kc, vc, tables, ctx, L), layer.o, x)
+            x = ck.gemv_residual(ck.gate_up_silu(x, layer.ln2, layer.gate_up, eps), layer.down, x)
+            if (li + 1) % per == 0 and li + 1 < len(self.layers):
+                yield
+        self.step_out[:S].copy_(self._logits(rms_norm(x, self.norm, eps, torch.float32)))
 
     # -- the TPModel contract -----------------------------------------------------------
 
@@ -368,6 +397,12 @@ class CudaModel:
         last = torch.arange(B, device=dev) * T + lens.to(dev) - 1
         return self._logits(h[last])
 
+
+
+def _have_triton() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
 
 
 def rank_device(rank: int) -> torch.device:

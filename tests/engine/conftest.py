@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU the Triton decode kernels run in Triton's interpreter. The variable is read when
+# a Triton function is defined, Triton's own library included, so it is set before anything
+# imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -15,6 +15,7 @@ the CPU engine); with the same ops, replaying a graph gave bit-identical logits 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,6 +125,33 @@ def test_cpu_attention_and_kv_write_variants(small_weights: dict[str, torch.Tens
     ref, m = _pair(SMALL, small_weights, torch.float32)
     m.attn_impl, m.kv_write = "sdpa", "index"
     out = scenario([ref, m], SMALL.vocab_size, decode_steps=2)
+    assert_close_to_reference(out[0], out[1], 1e-4)
+
+
+fused = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (dev extra)")
+# Triton's interpreter runs every program of a launch in Python: narrow widths keep it to seconds
+# (the widths change no code path: the launchers size their grids from them).
+NARROW = dataclasses.replace(SMALL, vocab_size=1024, hidden_size=128, intermediate_size=256, num_heads=4,
+                             num_kv_heads=2, head_dim=32, num_layers=2)
+
+
+@fused
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, REL_TOL)])
+def test_cpu_fused_kernels_equal_cpu_engine(dtype: torch.dtype, tol: float) -> None:
+    """The Triton decode layer (interpreted here), prefills, joins, idle slots and all."""
+    ref, m = _pair(NARROW, random_weights(NARROW, seed=2), dtype)
+    m.decode_impl = "fused"
+    out = scenario([ref, m], NARROW.vocab_size, decode_steps=3)
+    assert_close_to_reference(out[0], out[1], tol)
+
+
+@fused
+def test_cpu_fused_kernels_qwen3_bias_and_qk_norm() -> None:
+    cfg = dataclasses.replace(NARROW, arch="qwen3", qkv_bias=True, qk_norm=True)
+    w = random_weights(cfg, seed=3)
+    ref, m = _pair(cfg, w, torch.float32)
+    m.decode_impl = "fused"
+    out = scenario([ref, m], cfg.vocab_size, decode_steps=2)
     assert_close_to_reference(out[0], out[1], 1e-4)
 
 

@@ -1,0 +1,341 @@
+"""Triton kernels for a GPU decode step of up to 16 rows: each decoder layer in five launches.
+
+Why (the H200 profile in ../shared/profiles, and bench/results/): at batch 1 a SmolLM2-135M
+step was ~540 kernels of 1-3.5 us each, so their count, not the weight reads, set the pace;
+at 8B the weight GEMVs ran near the copy bandwidth but ~28 us a layer of small kernels (two
+RMSNorms, RoPE, two KV scatters, two block gathers, softmax, split-K reductions) stood between
+the step and the bandwidth limit. Here a layer is:
+
+1. `qkv_rope`: RMSNorm of the residual row (every program recomputes it: a row is a few KB),
+   the QKV GEMV (+ bias), Qwen3's q/k norm, RoPE, q out, k and v written into their blocks
+2. `paged_attention`: one query row against its cached positions, read in place through the
+   block table (no gather); long spans split over programs, then a combine
+3. `gemv_residual` (o_proj): GEMV + residual add
+4. `gate_up_silu`: RMSNorm, the gate and up GEMVs, SiLU(g) * u
+5. `gemv_residual` (down_proj)
+
+Numerics follow the torch path: weights and activations in the model dtype, products summed
+in float32, each projection's output rounded to the model dtype as a cuBLAS GEMM's would be,
+the residual stream and the norms in float32. Attention scores stay float32 (flash attention
+does the same); the torch path rounds them to the model dtype first, so the two agree within
+the GPU tests' tolerance, not bit for bit.
+
+Rows: 1 row is a multiply-and-sum on the CUDA cores; 2-16 rows pad to 16 for `tl.dot`.
+Larger batches, and TP > 1 (an all-reduce sits between the GEMV and the residual add), keep
+the cuBLAS path. Without a GPU the kernels run in Triton's interpreter, which is how the CPU
+tests check them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # read when the kernels below are defined: interpret them
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+MAX_ROWS = 16
+# Triton's interpreter multiplies bfloat16 tiles wrongly in tl.dot (numpy has no bfloat16), so
+# interpreted kernels upcast both operands first: the same products (a bfloat16 product is exact
+# in float32), summed in float32 as the tensor cores do.
+_UPCAST = os.environ.get("TRITON_INTERPRET", "") == "1"
+_SPARE_MIN = -1.0e30  # a finite "minus infinity": an empty tile leaves exp(m_old - m_new) at 1
+
+
+@triton.jit
+def _dot(a, b, acc, UPCAST: tl.constexpr):
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision="ieee")
+
+
+@triton.jit
+def _row_scale(x_ptr, stride_x, M, K, eps, M_P: tl.constexpr, BLOCK_K: tl.constexpr):
+    """rsqrt(mean(x^2) + eps) of each row of a float32 [M, K] block: [M_P]."""
+    rows = tl.arange(0, M_P)
+    ss = tl.zeros([M_P], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
+                    mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
+        ss += tl.sum(x * x, axis=1)
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
+def _matvec(x_ptr, stride_x, ln_ptr, scale, w_ptr, stride_w, n_rows, M, K,
+            NORM: tl.constexpr, M_P: tl.constexpr, R: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    """acc[m, r] = sum_k h[m, k] * W[n_rows[r], k] in float32, where h = x (model dtype) or, with
+    NORM, RMSNorm(x) * ln rounded to the weights' dtype (x float32, `scale` its rows' factors)."""
+    rows = tl.arange(0, M_P)
+    acc = tl.zeros([M_P, R], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        kmask = ks < K
+        x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
+                    mask=(rows[:, None] < M) & kmask[None, :], other=0.0)
+        w = tl.load(w_ptr + n_rows[:, None] * stride_w + ks[None, :], mask=kmask[None, :], other=0.0)
+        if NORM:
+            ln = tl.load(ln_ptr + ks, mask=kmask, other=0.0)
+            x = (x * scale[:, None]) * ln[None, :]
+        h = x.to(w.dtype)
+        if M_P == 1:
+            acc += tl.sum(h.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
+        else:
+            acc = _dot(h, tl.trans(w), acc, UPCAST)
+    return acc
+
+
+@triton.jit
+def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, sin_ptr, pos_ptr,
+                     blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr, M, K, eps, qk_eps,
+                     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                     R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, UPCAST: tl.constexpr):
+    # Program (head, chunk): rows [c*R, c*R + R) of the head's first half and the same rows of
+    # its second half, so that RoPE's pairs (i, i + D/2) meet in one program.
+    head = tl.program_id(0)
+    chunk = tl.program_id(1)
+    HALF: tl.constexpr = D // 2
+    r = chunk * R + tl.arange(0, R)
+    n1 = head * D + r
+    n2 = n1 + HALF
+    scale = _row_scale(x_ptr, stride_x, M, K, eps, M_P, BLOCK_K)
+    a1 = _matvec(x_ptr, stride_x, ln_ptr, scale, w_ptr, K, n1, M, K, True, M_P, R, BLOCK_K, UPCAST)
+    a2 = _matvec(x_ptr, stride_x, ln_ptr, scale, w_ptr, K, n2, M, K, True, M_P, R, BLOCK_K, UPCAST)
+    odt = q_ptr.dtype.element_ty
+    if HAS_BIAS:
+        a1 += tl.load(b_ptr + n1).to(tl.float32)[None, :]
+        a2 += tl.load(b_ptr + n2).to(tl.float32)[None, :]
+    y1 = a1.to(odt).to(tl.float32)  # the projection's output in the model dtype, as cuBLAS gives it
+    y2 = a2.to(odt).to(tl.float32)
+    rows = tl.arange(0, M_P)
+    live = rows < M
+    if head < H + HKV:  # q or k: (norm,) rotate
+        if QK_NORM:  # the whole head is in this program (R == D / 2)
+            nw = qkn_ptr + (head >= H).to(tl.int32) * D  # q_norm's weights, then k_norm's
+            inv = 1.0 / tl.sqrt((tl.sum(y1 * y1, axis=1) + tl.sum(y2 * y2, axis=1)) / D + qk_eps)
+            y1 = (y1 * inv[:, None]) * tl.load(nw + r)[None, :]
+            y2 = (y2 * inv[:, None]) * tl.load(nw + HALF + r)[None, :]
+        pos = tl.load(pos_ptr + rows, mask=live, other=0)
+        c = tl.load(cos_ptr + pos[:, None] * D + r[None, :])
+        s = tl.load(sin_ptr + pos[:, None] * D + r[None, :])
+        o1 = y1 * c - y2 * s
+        o2 = y2 * c + y1 * s
+    else:
+        o1 = y1
+        o2 = y2
+    if head < H:
+        q_rows = q_ptr + rows[:, None] * (H * D) + head * D
+        tl.store(q_rows + r[None, :], o1.to(odt), mask=live[:, None])
+        tl.store(q_rows + HALF + r[None, :], o2.to(odt), mask=live[:, None])
+    else:
+        is_v = head >= H + HKV
+        is_k = head < H + HKV
+        kv = head - H - is_v.to(tl.int32) * HKV
+        blk = tl.load(blk_ptr + rows, mask=live, other=0)
+        off = tl.load(off_ptr + rows, mask=live, other=0)
+        at = ((blk * HKV + kv) * BS + off)[:, None] * D + r[None, :]
+        tl.store(kc_ptr + at, o1.to(odt), mask=live[:, None] & is_k)
+        tl.store(kc_ptr + at + HALF, o2.to(odt), mask=live[:, None] & is_k)
+        tl.store(vc_ptr + at, o1.to(odt), mask=live[:, None] & is_v)
+        tl.store(vc_ptr + at + HALF, o2.to(odt), mask=live[:, None] & is_v)
+
+
+@triton.jit
+def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_ptr, mo_ptr, ml_ptr, sm_scale,
+                      H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                      GP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                      UPCAST: tl.constexpr):
+    # Program (row, kv head, split): the kv head's G query heads (padded to GP rows for tl.dot)
+    # over positions [split * CHUNK, (split + 1) * CHUNK) of the row's context.
+    row = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    G: tl.constexpr = H // HKV
+    g = tl.arange(0, GP)
+    d = tl.arange(0, D)
+    heads = kvh * G + g
+    q = tl.load(q_ptr + row * (H * D) + heads[:, None] * D + d[None, :], mask=(g < G)[:, None], other=0.0)
+    n_ctx = tl.maximum(tl.load(ctx_ptr + row), 1)  # an idle slot sees position 0 of the spare block
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, n_ctx)
+    m_i = tl.full([GP], _SPARE_MIN, dtype=tl.float32)
+    l_i = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, D], dtype=tl.float32)
+    for t0 in range(start, end, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        valid = t < end
+        blk = tl.load(tables_ptr + row * stride_t + t // BS, mask=valid, other=0)
+        at = ((blk * HKV + kvh) * BS + t % BS)[:, None] * D + d[None, :]
+        k = tl.load(kc_ptr + at, mask=valid[:, None], other=0.0)
+        v = tl.load(vc_ptr + at, mask=valid[:, None], other=0.0)
+        s = _dot(q, tl.trans(k), tl.zeros([GP, BLOCK_N], dtype=tl.float32), UPCAST) * sm_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+        m_i = m_new
+    live = (g < G)[:, None]
+    if SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + row * (H * D) + heads[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=live)
+    else:
+        part = (row * H + heads) * SPLITS + split
+        tl.store(mo_ptr + part[:, None] * D + d[None, :], acc, mask=live)
+        tl.store(ml_ptr + part * 2, m_i, mask=g < G)
+        tl.store(ml_ptr + part * 2 + 1, l_i, mask=g < G)
+
+
+@triton.jit
+def _combine_kernel(mo_ptr, ml_ptr, o_ptr, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+    # Program (row, head): the splits' partial sums rescaled to their common maximum.
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    sp = tl.arange(0, SPLITS)
+    d = tl.arange(0, D)
+    base = (row * H + head) * SPLITS
+    m = tl.load(ml_ptr + (base + sp) * 2)
+    lsum = tl.load(ml_ptr + (base + sp) * 2 + 1)
+    w = tl.exp(m - tl.max(m, axis=0))
+    acc = tl.load(mo_ptr + (base + sp)[:, None] * D + d[None, :])
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(lsum * w, axis=0)
+    tl.store(o_ptr + (row * H + head) * D + d, out.to(o_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _gemv_residual_kernel(a_ptr, w_ptr, x_ptr, out_ptr, M, N, K,
+                          R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    # out[m, n] = x[m, n] + round(W[n] . a[m]): the projection rounded to the model dtype (as the
+    # cuBLAS path's output is), added to the float32 residual stream.
+    n = tl.program_id(0) * R + tl.arange(0, R)
+    nmask = n < N
+    nr = tl.where(nmask, n, 0)
+    acc = _matvec(a_ptr, K, a_ptr, a_ptr, w_ptr, K, nr, M, K, False, M_P, R, BLOCK_K, UPCAST)
+    rows = tl.arange(0, M_P)
+    mask = (rows[:, None] < M) & nmask[None, :]
+    at = rows[:, None] * N + n[None, :]
+    x = tl.load(x_ptr + at, mask=mask, other=0.0)
+    y = acc.to(w_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + at, x + y, mask=mask)
+
+
+@triton.jit
+def _gate_up_silu_kernel(x_ptr, ln_ptr, w_ptr, out_ptr, M, INTER, K, eps,
+                         R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    # out[m, j] = SiLU(g) * u with g, u = rows j and INTER + j of the fused gate_up weight applied
+    # to RMSNorm(x[m]), each rounded to the model dtype first (the torch path's gate_up output).
+    j = tl.program_id(0) * R + tl.arange(0, R)
+    jmask = j < INTER
+    jr = tl.where(jmask, j, 0)
+    scale = _row_scale(x_ptr, K, M, K, eps, M_P, BLOCK_K)
+    g = _matvec(x_ptr, K, ln_ptr, scale, w_ptr, K, jr, M, K, True, M_P, R, BLOCK_K, UPCAST)
+    u = _matvec(x_ptr, K, ln_ptr, scale, w_ptr, K, jr + INTER, M, K, True, M_P, R, BLOCK_K, UPCAST)
+    odt = out_ptr.dtype.element_ty
+    g = g.to(odt).to(tl.float32)
+    u = u.to(odt).to(tl.float32)
+    a = g / (1.0 + tl.exp(-g)) * u
+    rows = tl.arange(0, M_P)
+    tl.store(out_ptr + rows[:, None] * INTER + j[None, :], a.to(odt), mask=(rows[:, None] < M) & jmask[None, :])
+
+
+# -- launchers --------------------------------------------------------------------------------
+
+
+def _rows_pad(M: int) -> int:
+    assert 1 <= M <= MAX_ROWS, f"fused decode takes 1..{MAX_ROWS} rows, got {M}"
+    return 1 if M == 1 else 16
+
+
+def _block_k(M_P: int) -> int:
+    return 256 if M_P == 1 else 128
+
+
+def _out_block(n: int) -> int:
+    """Outputs per program: enough programs to cover an H200's 132 multiprocessors twice."""
+    r = 16
+    while r < 64 and n // (r * 2) >= 264:
+        r *= 2
+    return r
+
+
+def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+             qk_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+             pos: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, heads: int, kv_heads: int, eps: float) -> torch.Tensor:
+    """x float32 [M, hidden] -> q [M, heads, D] (model dtype); k and v of each row written into
+    k_cache/v_cache [blocks, kv_heads, block_size, D] at (blocks[m], offs[m]). qk_norm: Qwen3's
+    q_norm and k_norm weights, concatenated (float32 [2 D]), or None."""
+    M, K = x.shape
+    D, bs = k_cache.shape[-1], k_cache.shape[-2]
+    R = D // 2 if qk_norm is not None else min(16, D // 2)
+    q = torch.empty(M, heads, D, dtype=w.dtype, device=x.device)
+    M_P = _rows_pad(M)
+    grid = (heads + 2 * kv_heads, (D // 2) // R)
+    _qkv_rope_kernel[grid](x, x.stride(0), ln, w, bias if bias is not None else w,
+                           qk_norm if qk_norm is not None else ln, cos, sin, pos, blocks, offs,
+                           q, k_cache, v_cache, M, K, eps, eps, H=heads, HKV=kv_heads, D=D, BS=bs, R=R, M_P=M_P,
+                           BLOCK_K=_block_k(M_P), HAS_BIAS=bias is not None, QK_NORM=qk_norm is not None,
+                           UPCAST=_UPCAST)
+    return q
+
+
+def attention_splits(span: int) -> int:
+    """Programs per (row, kv head) over a span: one up to 512 positions, then one per 512, up to 16."""
+    s = 1
+    while s < 16 and span > 512 * s:
+        s *= 2
+    return s
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+                    ctx: torch.Tensor, span: int) -> torch.Tensor:
+    """q [M, H, D]; tables [M, span / block_size] block ids; ctx [M] positions each row attends
+    to (0: an idle row, which sees position 0 of its first block). Returns [M, H * D]."""
+    M, H, D = q.shape
+    kv_heads, bs = k_cache.shape[1], k_cache.shape[2]
+    G = H // kv_heads
+    splits = attention_splits(span)
+    block_n = 64
+    chunk = -(-span // (splits * block_n)) * block_n
+    out = torch.empty(M, H * D, dtype=q.dtype, device=q.device)
+    if splits > 1:
+        mo = torch.empty(M * H * splits, D, dtype=torch.float32, device=q.device)
+        ml = torch.empty(M * H * splits, 2, dtype=torch.float32, device=q.device)
+    else:
+        mo = ml = out
+    _attention_kernel[(M, kv_heads, splits)](q, k_cache, v_cache, tables, tables.stride(0), ctx, out, mo, ml,
+                                             1.0 / D ** 0.5, H=H, HKV=kv_heads, D=D, BS=bs,
+                                             GP=max(16, triton.next_power_of_2(G)), CHUNK=chunk, BLOCK_N=block_n,
+                                             SPLITS=splits, UPCAST=_UPCAST)
+    if splits > 1:
+        _combine_kernel[(M, H)](mo, ml, out, H=H, D=D, SPLITS=splits)
+    return out
+
+
+def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x + (a @ w.T) rounded to w's dtype; a [M, K] model dtype, w [N, K], x float32 [M, N]."""
+    M, K = a.shape
+    N = w.shape[0]
+    out = torch.empty(M, N, dtype=torch.float32, device=a.device)
+    M_P, R = _rows_pad(M), _out_block(N)
+    _gemv_residual_kernel[(triton.cdiv(N, R),)](a, w, x, out, M, N, K, R=R, M_P=M_P, BLOCK_K=_block_k(M_P),
+                                                UPCAST=_UPCAST)
+    return out
+
+
+def gate_up_silu(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """SiLU(gate) * up of RMSNorm(x) * ln; x float32 [M, hidden], w [2 I, hidden] -> [M, I]."""
+    M, K = x.shape
+    inter = w.shape[0] // 2
+    out = torch.empty(M, inter, dtype=w.dtype, device=x.device)
+    M_P, R = _rows_pad(M), _out_block(inter)
+    _gate_up_silu_kernel[(triton.cdiv(inter, R),)](x, ln, w, out, M, inter, K, eps, R=R, M_P=M_P,
+                                                   BLOCK_K=_block_k(M_P), UPCAST=_UPCAST)
+    return out

@@ -1,0 +1,119 @@
+"""The Triton decode kernels (engine/cuda_kernels) against the torch ops they replace.
+
+Without a GPU they run in Triton's interpreter (CI has triton from the dev extra); on a GPU
+they run compiled. Float32 inputs: equal to the torch path within float32 rounding; bfloat16:
+within a few bfloat16 ulps of the torch path run on the same inputs. Every output buffer is
+poisoned (NaN) first, so an element a kernel forgot to write fails the check.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="the fused decode kernels need triton (dev extra)")
+
+from switchyard.engine import cuda_kernels as ck  # noqa: E402
+from switchyard.engine.cuda_ops import rms_norm, rope_qkv  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    return {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+
+
+def _rand(*shape: int, dtype: torch.dtype = torch.float32, g: torch.Generator, std: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=g) * std).to(device=DEV, dtype=dtype)
+
+
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qk_norm,bias", [(False, False), (True, True)])
+def test_qkv_rope_writes_q_and_the_cache_as_the_torch_path(M: int, dtype: torch.dtype, qk_norm: bool,
+                                                           bias: bool) -> None:
+    g = torch.Generator().manual_seed(M)
+    H, Hkv, D, K, bs, nblocks, max_len = 6, 2, 32, 96, 4, 9, 40
+    x = _rand(M, K, g=g)
+    ln = 1 + 0.1 * _rand(K, g=g)
+    w = _rand((H + 2 * Hkv) * D, K, dtype=dtype, g=g, std=0.1)
+    b = _rand((H + 2 * Hkv) * D, dtype=dtype, g=g, std=0.1) if bias else None
+    qn, kn = (1 + 0.1 * _rand(D, g=g), 1 + 0.1 * _rand(D, g=g)) if qk_norm else (None, None)
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
+    cos, sin = torch.cat((freqs, freqs), -1).cos().to(DEV), torch.cat((freqs, freqs), -1).sin().to(DEV)
+    pos = torch.tensor([5, 17, 33][:M], device=DEV)
+    blocks = torch.tensor([3, 0, 7][:M], device=DEV)
+    offs = pos % bs
+    kc = torch.full((nblocks, Hkv, bs, D), float("nan"), dtype=dtype, device=DEV)
+    vc = torch.full_like(kc, float("nan"))
+
+    h = rms_norm(x, ln, 1e-5, dtype)
+    qkv = torch.nn.functional.linear(h, w, b)
+    q_ref, k_ref, v_ref = rope_qkv(qkv, cos[pos], sin[pos], H, Hkv, D, qn, kn, 1e-5, dtype)
+    q = ck.qkv_rope(x, ln, w, b, torch.cat((qn, kn)) if qk_norm else None, cos, sin, pos, blocks, offs, kc, vc,
+                    H, Hkv, 1e-5)
+    torch.testing.assert_close(q.float(), q_ref.float(), **_tol(dtype))
+    torch.testing.assert_close(kc[blocks, :, offs].float(), k_ref.float(), **_tol(dtype))
+    torch.testing.assert_close(vc[blocks, :, offs].float(), v_ref.float(), **_tol(dtype))
+    written = torch.zeros(nblocks, bs, dtype=torch.bool)
+    written[blocks.cpu(), offs.cpu()] = True
+    assert torch.isnan(kc.cpu().float().transpose(1, 2)[~written]).all()  # nothing else touched
+
+
+def _attention_ref(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, tables: torch.Tensor,
+                   ctx: torch.Tensor) -> torch.Tensor:
+    M, H, D = q.shape
+    Hkv, bs = kc.shape[1], kc.shape[2]
+    out = []
+    for m in range(M):
+        n = max(int(ctx[m]), 1)
+        t = torch.arange(n, device=q.device)
+        blk = tables[m, t // bs]
+        k = kc[blk, :, t % bs].float()  # [n, Hkv, D]
+        v = vc[blk, :, t % bs].float()
+        k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+        s = torch.einsum("hd,nhd->hn", q[m].float(), k) / D ** 0.5
+        out.append(torch.einsum("hn,nhd->hd", s.softmax(-1), v).reshape(H * D))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("span,ctx", [(64, [1, 37, 64, 0]), (2048, [1500, 2048, 513, 0])])
+def test_paged_attention_reads_blocks_in_place(dtype: torch.dtype, span: int, ctx: list[int]) -> None:
+    g = torch.Generator().manual_seed(span)
+    M, H, Hkv, D, bs = len(ctx), 6, 2, 32, 16
+    nb = span // bs
+    nblocks = M * nb + 1
+    kc = _rand(nblocks, Hkv, bs, D, dtype=dtype, g=g)
+    vc = _rand(nblocks, Hkv, bs, D, dtype=dtype, g=g)
+    tables = torch.randperm(nblocks - 1, generator=g)[: M * nb].view(M, nb).to(DEV)  # blocks out of order
+    q = _rand(M, H, D, dtype=dtype, g=g)
+    c = torch.tensor(ctx, device=DEV)
+    got = ck.paged_attention(q, kc, vc, tables, c, span)
+    assert ck.attention_splits(span) == (1 if span <= 512 else 4)
+    torch.testing.assert_close(got.float(), _attention_ref(q, kc, vc, tables, c), **_tol(dtype))
+
+
+@pytest.mark.parametrize("M", [1, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_residual_and_gate_up_silu(M: int, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(M)
+    K, N, inter = 80, 48, 40
+    a = _rand(M, K, dtype=dtype, g=g)
+    w = _rand(N, K, dtype=dtype, g=g, std=0.1)
+    x = _rand(M, N, g=g)
+    ref = x + torch.nn.functional.linear(a, w).float()
+    torch.testing.assert_close(ck.gemv_residual(a, w, x), ref, **_tol(dtype))
+
+    ln = 1 + 0.1 * _rand(N, g=g)
+    wgu = _rand(2 * inter, N, dtype=dtype, g=g, std=0.1)
+    gu = torch.nn.functional.linear(rms_norm(x, ln, 1e-5, dtype), wgu)
+    gate, up = gu.float().chunk(2, -1)
+    ref_a = torch.nn.functional.silu(gate) * up
+    torch.testing.assert_close(ck.gate_up_silu(x, ln, wgu, 1e-5).float(), ref_a, **_tol(dtype))
+
+
+def test_rows_beyond_the_fused_limit_are_refused() -> None:
+    with pytest.raises(AssertionError, match="1..16 rows"):
+        ck._rows_pad(17)
