@@ -1,6 +1,6 @@
 """Constrained decoding through `switchyard engine serve` with the real SmolLM2 and the OpenAI
 SDK: tool_choice required / named / auto, response_format, streamed calls, mixed batches, 400s;
-and an agent loop through the gateway. The pieces (masks, the call parser) are tested alone first."""
+an agent loop through the gateway, and the README's tour through the default policy. The pieces (masks, the call parser) are tested alone first."""
 
 from __future__ import annotations
 
@@ -207,12 +207,28 @@ def test_required_calls_validate_over_a_dozen_prompts(server: EngineServer) -> N
     assert names == {"get_weather", "book_trip"}  # the model picks the tool, the grammar its shape
 
 
-def test_named_function_and_parallel_calls(server: EngineServer) -> None:
-    for p in PROMPTS[1:5:2]:  # trip prompts
-        choice = _ask(server, p, tools=TOOLS,
-                      tool_choice={"type": "function", "function": {"name": "book_trip"}}).choices[0]
-        assert choice.finish_reason == "tool_calls"
-        assert [n for n, _ in _valid_calls(choice)] == ["book_trip"]
+def _fitting_tool(prompt: str) -> str:
+    """The tool a prompt of PROMPTS asks for (they alternate: weather, trip, weather, ...)."""
+    return "get_weather" if PROMPTS.index(prompt) % 2 == 0 else "book_trip"
+
+
+def test_named_function_calls_validate_over_a_dozen_prompts(server: EngineServer) -> None:
+    """The required test's dozen prompts, each naming the tool it asks for; parallel calls are
+    left allowed (the default), and a named function still gives exactly one call of it."""
+    def one(p: str) -> Any:
+        return _ask(server, p, tools=TOOLS, max_tokens=96,
+                    tool_choice={"type": "function", "function": {"name": _fitting_tool(p)}})
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        replies = list(pool.map(one, PROMPTS))
+    for p, r in zip(PROMPTS, replies, strict=True):
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", (p, choice)
+        assert choice.message.content is None, (p, choice.message.content)
+        assert [n for n, _ in _valid_calls(choice)] == [_fitting_tool(p)], (p, choice.message.tool_calls)
+
+
+def test_parallel_calls_validate(server: EngineServer) -> None:
     # Parallel calls allowed (the default): every call the budget let finish validates; a call
     # the budget cut short says "length", never "tool_calls".
     choice = _ask(server, PROMPTS[0], tools=TOOLS, tool_choice="required", max_tokens=150).choices[0]
@@ -272,6 +288,94 @@ def test_streamed_calls_add_up_to_the_non_streamed_reply(server: EngineServer) -
     assert finish == whole.finish_reason
     if not whole.message.tool_calls:
         assert len(text) >= 5 and "".join(text) == whole.message.content
+
+
+def _shot(i: int, question: str, name: str, args: dict, result: str, answer: str) -> list[dict[str, Any]]:
+    """One earlier turn of a conversation: the question, the assistant's call, its result, the answer."""
+    call = {"id": f"call_shot{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": result}, {"role": "assistant", "content": answer}]
+
+
+# Under `auto` SmolLM2-135M answers a lone question in prose (or in JSON-ish pseudo-code outside
+# any <tool_call>); after two earlier turns that called a tool it opens a call by itself.
+SHOT_PARIS = _shot(1, "What's the weather in Paris for the next 3 days?", "get_weather",
+                   {"city": "Paris", "unit": "celsius", "days": 3}, '{"forecast": "sunny, 24C"}',
+                   "Sunny, 24C in Paris.")
+SHOT_OSLO = _shot(2, "Forecast for Oslo, 5 days.", "get_weather", {"city": "Oslo", "unit": "celsius", "days": 5},
+                  '{"forecast": "rain, 9C"}', "Rain, 9C in Oslo.")
+SHOT_MADRID = _shot(3, "Book an economy trip to Madrid for Joe, 30.", "book_trip",
+                    {"traveler": {"name": "Joe", "age": 30}, "destinations": ["Madrid"], "seat": "economy"},
+                    '{"booked": true}', "Booked: Joe to Madrid, economy.")
+# 30 days is past get_weather's `maximum: 14`: left free, the model copies the 30.
+AUTO_WEATHER = [*SHOT_PARIS, *SHOT_OSLO, {"role": "user", "content": "Forecast for Lima for 30 days."}]
+AUTO_TRIP = [*SHOT_PARIS, *SHOT_MADRID, {"role": "user", "content": "Book a business trip to Rome for Ann, 34."}]
+
+
+def _chatml(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
+    """The prompt the engine renders for a chat request (SmolLM2's template is ChatML)."""
+    from switchyard.engine.tools import render_tool_messages
+
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+                   for m in render_tool_messages(messages, tools)) + "<|im_start|>assistant\n"
+
+
+def test_auto_calls_are_opened_by_the_model_and_constrained(server: EngineServer) -> None:
+    """tool_choice auto (the default with tools): the model opens <tool_call> on its own, after
+    a conversation whose earlier turns called tools, and from there the call is the grammar's."""
+    client = _client(server)
+
+    def chat(messages: list[dict[str, Any]]) -> Any:
+        return client.chat.completions.create(model="smollm2-135m", messages=messages, tools=TOOLS,
+                                              temperature=0, max_tokens=64)
+
+    def free(messages: list[dict[str, Any]]) -> Any:  # the same prompt, with no grammar at all
+        return client.completions.create(model="smollm2-135m", prompt=_chatml(messages, TOOLS),
+                                         temperature=0, max_tokens=40)
+
+    with ThreadPoolExecutor(3) as pool:
+        weather, trip, unconstrained = pool.map(lambda f: f[0](f[1]),
+                                                [(chat, AUTO_WEATHER), (chat, AUTO_TRIP), (free, AUTO_WEATHER)])
+    for r, name in ((weather, "get_weather"), (trip, "book_trip")):
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        assert choice.message.content is None, choice.message.content
+        assert [n for n, _ in _valid_calls(choice)] == [name]
+    # Unconstrained, the same prompt (the same tokens) opens the same call by itself and writes
+    # "days": 30; under auto the grammar took over after <tool_call> and kept days in 1..14.
+    assert unconstrained.usage.prompt_tokens == weather.usage.prompt_tokens
+    text = unconstrained.choices[0].text
+    assert text.startswith('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lima"'), text
+    free_args = json.loads(text.split("\n")[1])["arguments"]
+    assert free_args["days"] == 30
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(free_args, WEATHER)
+    args = json.loads(weather.choices[0].message.tool_calls[0].function.arguments)
+    assert args["city"] == "Lima" and 1 <= args["days"] <= 14
+
+
+def test_auto_call_streams_in_deltas_that_add_up(server: EngineServer) -> None:
+    client = _client(server)
+    kw: dict[str, Any] = {"model": "smollm2-135m", "messages": AUTO_TRIP, "tools": TOOLS, "temperature": 0,
+                          "max_tokens": 80}
+    with ThreadPoolExecutor(2) as pool:  # side by side: a row's output does not depend on its batch
+        whole_f = pool.submit(client.chat.completions.create, **kw)
+        chunks = pool.submit(lambda: list(client.chat.completions.create(stream=True, **kw))).result()
+        whole = whole_f.result().choices[0]
+    assert whole.finish_reason == "tool_calls"
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["tool_calls"]
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # no text: a call
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    first, rest = deltas[0], deltas[1:]
+    assert first.index == 0 and first.id.startswith("call_") and first.type == "function"
+    assert first.function.name == whole.message.tool_calls[0].function.name == "book_trip"
+    assert all(d.index == 0 and d.id is None for d in rest)
+    fragments = [d.function.arguments for d in deltas if d.function.arguments]
+    assert len(fragments) >= 5, fragments  # token by token, not one piece at the end
+    arguments = "".join(fragments)
+    assert arguments == whole.message.tool_calls[0].function.arguments
+    jsonschema.validate(json.loads(arguments), TRIP)
 
 
 def test_mixed_batches_give_each_request_its_alone_output(server: EngineServer) -> None:
@@ -373,3 +477,64 @@ def test_agent_loop_call_result_answer_through_the_gateway(gateway_url: str) -> 
     answer = final.choices[0]
     assert answer.finish_reason in ("stop", "length") and not answer.message.tool_calls
     assert answer.message.content and answer.message.content.strip()
+
+
+# -- the README's tour, through the default policy ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tour_url(server: EngineServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A gateway with policies/default.yaml as shipped (classifier, rules, fallback), both pools
+    on this module's one TP=1 replica (`large` through `localhost`: replicas are shared by URL)."""
+    from procs import ROOT, start_gateway
+
+    tmp = tmp_path_factory.mktemp("tour")
+    text = (ROOT / "policies" / "default.yaml").read_text()
+    port = server.url.rsplit(":", 1)[1]
+    for shipped, here in (("127.0.0.1:8101/v1", f"127.0.0.1:{port}/v1"), ("127.0.0.1:8201/v1", f"localhost:{port}/v1")):
+        assert shipped in text
+        text = text.replace(shipped, here)
+    # A busy test machine answers health checks slowly; everything else as shipped.
+    text = text.replace("    replicas:\n", "    health: {interval: 5s, timeout: 30s}\n    replicas:\n")
+    assert text.count("health: {interval") == 2
+    (tmp / "default.yaml").write_text(text)
+    proc, url = start_gateway(tmp, [tmp / "default.yaml"])
+    yield url
+    proc.stop()
+
+
+def _tour_code() -> str:
+    from procs import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    tour = readme[readme.index("## A five-minute tour"):]
+    return tour[tour.index("```python\n") + len("```python\n"):tour.index("\n```\n")]
+
+
+def test_readme_tour_runs_as_printed(tour_url: str) -> None:
+    """The tour's code, verbatim but for the gateway's address, through the default policy: what
+    it prints holds, and its tools example prints what the README says it prints."""
+    code = _tour_code()
+    assert 'base_url="http://127.0.0.1:8000/v1"' in code
+    printed: list[tuple[Any, ...]] = []
+    scope: dict[str, Any] = {"print": lambda *a, **kw: printed.append(a)}
+    exec(compile(code.replace("http://127.0.0.1:8000/v1", tour_url + "/v1"), "README.md tour", "exec"), scope)
+    models, france, headers, *rest = printed
+    assert {"auto", "default", "small", "large", "smollm2-135m", "smollm2-135m-tp3"} <= set(models[0])
+    assert "Paris" in france[0]
+    assert headers[0]["x-switchyard-pool"] == "small" and headers[0]["x-switchyard-rule"] == "default"
+    assert headers[0]["x-switchyard-replica"] == "small-0" and headers[0]["x-switchyard-label"] == "simple"
+    streamed = [a[0] for a in rest[:-3]]  # the stream's pieces, then the three prints below
+    assert all(isinstance(s, str) for s in streamed), streamed
+    assert len([s for s in streamed if s]) >= 5 and "".join(streamed).strip()  # chunk by chunk
+    tools_line, loop_answer, json_reply = rest[-3:]
+    # The tools example: "tool_calls get_weather {"city": "Paris"}", as the comment under it says.
+    expected = code[code.index("print(r.choices[0].finish_reason, call.function.name"):].split("\n")[1]
+    assert expected.startswith("# ")
+    assert " ".join(map(str, tools_line)) == expected[2:]
+    assert scope["messages"][1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    # The agent loop's last turn (tool_choice none) is text, no call.
+    assert isinstance(loop_answer[0], str) and loop_answer[0].strip()
+    jsonschema.validate(json.loads(json_reply[0]), {
+        "type": "object", "properties": {"name": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["name", "country"]})
