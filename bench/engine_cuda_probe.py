@@ -1,100 +1,157 @@
-"""Where a GPU decode step's time goes: step-time of decode variants (KV write, attention
-kernel, fused ops on/off) at batch 1 and 64, graph-replay-only time (no host work), and a
-profile of the kernels in one eager step.
+"""Where a GPU decode step's time goes, before and after the fused decode kernels.
 
-  python bench/engine_cuda_probe.py --out DIR
+  python bench/engine_cuda_probe.py --out DIR [--shapes smollm2-135m,llama-8b]
+
+Per shape (random bf16 weights, one H200): for each decode variant (the torch ops in 4 graph
+parts, as before; the Triton layer kernels of engine/cuda_kernels in 1, 2 and 4 parts) the
+step time with the scheduler's host loop (bench/engine_cuda.decode_rate) at batch 1, 4 and 16,
+the time of the graphs replayed back to back (no host work), and the fraction of the bandwidth
+limit; the fused step's logits against the torch step's on the same inputs (max |diff| / std);
+a per-kernel table (torch profiler, graphs on, 20 batch-1 steps) of each variant; and the TTFT
+of 1k and 8k prompts with flash attention and with cuDNN's attention in prefill.
+Writes probe.log and probe.json to DIR.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_cuda import PROMPT, decode_rate  # noqa: E402
+from engine_cuda import PROMPT, copy_bandwidth, decode_rate, ttft  # noqa: E402
 
 from switchyard.engine.comm import SingleRank  # noqa: E402
 from switchyard.engine.cuda_model import CudaModel  # noqa: E402
-from switchyard.engine.cuda_ops import Ops  # noqa: E402
 from switchyard.engine.random_weights import SHAPES, random_weights  # noqa: E402
 from switchyard.engine.weights import Shard  # noqa: E402
 
+VARIANTS = (("torch", 4), ("fused", 1), ("fused", 2), ("fused", 4))
 
-def replay_ms(m: CudaModel, n: int = 50) -> tuple[float, float]:
-    """(GPU ms per step replaying back to back, host ms to launch one step's graphs)."""
-    parts = next(iter(m.graphs.graphs.values()))
+
+def replay_ms(m: CudaModel, n: int = 50) -> float:
+    """GPU ms per step, the last captured step's graphs replayed back to back."""
+    parts = list(m.graphs.graphs.values())[-1]
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(n):
         for g in parts:
             g.replay()
     torch.cuda.synchronize()
-    gpu = (time.perf_counter() - t) / n * 1000
-    launch = []
-    for _ in range(10):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for g in parts:
-            g.replay()
-        launch.append(time.perf_counter() - t)
+    return (time.perf_counter() - t) / n * 1000
+
+
+def step_args(batch: int, ctx: int) -> tuple[torch.Tensor, ...]:
+    one = torch.ones(batch, dtype=torch.int64)
+    return (torch.randint(0, 1000, (batch, 1)), torch.full((batch, 1), ctx - 1), torch.arange(batch), one,
+            torch.full((batch,), ctx))
+
+
+def kernel_table(m: CudaModel, steps: int = 20) -> tuple[str, float, float]:
+    """(table, kernels per step, GPU kernel ms per step) of batch-1 steps, graphs on."""
+    from torch.profiler import ProfilerActivity, profile
+
+    args = step_args(1, PROMPT + 1)
+    m.forward(*args, 1)
     torch.cuda.synchronize()
-    return gpu, sorted(launch)[5] * 1000
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            m.forward(*args, 1)
+        torch.cuda.synchronize()
+    ev = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    n = sum(e.count for e in ev) / steps
+    us = sum(e.self_device_time_total for e in ev) / steps
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=60)
+    return table, n, us / 1000
+
+
+def compare(m: CudaModel, batch: int) -> float:
+    """Max |fused - torch| / std(torch) of one decode step's logits on the same cache and inputs."""
+    args = step_args(batch, PROMPT + 1)
+    out = {}
+    for impl in ("torch", "fused"):
+        m.decode_impl = impl
+        m.graphs.clear()
+        out[impl] = m.forward(*args, batch).float()
+    return float((out["fused"] - out["torch"]).abs().max() / out["torch"].std())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="smollm2-135m,llama-8b")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--ttft", default="1024,8192")
     ap.add_argument("--out", default="/tmp")
     a = ap.parse_args()
     dev = torch.device("cuda")
-    lines = []
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__}
 
     def log(s: str) -> None:
         print(s, flush=True)
         lines.append(s)
 
+    bw = copy_bandwidth(dev)
+    results["copy_bandwidth_tb_s"] = bw / 1e12
+    log(f"{results['device']}, torch {torch.__version__}, copy bandwidth {bw / 1e12:.3f} TB/s")
     for name in a.shapes.split(","):
         c = SHAPES[name]
         w = random_weights(c, seed=0, device=dev, dtype=torch.bfloat16)
-        m = CudaModel(c, Shard(0, 1, c), w, SingleRank(), max_slots=64, max_len=2 * PROMPT, device=dev)
+        m = CudaModel(c, Shard(0, 1, c), w, SingleRank(), max_slots=16, max_len=2 * PROMPT, device=dev)
         del w
-        compiled_ops = m.ops
-        for kv, attn, comp, parts in (("scatter", "sdpa", True, 1), ("scatter", "bmm", True, 1),
-                                      ("scatter", "bmm", True, 2), ("scatter", "bmm", True, 4),
-                                      ("scatter", "bmm", True, 8), ("scatter", "bmm", False, 4)):
-            m.kv_write, m.attn_impl, m.graph_parts = kv, attn, parts
-            m.ops = compiled_ops if comp else Ops(dev, compile_ops=False)
-            m.graphs.clear()
-            for b in (1, 64):
-                r = decode_rate(m, b, 32, c.vocab_size)
-                rep, launch = replay_ms(m)
+        limit = bw / m.weight_bytes_per_token()
+        r: dict[str, Any] = {"bandwidth_limit_tok_s": limit, "variants": {}, "kernels": {}}
+        results[name] = r
+        log(f"\n{name}: {m.weight_bytes_per_token() / 1e9:.3f} GB a batch-1 step, limit {limit:.0f} tok/s")
+        t = time.perf_counter()
+        m.warmup()
+        log(f"  warm-up {time.perf_counter() - t:.1f}s, {m.status()['decode_kernels']}")
+        for b in (1, 4):
+            r[f"fused_vs_torch_b{b}"] = compare(m, b)
+            log(f"  fused vs torch logits, batch {b}: max |diff| = {r[f'fused_vs_torch_b{b}']:.4f} x std")
+        for impl, parts in VARIANTS:
+            m.decode_impl, m.graph_parts = impl, parts
+            for b in (int(x) for x in a.batches.split(",")):
                 m.graphs.clear()
-                log(f"{name:13} kv={kv:8} attn={attn:5} compiled={comp!s:5} parts={parts} b={b:<3} "
-                    f"step {r['step_ms']:.3f} ms ({r['tok_s']:.0f} tok/s), replay alone {rep:.3f} ms, "
-                    f"launch {launch:.3f} ms")
-        m.kv_write, m.attn_impl, m.ops, m.graph_parts = "scatter", "bmm", compiled_ops, 1
-        decode_rate(m, 1, 4, c.vocab_size)
-        m.graphs.enabled = False
-        from torch.profiler import ProfilerActivity, profile
-
-        one = torch.ones(1, dtype=torch.int64)
-        args = (torch.tensor([[1]]), torch.tensor([[PROMPT]]), torch.tensor([0]), one, torch.tensor([PROMPT + 1]), 1)
-        m.forward(*args)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                m.forward(*args)
-            torch.cuda.synchronize()
-        log(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=22, max_name_column_width=70))
+                d = decode_rate(m, b, 48, c.vocab_size)
+                rep = replay_ms(m)
+                key = f"{impl}-parts{parts}-b{b}"
+                r["variants"][key] = {**d, "replay_ms": rep}
+                frac = f", {d['tok_s'] / limit:.0%} of the limit" if b == 1 else ""
+                log(f"  {impl:5} parts={parts} b={b:<2} step {d['step_ms']:.3f} ms ({d['tok_s']:,.0f} tok/s{frac}), "
+                    f"replay alone {rep:.3f} ms")
+        for impl, parts in (("torch", 4), ("fused", 1)):
+            m.decode_impl, m.graph_parts = impl, parts
+            m.graphs.clear()
+            table, n, ms = kernel_table(m)
+            r["kernels"][impl] = {"per_step": n, "gpu_ms_per_step": ms}
+            log(f"\n  {impl} step kernels: {n:.0f} a step, {ms:.3f} ms of GPU time a step\n{table}")
+        m.decode_impl, m.graph_parts = "fused", 1
+        lens = [int(x) for x in a.ttft.split(",") if x]
+        if lens:
+            m.allocate_cache(1, max(lens) + 16)
+            for backend in ("flash", "cudnn"):
+                m.prefill_sdpa = backend
+                try:
+                    ttft(m, min(lens), c.vocab_size, reps=1)
+                    for n in lens:
+                        r[f"ttft_{backend}_{n}"] = ttft(m, n, c.vocab_size)
+                        log(f"  TTFT {n} tokens, {backend}: {r[f'ttft_{backend}_{n}']:.1f} ms")
+                except Exception as e:  # a backend refusing the shapes must not lose the rest
+                    log(f"  TTFT {backend}: FAILED {type(e).__name__}: {e}")
         del m
         torch.cuda.empty_cache()
-    Path(a.out, "probe.log").write_text("\n".join(lines))
+        (out / "probe.json").write_text(json.dumps(results, indent=1))
+    (out / "probe.log").write_text("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -120,3 +120,7 @@ def engine_serve(
             "prefix_caching": prefix_caching, "threads": threads, "collective_timeout_s": collective_timeout,
             "device": device, "extra": {"cuda_graphs": cuda_graphs}}
     raise typer.Exit(launch.run_rank(path, served_model_name or model, rank, world, host, port, opts))
+
+
+if __name__ == "__main__":  # the engine alone, no gateway imports: python -m switchyard.engine.cli --model ...
+    engine_app()

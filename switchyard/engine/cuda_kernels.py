@@ -43,7 +43,6 @@ MAX_ROWS = 16
 # interpreted kernels upcast both operands first: the same products (a bfloat16 product is exact
 # in float32), summed in float32 as the tensor cores do.
 _UPCAST = os.environ.get("TRITON_INTERPRET", "") == "1"
-_SPARE_MIN = -1.0e30  # a finite "minus infinity": an empty tile leaves exp(m_old - m_new) at 1
 
 
 @triton.jit
@@ -164,7 +163,7 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_pt
     n_ctx = tl.maximum(tl.load(ctx_ptr + row), 1)  # an idle slot sees position 0 of the spare block
     start = split * CHUNK
     end = tl.minimum(start + CHUNK, n_ctx)
-    m_i = tl.full([GP], _SPARE_MIN, dtype=tl.float32)
+    m_i = tl.full([GP], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile keeps alpha at 1, not NaN
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, D], dtype=tl.float32)
     for t0 in range(start, end, BLOCK_N):

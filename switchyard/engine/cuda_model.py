@@ -49,7 +49,11 @@ _REFINE = 32  # candidates per row whose logits are recomputed in float32
 # Decode attention has a padding mask; flash attention takes none. Memory-efficient
 # attention takes one and is capturable; math is the CPU path.
 _DECODE_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-_PREFILL_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# Prefill from position 0: causal, no mask. cuDNN's kernel is an option to measure against
+# flash attention on Hopper (CudaModel.prefill_sdpa); the first one that takes the shapes runs.
+PREFILL_SDPA = {"flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+                "cudnn": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                          SDPBackend.MATH]}
 
 
 class _Layer:
@@ -115,6 +119,7 @@ class CudaModel:
         # fused: each layer in five Triton kernels (cuda_kernels) for steps of up to 16 rows on
         # one rank; torch: the ops above (larger steps, TP > 1, no triton, the CPU tests).
         self.decode_impl = "fused" if dev.type == "cuda" and shard.tp == 1 and _have_triton() else "torch"
+        self.prefill_sdpa = "flash"  # a key of PREFILL_SDPA
         # A decode step's largest all-reduce: the embedding rows, float32, per batch slot.
         self.graphs = DecodeGraphs(self._decode_core, dev, cuda_graphs,
                                    capturable=lambda batch: comm.graph_safe(batch * config.hidden_size * 4))
@@ -211,9 +216,26 @@ class CudaModel:
                         | {self.max_slots}):
             self.forward(torch.zeros(1, 1, dtype=torch.int64), (one * n).view(1, 1), torch.zeros_like(one), one,
                          one * (n + 1), S)
+        if self.decode_impl == "fused" and self.device.type == "cuda":
+            self._compile_attention_spans()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - start
+
+    def _compile_attention_spans(self) -> None:
+        """The attention kernel is compiled once per span bucket (its split count and chunk are
+        constants): compile them all now, reading the spare block only, rather than on the step
+        whose context first crosses into a bucket."""
+        from switchyard.engine import cuda_kernels as ck
+
+        q = torch.zeros(1, self.heads, self.hd, dtype=self.dtype, device=self.device)
+        ctx = torch.ones(1, dtype=torch.int64, device=self.device)
+        longest = 1
+        while longest < self.max_len:
+            longest = len_bucket(longest + 1, self.max_len)
+            span = -(-longest // self.block_size) * self.block_size  # as forward() rounds it
+            tables = torch.full((1, span // self.block_size), self.num_blocks, dtype=torch.int64, device=self.device)
+            ck.paged_attention(q, self.k_cache[0], self.v_cache[0], tables, ctx, span)  # type: ignore[index]
 
     # -- pieces --------------------------------------------------------------------------
 
@@ -384,7 +406,7 @@ class CudaModel:
             if fresh:
                 k = k.view(B, T, Hkv, D).transpose(1, 2)
                 v = v.view(B, T, Hkv, D).transpose(1, 2)
-                with sdpa_kernel(_PREFILL_SDPA):
+                with sdpa_kernel(PREFILL_SDPA[self.prefill_sdpa]):
                     o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
             else:
                 k = self._gather(self.k_cache[li], span)  # type: ignore[index]

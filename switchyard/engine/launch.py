@@ -121,5 +121,7 @@ def run_rank(model_path: Path, model_name: str, rank: int, world: int, host: str
 
 
 def serve_argv() -> list[str]:
-    """The command line that re-runs this `engine serve` as one rank."""
-    return [sys.executable, "-m", "switchyard.cli", *sys.argv[1:]]
+    """The command line that re-runs this `engine serve` as one rank, through the entry point it
+    came in by (`switchyard engine serve` or `python -m switchyard.engine.cli`)."""
+    standalone = Path(sys.argv[0]).parts[-2:] == ("engine", "cli.py")
+    return [sys.executable, "-m", "switchyard.engine.cli" if standalone else "switchyard.cli", *sys.argv[1:]]

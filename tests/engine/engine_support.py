@@ -58,11 +58,14 @@ class EngineServer:
     """`switchyard engine serve` as a child process; stopped (and its ranks with it) on close."""
 
     def __init__(self, model: Path, log: Path, tp: int = 1, extra: list[str] | None = None,
-                 env: dict[str, str] | None = None, timeout: float = 150.0) -> None:
+                 env: dict[str, str] | None = None, timeout: float = 150.0, standalone: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        cmd = [sys.executable, "-m", "switchyard.cli", "engine", "serve", "--model", str(model), "--tp", str(tp),
+        # standalone: the engine's own entry point, which imports nothing of the gateway (a GPU
+        # machine carrying only the engine's dependencies runs it).
+        entry = ["-m", "switchyard.engine.cli"] if standalone else ["-m", "switchyard.cli", "engine", "serve"]
+        cmd = [sys.executable, *entry, "--model", str(model), "--tp", str(tp),
                "--port", str(self.port), *(extra or [])]
         # Ready means /health answers 200: it answers 503 while the model loads.
         self._proc = Proc(cmd, self.url + "/health", log, env, timeout, ready=lambda status: status == 200)

@@ -1,0 +1,148 @@
+"""`engine serve --device cuda` end to end: constrained decoding and prefix caching on the GPU
+path (Triton decode kernels in CUDA graphs, paged KV cache), through HTTP.
+
+The model is random weights with SmolLM2's widths (4 layers) beside SmolLM2's real tokenizer
+and chat template: text is gibberish, but a constrained reply must still parse and validate,
+and greedy decoding must give the same tokens with and without a cached prefix. float32, so
+that the cached prefill (attention over gathered blocks) and the fresh one (flash attention)
+agree to rounding and greedy choices cannot flip. Runs where a GPU is (CI has none); a device
+run carries the tokenizer as SWITCHYARD_TEST_TOKENIZER_DIR (the real GGUF is 98 MB).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+from engine_support import EngineServer, get
+
+from switchyard.engine.random_weights import SMOLLM2_135M, random_weights
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+
+CFG = dataclasses.replace(SMOLLM2_135M, num_layers=4)
+SYSTEM = "You are a careful assistant. " * 40  # ~240 tokens: 15 full blocks to cache
+# Bounded strings and arrays: a random model would otherwise write one string to its token budget.
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 12},
+    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 14}}, "required": ["city", "unit", "days"]}
+TRIP = {"type": "object", "properties": {
+    "traveler": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                                  "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+                 "required": ["name", "age"]},
+    "destinations": {"type": "array", "items": {"type": "string", "maxLength": 10}, "minItems": 1, "maxItems": 2},
+    "seat": {"type": "string", "enum": ["economy", "business"]}}, "required": ["traveler", "destinations", "seat"]}
+SCHEMAS = {"get_weather": WEATHER, "book_trip": TRIP}
+TOOLS = [{"type": "function", "function": {"name": n, "description": n.replace("_", " "), "parameters": p}}
+         for n, p in SCHEMAS.items()]
+
+
+def write_tokenizer(d: Path) -> None:
+    """SmolLM2's tokenizer.json and chat template into d (from the carried copy, else the GGUF)."""
+    src = os.environ.get("SWITCHYARD_TEST_TOKENIZER_DIR")
+    if src:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (d / name).write_bytes((Path(src) / name).read_bytes())
+        return
+    import gguf
+    from engine_support import smollm2_path
+
+    from switchyard.engine import tokenizer
+
+    t = tokenizer.from_gguf(gguf.GGUFReader(str(smollm2_path())))
+    (d / "tokenizer.json").write_text(t.tok.to_str())
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": t.template_src, "bos_token": t.bos,
+                                                         "eos_token": "<|im_end|>"}))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
+    from safetensors.torch import save_file
+
+    d = tmp_path_factory.mktemp("random-smollm2")
+    w = random_weights(CFG, seed=11)
+    save_file({f"model.{k}": v.contiguous() for k, v in w.items()}, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": CFG.vocab_size, "hidden_size": CFG.hidden_size,
+        "intermediate_size": CFG.intermediate_size, "num_hidden_layers": CFG.num_layers,
+        "num_attention_heads": CFG.num_heads, "num_key_value_heads": CFG.num_kv_heads, "rms_norm_eps": CFG.rms_eps,
+        "rope_theta": CFG.rope_theta, "max_position_embeddings": 2048, "tie_word_embeddings": True,
+        "bos_token_id": 1, "eos_token_id": 2}))
+    write_tokenizer(d)
+    s = EngineServer(d, d / "engine.log", standalone=True,
+                     extra=["--device", "cuda", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8"])
+    yield s
+    s.close()
+
+
+def chat(server: EngineServer, **body: object) -> dict:
+    import httpx
+
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "m", "temperature": 0, **body}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_health_says_gpu_fused_kernels_and_structured_output(server: EngineServer) -> None:
+    status, h = get(server.url + "/health")
+    assert status == 200
+    dev = h["device"]
+    assert dev["device"].startswith("cuda") and dev["decode_kernels"] == "fused" and dev["cuda_graphs"] is True
+    assert h["structured_output"]["supported"]
+
+
+def test_required_calls_and_json_schema_validate_on_the_gpu(server: EngineServer) -> None:
+    for prompt in ("Weather in Oslo?", "Book a trip to Rome for Ann."):
+        r = chat(server, messages=[{"role": "user", "content": prompt}], tools=TOOLS, tool_choice="required",
+                 parallel_tool_calls=False, max_tokens=200)
+        choice = r["choices"][0]
+        calls = choice["message"]["tool_calls"]
+        assert choice["finish_reason"] == "tool_calls" and calls
+        for c in calls:
+            jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
+    schema = SCHEMAS["get_weather"]
+    r = chat(server, messages=[{"role": "user", "content": "A forecast as JSON."}], max_tokens=200,
+             response_format={"type": "json_schema", "json_schema": {"name": "f", "schema": schema, "strict": True}})
+    assert r["choices"][0]["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(r["choices"][0]["message"]["content"]), schema)
+
+
+def test_a_cached_prefix_gives_the_uncached_tokens_on_the_gpu(server: EngineServer) -> None:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "First question."}]
+    first = chat(server, messages=messages, max_tokens=24, ignore_eos=True)
+    again = chat(server, messages=messages, max_tokens=24, ignore_eos=True)
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 14
+    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+    other = chat(server, messages=[messages[0], {"role": "user", "content": "Another one."}], max_tokens=8)
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 14  # the shared system prompt
+    kv = get(server.url + "/health")[1]["kv_cache"]
+    assert kv["prefix_cache_hit_rate"] > 0
+
+
+def test_a_streamed_call_adds_up_to_the_whole_reply_on_the_gpu(server: EngineServer) -> None:
+    import httpx
+
+    body = {"model": "m", "temperature": 0, "max_tokens": 200, "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "messages": [{"role": "user", "content": "Weather in Lima?"}]}
+    whole = chat(server, **{k: v for k, v in body.items() if k not in ("model", "temperature")})
+    call = whole["choices"][0]["message"]["tool_calls"][0]["function"]
+    pieces, name = [], None
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for d in json.loads(line[6:])["choices"][0]["delta"].get("tool_calls") or []:
+                name = d.get("function", {}).get("name") or name
+                pieces.append(d.get("function", {}).get("arguments") or "")
+    assert name == "get_weather" and len([p for p in pieces if p]) >= 3
+    assert "".join(pieces) == call["arguments"]
+    jsonschema.validate(json.loads(call["arguments"]), SCHEMAS["get_weather"])
