@@ -106,7 +106,8 @@ def main() -> None:
     for name in a.shapes.split(","):
         c = SHAPES[name]
         w = random_weights(c, seed=0, device=dev, dtype=torch.bfloat16)
-        m = CudaModel(c, Shard(0, 1, c), w, SingleRank(), max_slots=16, max_len=2 * PROMPT, device=dev)
+        m = CudaModel(c, Shard(0, 1, c), w, SingleRank(), max_slots=16, max_len=2 * PROMPT, device=dev,
+                      decode_kernels="fused")
         del w
         limit = bw / m.weight_bytes_per_token()
         r: dict[str, Any] = {"bandwidth_limit_tok_s": limit, "variants": {}, "kernels": {}}
@@ -114,7 +115,8 @@ def main() -> None:
         log(f"\n{name}: {m.weight_bytes_per_token() / 1e9:.3f} GB a batch-1 step, limit {limit:.0f} tok/s")
         t = time.perf_counter()
         m.warmup()
-        log(f"  warm-up {time.perf_counter() - t:.1f}s, {m.status()['decode_kernels']}")
+        st = m.status()
+        log(f"  warm-up {time.perf_counter() - t:.1f}s, {st['decode_kernels']} {st.get('decode_kernels_reason', '')}")
         for b in (1, 4):
             r[f"fused_vs_torch_b{b}"] = compare(m, b)
             log(f"  fused vs torch logits, batch {b}: max |diff| = {r[f'fused_vs_torch_b{b}']:.4f} x std")

@@ -66,6 +66,10 @@ def engine_serve(
     device: str = typer.Option("cpu", help="cpu | cuda (bf16 weights and KV cache on the GPU; rank r uses GPU r)"),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                                      help="Replay decode steps as CUDA graphs (GPU only)"),
+    decode_kernels: str = typer.Option(
+        "torch", help="GPU decode steps of up to 16 rows on one rank: torch (its ops) | fused (each layer in five "
+                      "Triton kernels, checked against torch at start-up and kept only if they agree; not yet "
+                      "measured on a GPU)"),
 ) -> None:
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
@@ -79,6 +83,8 @@ def engine_serve(
         raise typer.BadParameter("--dtype must be auto, float32, bfloat16 or int4")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise typer.BadParameter(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}")
+    if decode_kernels not in ("torch", "fused"):
+        raise typer.BadParameter("--decode-kernels must be torch or fused")
     if max_num_batched_tokens < 1:
         raise typer.BadParameter("--max-num-batched-tokens must be at least 1")
     if not 1 <= block_size <= 256:
@@ -118,7 +124,7 @@ def engine_serve(
             "max_waiting": max_waiting, "max_num_batched_tokens": max_num_batched_tokens, "dtype": dtype,
             "kv_cache_dtype": kv_cache_dtype, "block_size": block_size, "num_kv_blocks": num_kv_blocks,
             "prefix_caching": prefix_caching, "threads": threads, "collective_timeout_s": collective_timeout,
-            "device": device, "extra": {"cuda_graphs": cuda_graphs}}
+            "device": device, "extra": {"cuda_graphs": cuda_graphs, "decode_kernels": decode_kernels}}
     raise typer.Exit(launch.run_rank(path, served_model_name or model, rank, world, host, port, opts))
 
 

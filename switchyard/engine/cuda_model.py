@@ -28,6 +28,7 @@ It also runs on CPU (eagerly, graphs off), which is how CI checks it against TPM
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -44,6 +45,7 @@ from switchyard.engine.model import rope_inv_freq
 from switchyard.engine.weights import Shard
 
 MAX_FUSED_ROWS = 16  # cuda_kernels.MAX_ROWS, without importing triton here
+log = logging.getLogger("switchyard.engine.cuda_model")
 COMPILED_PREFILL_TOKENS = 4096  # prefills at least this long use the fused (compiled) ops
 _REFINE = 32  # candidates per row whose logits are recomputed in float32
 # Decode attention has a padding mask; flash attention takes none. Memory-efficient
@@ -91,7 +93,7 @@ class CudaModel:
                  comm: CollectiveBackend, max_slots: int, max_len: int,
                  device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
                  cuda_graphs: bool = True, compile_ops: bool | None = None, block_size: int = 16,
-                 num_blocks: int = 0) -> None:
+                 num_blocks: int = 0, decode_kernels: str = "torch") -> None:
         dev = torch.device(device)
         self.c, self.shard, self.comm, self.device, self.dtype = config, shard, comm, dev, dtype
         self.heads, self.kv_heads, self.hd = shard.heads, shard.kv_heads, config.head_dim
@@ -117,8 +119,18 @@ class CudaModel:
         self.attn_impl = "bmm"  # bmm | sdpa (memory-efficient kernel: slower for one query row)
         self.graph_parts = 4  # decode graphs per step (see _decode_core): measured best on an H200
         # fused: each layer in five Triton kernels (cuda_kernels) for steps of up to 16 rows on
-        # one rank; torch: the ops above (larger steps, TP > 1, no triton, the CPU tests).
-        self.decode_impl = "fused" if dev.type == "cuda" and shard.tp == 1 and _have_triton() else "torch"
+        # one rank, checked against the torch ops at warm-up; torch: the ops above (larger steps,
+        # TP > 1, no triton). Opt-in until it is measured on a GPU.
+        self.decode_impl, self.decode_reason = "torch", ""
+        if decode_kernels == "fused":
+            if shard.tp > 1:
+                self.decode_reason = "fused decode kernels run on one rank only (TP > 1 all-reduces mid-layer)"
+            elif not _have_triton():
+                self.decode_reason = "fused decode kernels need triton"
+            else:
+                self.decode_impl = "fused"
+        elif decode_kernels != "torch":
+            raise ValueError(f"decode_kernels must be 'torch' or 'fused', got {decode_kernels!r}")
         self.prefill_sdpa = "flash"  # a key of PREFILL_SDPA
         # A decode step's largest all-reduce: the embedding rows, float32, per batch slot.
         self.graphs = DecodeGraphs(self._decode_core, dev, cuda_graphs,
@@ -197,7 +209,8 @@ class CudaModel:
     def status(self) -> dict[str, Any]:
         return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "cuda_graphs": self.graphs.enabled, "graphs_captured": len(self.graphs.graphs),
-                "decode_kernels": self.decode_impl,
+                "decode_kernels": self.decode_impl, **({"decode_kernels_reason": self.decode_reason}
+                                                       if self.decode_reason else {}),
                 "eager_batch_buckets": sorted(self.graphs.eager_batches),
                 "fused_ops": self.ops.status()}
 
@@ -212,6 +225,8 @@ class CudaModel:
         one = torch.ones(1, dtype=torch.int64)
         self.forward(torch.zeros(1, n, dtype=torch.int64), torch.arange(n).view(1, n), torch.zeros_like(one),
                      one * n, one * n, 0)
+        if self.decode_impl == "fused":
+            self._check_fused(n)
         for S in sorted({batch_bucket(b, self.max_slots) for b in BATCH_BUCKETS if b <= self.max_slots}
                         | {self.max_slots}):
             self.forward(torch.zeros(1, 1, dtype=torch.int64), (one * n).view(1, 1), torch.zeros_like(one), one,
@@ -221,6 +236,27 @@ class CudaModel:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - start
+
+    def _check_fused(self, n: int, tol: float = 0.15) -> None:
+        """Start-up check of the fused decode kernels (as the collectives have one): one step of
+        slot 0 through both paths, graphs off; a failure or logits further apart than `tol` x
+        their std (the GPU tests' bound) keeps the torch ops, with the reason in status()."""
+        one = torch.ones(1, dtype=torch.int64)
+        args = (torch.tensor([[3]]), (one * n).view(1, 1), torch.zeros_like(one), one, one * (n + 1), 1)
+        enabled, self.graphs.enabled = self.graphs.enabled, False
+        try:
+            self.decode_impl = "torch"
+            ref = self.forward(*args).float()
+            self.decode_impl = "fused"
+            err = float((self.forward(*args).float() - ref).abs().max() / ref.std())
+            if not err <= tol:  # NaN too
+                self.decode_impl, self.decode_reason = "torch", f"fused decode check: logits {err:.3g} x std apart"
+        except Exception as e:  # a kernel that does not compile or launch on this device
+            self.decode_impl, self.decode_reason = "torch", f"fused decode check failed: {type(e).__name__}: {e}"[:300]
+        finally:
+            self.graphs.enabled = enabled
+        if self.decode_reason:
+            log.warning("%s; decoding with the torch ops", self.decode_reason)
 
     def _compile_attention_spans(self) -> None:
         """The attention kernel is compiled once per span bucket (its split count and chunk are

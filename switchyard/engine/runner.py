@@ -149,7 +149,8 @@ class Runner:
                                    max_slots=self.opts.max_num_seqs, max_len=max_len, device=device,
                                    dtype=getattr(torch, self.dtype),
                                    cuda_graphs=bool(self.opts.extra.get("cuda_graphs", True)),
-                                   block_size=bs, num_blocks=blocks)
+                                   block_size=bs, num_blocks=blocks,
+                                   decode_kernels=str(self.opts.extra.get("decode_kernels", "torch")))
             # Compile and capture now (every rank: the captures' collectives pair up), not on
             # the first requests.
             log.info("GPU warm-up (fused ops, decode graphs) took %.1fs", self.model.warmup())

@@ -139,18 +139,40 @@ NARROW = dataclasses.replace(SMALL, vocab_size=1024, hidden_size=128, intermedia
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, REL_TOL)])
 def test_cpu_fused_kernels_equal_cpu_engine(dtype: torch.dtype, tol: float) -> None:
     """The Triton decode layer (interpreted here), prefills, joins, idle slots and all."""
-    ref, m = _pair(NARROW, random_weights(NARROW, seed=2), dtype)
-    m.decode_impl = "fused"
+    ref, m = _pair(NARROW, random_weights(NARROW, seed=2), dtype, decode_kernels="fused")
+    assert m.decode_impl == "fused"
     out = scenario([ref, m], NARROW.vocab_size, decode_steps=3)
     assert_close_to_reference(out[0], out[1], tol)
+
+
+@fused
+def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    from switchyard.engine import cuda_kernels
+
+    w = random_weights(NARROW, seed=2)
+    sh = Shard(0, 1, NARROW)
+    m = CudaModel(NARROW, sh, w, SingleRank(), max_slots=2, max_len=64, device="cpu", decode_kernels="fused")
+    m.warmup()
+    assert m.status()["decode_kernels"] == "fused" and "decode_kernels_reason" not in m.status()
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("no kernel image for this device")
+
+    monkeypatch.setattr(cuda_kernels, "gate_up_silu", broken)
+    m = CudaModel(NARROW, sh, w, SingleRank(), max_slots=2, max_len=64, device="cpu", decode_kernels="fused")
+    m.warmup()
+    st = m.status()
+    assert st["decode_kernels"] == "torch" and "no kernel image" in st["decode_kernels_reason"]
+    tp2 = CudaModel(NARROW, Shard(0, 2, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cpu",
+                    decode_kernels="fused")
+    assert tp2.decode_impl == "torch" and "one rank" in tp2.decode_reason
 
 
 @fused
 def test_cpu_fused_kernels_qwen3_bias_and_qk_norm() -> None:
     cfg = dataclasses.replace(NARROW, arch="qwen3", qkv_bias=True, qk_norm=True)
     w = random_weights(cfg, seed=3)
-    ref, m = _pair(cfg, w, torch.float32)
-    m.decode_impl = "fused"
+    ref, m = _pair(cfg, w, torch.float32, decode_kernels="fused")
     out = scenario([ref, m], cfg.vocab_size, decode_steps=2)
     assert_close_to_reference(out[0], out[1], 1e-4)
 

@@ -77,7 +77,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
         "bos_token_id": 1, "eos_token_id": 2}))
     write_tokenizer(d)
     s = EngineServer(d, d / "engine.log", standalone=True,
-                     extra=["--device", "cuda", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8"])
+                     extra=["--device", "cuda", "--dtype", "float32", "--decode-kernels", "fused", "--max-model-len", "1024",
+                            "--max-num-seqs", "8"])
     yield s
     s.close()
 
