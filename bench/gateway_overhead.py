@@ -283,6 +283,43 @@ def tracing_rounds(args, policy: Path, tmp: Path, results: dict) -> None:
         results[f"switchyard, {name}"] = {k: statistics.median(x[k] for x in rs) for k in rs[0]} | {"rounds": rs}
 
 
+def ab_rounds(args, policy: Path, tmp: Path, results: dict) -> None:
+    """This tree's gateway against --ab's, both up at once on the same core, in interleaved rounds
+    of sequential requests (order alternating): per round each one's p50 and its CPU time per
+    request (the server's own /proc counters: what a busy machine disturbs least), then the
+    medians of the paired per-round differences."""
+    gws = {}
+    for name, cwd in (("this tree", None), ("--ab tree", args.ab.resolve())):
+        gp = free_port()
+        gws[name] = (gp, spawn([sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(policy), "--port",
+                                str(gp), "--log-level", "warning"], core=1, log=tmp / f"ab-{gp}.log", cwd=cwd))
+        wait_http(f"http://127.0.0.1:{gp}/health", proc=gws[name][1])
+    per: dict[str, list[tuple[float, float]]] = {name: [] for name in gws}
+    try:
+        names = list(gws)
+        for r in range(args.rounds):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                gp, proc = gws[name]
+                c0 = cpu_seconds(proc.pid)
+                lat = asyncio.run(latency(f"http://127.0.0.1:{gp}/v1/chat/completions", args.requests, "auto"))
+                cpu_us = (cpu_seconds(proc.pid) - c0) / (len(lat) + 50) * 1e6
+                per[name].append((statistics.median(lat), cpu_us))
+    finally:
+        for _, proc in gws.values():
+            stop(proc)
+    a, b = per["this tree"], per["--ab tree"]
+    dp = [x[0] - y[0] for x, y in zip(a, b, strict=True)]
+    dc = [x[1] - y[1] for x, y in zip(a, b, strict=True)]
+    results["ab"] = {"rounds": args.rounds, "requests": args.requests, "this": a, "ab": b,
+                     "p50_delta_median_ms": statistics.median(dp), "cpu_us_delta_median": statistics.median(dc)}
+    for name, xs in per.items():
+        print(f"  {name:>10}: p50 per round {' '.join(f'{x[0]:.3f}' for x in xs)} ms; "
+              f"CPU per request {' '.join(f'{x[1]:.0f}' for x in xs)} us", flush=True)
+    print(f"  this tree - --ab tree, medians of {args.rounds} paired rounds: p50 {statistics.median(dp):+.3f} ms "
+          f"(rounds {min(dp):+.3f} to {max(dp):+.3f}), CPU per request {statistics.median(dc):+.1f} us "
+          f"({statistics.median(x[1] for x in a):.0f} vs {statistics.median(x[1] for x in b):.0f} us)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=2000, help="sequential requests for the latency figures")
@@ -293,6 +330,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="--tracing: rounds of off/on")
     ap.add_argument("--before", type=Path, help="--tracing: also the gateway of this source tree (e.g. a worktree of "
                                                 "the commit before tracing), in the same rounds")
+    ap.add_argument("--ab", type=Path, help="only: this tree's gateway against this source tree's, interleaved rounds "
+                                            "of --requests sequential requests (--rounds of them)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gateway_overhead.json")
     args = ap.parse_args()
     args.wrk = ensure_wrk() is not None
@@ -309,6 +348,14 @@ def main() -> None:
         for p in ports:
             wait_http(f"http://127.0.0.1:{p}/health")
         ups = [f"http://127.0.0.1:{p}/v1" for p in ports]
+        if args.ab:
+            policy = tmp / "ab.yaml"
+            policy.write_text("version: 1\nname: bench\npools:\n  p:\n    model: fake\n    replicas:\n"
+                              + "".join(f"      - url: {u}\n" for u in ups)
+                              + "routes:\n  - name: default\n    pool: p\n")
+            ab_rounds(args, policy, tmp, results)
+            args.out.write_text(json.dumps(results, indent=1))
+            return
         measure("direct", ups[0], "auto", args, results)
 
         bp = free_port()
