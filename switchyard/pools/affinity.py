@@ -12,6 +12,14 @@ is a pure function of the replica URLs, so every gateway, with or without Redis,
 replica with no shared state; loads are the in-flight counts (ours plus, with Redis, the other
 gateways' leases).
 
+A key that the bound passed on is re-homed: the gateway remembers (an LRU of the last 64k keys)
+which replica last served each key and sends the key there while that replica is under the
+bound, since that is where its newest prefix now is. Without it, a session the bound moved went
+back to its ring replica the next turn and prefilled the moved turn's history twice; measured
+(bench/cache_routing.py, 8 sessions x 6 turns over 2 replicas): without re-homing 0.842 of the
+prompt tokens of turns 2+ were cached, 10% of turns moved. Keys that were never passed on stay
+on their ring replica, so several gateways still agree; each remembers only its own moves.
+
 Chosen over SGLang router's approximate radix tree of prompts per replica: that tree lives in
 one router's memory (several gateways would each need their own view, or a shared one), and
 costs a walk of the prompt per request; the hash costs one digest of the prefix and needs no
@@ -24,6 +32,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,6 +42,7 @@ from switchyard.pools.replica import Replica
 
 VNODES = 160  # points per replica on the ring: ~uniform shares at a few replicas
 EPSILON = 0.25  # a replica takes a key while its load is at most (1 + EPSILON) x the mean
+HOMES = 65536  # keys whose last replica is remembered
 
 
 def _h(data: bytes) -> int:
@@ -68,9 +78,11 @@ def prefix_key(body: Mapping[str, Any]) -> str | None:
 class CacheAware:
     """Consistent hashing with bounded loads over the candidates' URLs."""
 
-    def __init__(self, epsilon: float = EPSILON, vnodes: int = VNODES) -> None:
+    def __init__(self, epsilon: float = EPSILON, vnodes: int = VNODES, homes: int = HOMES) -> None:
         self.epsilon = epsilon
         self.vnodes = vnodes
+        self.homes = homes
+        self._home: OrderedDict[str, str] = OrderedDict()  # affinity key -> the URL that last served it
         self._turn = 0
         self._ring_for: tuple[str, ...] = ()
         self._points: list[int] = []
@@ -92,9 +104,20 @@ class CacheAware:
             n = len(candidates)
             return min((candidates[(self._turn + i) % n] for i in range(n)), key=lambda r: r.load)
         by_url = {r.url: r for r in candidates}
-        self._ring(tuple(sorted(by_url)))
         total = sum(r.load for r in candidates)
         bound = math.ceil((1 + self.epsilon) * (total + 1) / len(candidates))
+        home = by_url.get(self._home.get(affinity, ""))
+        chosen = home if home is not None and home.load < bound else self._walk(by_url, affinity, bound)
+        if self.homes:
+            self._home[affinity] = chosen.url
+            self._home.move_to_end(affinity)
+            if len(self._home) > self.homes:
+                self._home.popitem(last=False)
+        return chosen
+
+    def _walk(self, by_url: dict[str, Replica], affinity: str, bound: int) -> Replica:
+        """The first replica clockwise from the key that is under the bound (else the least loaded)."""
+        self._ring(tuple(sorted(by_url)))
         i = bisect.bisect(self._points, _h(affinity.encode())) % len(self._points)
         seen: set[str] = set()
         for k in range(len(self._points)):
@@ -107,4 +130,4 @@ class CacheAware:
                 return r
             if len(seen) == len(by_url):
                 break
-        return min(candidates, key=lambda r: r.load)
+        return min(by_url.values(), key=lambda r: r.load)

@@ -37,7 +37,7 @@ def test_prefix_key_is_the_start_of_the_conversation():
 
 def test_ring_keeps_keys_and_bounds_load():
     reps = [Replica(f"http://r{i}:80/v1", f"r{i}") for i in range(4)]
-    s = CacheAware()
+    s = CacheAware(homes=0)  # the ring alone: no memory of where keys went
     keys = [prefix_key(_agent(i, 1)[0]) for i in range(400)]
     first = [s.pick(reps, k).url for k in keys]
     assert first == [s.pick(reps, k).url for k in keys]  # a pure function of the key (loads equal)
@@ -56,6 +56,23 @@ def test_ring_keeps_keys_and_bounds_load():
         r.inflight += 1
         mean = sum(x.inflight for x in reps) / len(reps)
         assert max(x.inflight for x in reps) <= (1 + s.epsilon) * mean + 1
+
+
+def test_a_key_the_bound_moved_stays_where_it_went():
+    reps = [Replica(f"http://r{i}:80/v1", f"r{i}") for i in range(2)]
+    s = CacheAware()
+    key, other_key = (prefix_key(_agent(i, 1)[0]) for i in (1, 2))
+    ring = s.pick(reps, key)
+    moved_to = next(r for r in reps if r is not ring)
+    ring.inflight = 5  # over the bound, ceil(1.25 x (5 + 1) / 2) = 4: passed on
+    assert s.pick(reps, key) is moved_to
+    ring.inflight = 1  # under it again, but the key's newest prefix is on the other replica now
+    assert s.pick(reps, key) is moved_to
+    moved_to.inflight = 9  # that one over the bound: the ring's choice again
+    assert s.pick(reps, key) is ring
+    ring.inflight = moved_to.inflight = 0
+    # A key never passed on goes where the ring puts it, so a gateway without this one's memory agrees.
+    assert s.pick(reps, other_key) is CacheAware().pick(reps, other_key)
 
 
 def test_gateway_sends_a_sessions_turns_to_one_replica_and_spreads_sessions(tmp_path):
