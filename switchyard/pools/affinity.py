@@ -7,18 +7,23 @@ affinity key; consistent hashing with bounded loads (Mirrokni, Thorup, Zadimogha
 HAProxy's hash-balance-factor) maps it onto a ring of the pool's replicas: the key's replica
 takes it unless it already carries more than (1 + epsilon) x the mean load, in which case the
 next replica clockwise does. A session's turns therefore land where their prefix was cached,
-distinct prefixes spread over the ring, and no replica runs more than ~1.25x the mean. The ring
+distinct prefixes spread over the ring, and no replica takes new keys past ~1.25x the mean. The ring
 is a pure function of the replica URLs, so every gateway, with or without Redis, picks the same
 replica with no shared state; loads are the in-flight counts (ours plus, with Redis, the other
 gateways' leases).
 
-A key that the bound passed on is re-homed: the gateway remembers (an LRU of the last 64k keys)
-which replica last served each key and sends the key there while that replica is under the
-bound, since that is where its newest prefix now is. Without it, a session the bound moved went
-back to its ring replica the next turn and prefilled the moved turn's history twice; measured
-(bench/cache_routing.py, 8 sessions x 6 turns over 2 replicas): without re-homing 0.842 of the
-prompt tokens of turns 2+ were cached, 10% of turns moved. Keys that were never passed on stay
-on their ring replica, so several gateways still agree; each remembers only its own moves.
+A key seen before is sticky: the gateway remembers (an LRU of the last 64k keys) which replica
+last served each key and sends it there while that replica is under a looser bound, (1 + 2
+epsilon) x the mean, since moving it costs a prefill of its whole history where staying costs a
+queue slot (SGLang's router also keeps cache affinity until the imbalance passes a threshold); a
+key the bound did pass on is re-homed where it went, rather than sent back to a replica whose
+copy of the conversation is a turn behind. New keys, which have nothing cached anywhere, are
+placed by the ring under the tight bound, which keeps the load even. Measured with
+bench/cache_routing.py (8 sessions x 6 turns over 2 replicas, each round a new ring): the ring
+alone cached 0.842 of the prompt tokens of turns 2+ and moved 10% of them (3 rounds); with
+stickiness 0.857 and 4% (6 rounds); pinning sessions by id reaches the trace's ceiling, 0.890.
+Keys that were never passed on stay on their ring replica, so several gateways still agree;
+each remembers only its own moves.
 
 Chosen over SGLang router's approximate radix tree of prompts per replica: that tree lives in
 one router's memory (several gateways would each need their own view, or a shared one), and
@@ -107,7 +112,12 @@ class CacheAware:
         total = sum(r.load for r in candidates)
         bound = math.ceil((1 + self.epsilon) * (total + 1) / len(candidates))
         home = by_url.get(self._home.get(affinity, ""))
-        chosen = home if home is not None and home.load < bound else self._walk(by_url, affinity, bound)
+        # A key that was served before has its prefix cached there: moving it costs a prefill of its
+        # whole history, waiting costs a queue slot, so it stays home up to (1 + 2 epsilon) x the
+        # mean (SGLang's router likewise keeps cache affinity until the imbalance passes a
+        # threshold). A new key has nothing cached anywhere: the tight bound places it.
+        sticky = math.ceil((1 + 2 * self.epsilon) * (total + 1) / len(candidates))
+        chosen = home if home is not None and home.load < sticky else self._walk(by_url, affinity, bound)
         if self.homes:
             self._home[affinity] = chosen.url
             self._home.move_to_end(affinity)
