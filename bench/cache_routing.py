@@ -33,8 +33,8 @@ Per policy, over all rounds: the prefix-cache hit rate (sum of usage.prompt_toke
 cached_tokens / sum of prompt_tokens, over turns 2+ and over all turns), mean and p99 time to
 first token (through the gateway), the share of sessions whose turns all went to one replica,
 the share of turns 2+ sent to another replica than their session's previous turn (each one
-prefills its history again; cache_aware's bounded load passes a turn on when its replica is
-over 1.25x the mean in flight), and the load imbalance (max over the two replicas of requests
+prefills its history again; cache_aware passes a served prefix's turn on when its replica is
+over 1.5x the mean in flight, a new one's over 1.25x), and the load imbalance (max over the two replicas of requests
 served / their mean; per round, since two rounds' replicas are different processes), with the
 requests per replica. The pool has no retries and no active health checks: a check timing out
 behind a long prefill would take a replica out, and this compares strategies, not health.
