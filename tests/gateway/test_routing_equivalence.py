@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -135,9 +136,16 @@ def _send_all(url: str, policy: str, path: Path) -> tuple[list[dict], list[dict]
     return routes, running, edited
 
 
-def _recorded(record: Path, policy: str) -> list[dict]:
-    lines = [orjson.loads(x) for x in record.read_bytes().splitlines() if x.strip()]
-    return [x["_switchyard"]["decision"] for x in lines if x["model"] == policy]
+def _recorded(record: Path, policy: str, expect: int) -> list[dict]:
+    """The gateway's recorded decisions for `policy`, once its background writer has written
+    `expect` of them (it writes after the response: a line may land a moment later)."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [orjson.loads(x) for x in record.read_bytes().splitlines() if x.strip()]
+        got = [x["_switchyard"]["decision"] for x in lines if x["model"] == policy]
+        if len(got) >= expect or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
 
 
 def _explain(tmp: Path, policy: Path) -> list[dict]:
@@ -183,7 +191,7 @@ def test_every_entry_point_routes_alike(setup, policy):
     tmp, url, live, dead, record = setup
     path = live if policy == "live" else dead
     routes, running, edited = _send_all(url, policy, path)
-    gateway = [_clean(t) for t in _recorded(record, policy)]
+    gateway = [_clean(t) for t in _recorded(record, policy, len(REQUESTS))]
     assert len(gateway) == len(REQUESTS)
 
     explained = [_clean(t) for t in _explain(tmp, path)]
