@@ -283,6 +283,14 @@ def tracing_rounds(args, policy: Path, tmp: Path, results: dict) -> None:
         results[f"switchyard, {name}"] = {k: statistics.median(x[k] for x in rs) for k in rs[0]} | {"rounds": rs}
 
 
+def bench_policy(ups: list[str], pin: bool) -> str:
+    """One pool of the test upstreams, one route. With `pin`, requests with a session id read and
+    write their session (in Redis with --redis); requests without one never touch sessions."""
+    return ("version: 1\nname: bench\npools:\n  p:\n    model: fake\n    replicas:\n"
+            + "".join(f"      - url: {u}\n" for u in ups)
+            + "routes:\n  - name: default\n    pool: p\n" + ("session:\n  pin: pool\n" if pin else ""))
+
+
 def ab_rounds(args, policy: Path, tmp: Path, results: dict) -> None:
     """This tree's gateway against --ab's, both up at once on the same core, in interleaved rounds
     of sequential requests (order alternating): per round each one's p50 and its CPU time per
@@ -350,9 +358,7 @@ def main() -> None:
         ups = [f"http://127.0.0.1:{p}/v1" for p in ports]
         if args.ab:
             policy = tmp / "ab.yaml"
-            policy.write_text("version: 1\nname: bench\npools:\n  p:\n    model: fake\n    replicas:\n"
-                              + "".join(f"      - url: {u}\n" for u in ups)
-                              + "routes:\n  - name: default\n    pool: p\n")
+            policy.write_text(bench_policy(ups, pin=False))
             ab_rounds(args, policy, tmp, results)
             args.out.write_text(json.dumps(results, indent=1))
             return
@@ -367,14 +373,7 @@ def main() -> None:
         stop(bare)
 
         policy = tmp / "bench.yaml"
-        policy.write_text(
-            "version: 1\nname: bench\npools:\n  p:\n    model: fake\n    replicas:\n"
-            + "".join(f"      - url: {u}\n" for u in ups)
-            + "routes:\n  - name: default\n    pool: p\n"
-            # Requests with a session id read and write their session (in Redis with --redis);
-            # requests without one (the plain variants) never touch sessions.
-            + "session:\n  pin: pool\n"
-        )
+        policy.write_text(bench_policy(ups, pin=True))
         session = {"x-session-id": "bench-session"}
         variants: list[tuple[str, list[str], dict | None]] = [("switchyard", [], None)]
         redis_proc = None
@@ -402,7 +401,7 @@ def main() -> None:
             stop(redis_proc)
         if args.tracing:
             plain = tmp / "plain.yaml"  # no session pinning: the plain request path
-            plain.write_text(policy.read_text().replace("session:\n  pin: pool\n", ""))
+            plain.write_text(bench_policy(ups, pin=False))
             tracing_rounds(args, plain, tmp, results)
 
         if not args.no_litellm:
