@@ -83,13 +83,43 @@ def compare(m: CudaModel, batch: int) -> float:
     return float((out["fused"] - out["torch"]).abs().max() / out["torch"].std())
 
 
+def use_tiles(sweep: list[dict[str, Any]]) -> None:
+    """Have cuda_kernels.tile_for return the sweep's fastest tile for each shape it measured."""
+    from switchyard.engine import cuda_kernels as ck
+
+    best = {(r["kernel"].replace("o_proj", "gemv").replace("down_proj", "gemv"), 1 if r["rows"] == 1 else 16,
+             r["n"], r["k"]): ck.Tile(**r["best"]["tile"]) for r in sweep}
+    default = ck.tile_for
+    ck.tile_for = lambda kind, M_P, n, k: best.get((kind, M_P, n, k)) or default(kind, M_P, n, k)
+
+
+def prefill_table(m: CudaModel, n: int, vocab: int) -> tuple[str, float]:
+    """(kernel table, GPU ms) of one n-token prefill."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids, lens = torch.randint(0, vocab, (1, n)), torch.tensor([n])
+    args = (ids, torch.arange(n).view(1, n), torch.tensor([0]), lens, lens, 0)
+    m.forward(*args)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        m.forward(*args)
+        torch.cuda.synchronize()
+    ev = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    ms = sum(e.self_device_time_total for e in ev) / 1000
+    return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=16, max_name_column_width=70), ms
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="smollm2-135m,llama-8b")
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--ttft", default="1024,8192")
     ap.add_argument("--out", default="/tmp")
+    ap.add_argument("--tiles", help="sweep.json of bench/cuda_kernels_sweep.py: its best tiles replace tile_for's")
+    ap.add_argument("--prefill-profile", type=int, default=8192, help="kernel table of one prefill this long (0: none)")
     a = ap.parse_args()
+    if a.tiles:
+        use_tiles(json.loads(Path(a.tiles).read_text()))
     dev = torch.device("cuda")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -150,6 +180,11 @@ def main() -> None:
                         log(f"  TTFT {n} tokens, {backend}: {r[f'ttft_{backend}_{n}']:.1f} ms")
                 except Exception as e:  # a backend refusing the shapes must not lose the rest
                     log(f"  TTFT {backend}: FAILED {type(e).__name__}: {e}")
+            if a.prefill_profile and a.prefill_profile <= max(lens):
+                m.prefill_sdpa = "cudnn"
+                table, ms = prefill_table(m, a.prefill_profile, c.vocab_size)
+                r["prefill_gpu_ms"] = ms
+                log(f"\n  prefill {a.prefill_profile} tokens (cudnn): {ms:.1f} ms of GPU kernels\n{table}")
         del m
         torch.cuda.empty_cache()
         (out / "probe.json").write_text(json.dumps(results, indent=1))

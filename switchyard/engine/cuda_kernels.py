@@ -28,6 +28,7 @@ tests check them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -53,12 +54,13 @@ def _dot(a, b, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _row_scale(x_ptr, stride_x, M, K, eps, M_P: tl.constexpr, BLOCK_K: tl.constexpr):
-    """rsqrt(mean(x^2) + eps) of each row of a float32 [M, K] block: [M_P]."""
+def _row_scale(x_ptr, stride_x, M, K, eps, M_P: tl.constexpr, BLOCK: tl.constexpr):
+    """rsqrt(mean(x^2) + eps) of each row of a float32 [M, K] block: [M_P]. BLOCK covers a whole
+    row at batch 1 (one load: this runs before any weight is read, so its loads are latency)."""
     rows = tl.arange(0, M_P)
     ss = tl.zeros([M_P], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
+    for k0 in range(0, K, BLOCK):
+        ks = k0 + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
                     mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
         ss += tl.sum(x * x, axis=1)
@@ -69,31 +71,50 @@ def _row_scale(x_ptr, stride_x, M, K, eps, M_P: tl.constexpr, BLOCK_K: tl.conste
 def _matvec(x_ptr, stride_x, ln_ptr, scale, w_ptr, stride_w, n_rows, M, K,
             NORM: tl.constexpr, M_P: tl.constexpr, R: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     """acc[m, r] = sum_k h[m, k] * W[n_rows[r], k] in float32, where h = x (model dtype) or, with
-    NORM, RMSNorm(x) * ln rounded to the weights' dtype (x float32, `scale` its rows' factors)."""
+    NORM, RMSNorm(x) * ln rounded to the weights' dtype (x float32, `scale` its rows' factors).
+    The loop is bound by its loads' latency, so each iteration's weight tile (R x BLOCK_K) is what
+    is in flight: the tiles are sized for that (tile_for), and at one row the partial products
+    stay in a 2-D accumulator, summed once at the end."""
     rows = tl.arange(0, M_P)
-    acc = tl.zeros([M_P, R], dtype=tl.float32)
+    if M_P == 1:
+        acc1 = tl.zeros([R, BLOCK_K], dtype=tl.float32)
+    else:
+        acc = tl.zeros([M_P, R], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         kmask = ks < K
+        w = tl.load(w_ptr + n_rows[:, None] * stride_w + ks[None, :], mask=kmask[None, :], other=0.0)
         x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
                     mask=(rows[:, None] < M) & kmask[None, :], other=0.0)
-        w = tl.load(w_ptr + n_rows[:, None] * stride_w + ks[None, :], mask=kmask[None, :], other=0.0)
         if NORM:
             ln = tl.load(ln_ptr + ks, mask=kmask, other=0.0)
             x = (x * scale[:, None]) * ln[None, :]
         h = x.to(w.dtype)
         if M_P == 1:
-            acc += tl.sum(h.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
+            acc1 += h.to(tl.float32) * w.to(tl.float32)
         else:
             acc = _dot(h, tl.trans(w), acc, UPCAST)
+    if M_P == 1:
+        acc = tl.sum(acc1, axis=1)[None, :]
     return acc
+
+
+@triton.jit
+def _matvec_pair(x_ptr, stride_x, ln_ptr, scale, w_ptr, stride_w, n1, second, M, K,
+                 NORM: tl.constexpr, M_P: tl.constexpr, R: tl.constexpr, BLOCK_K: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    """_matvec over rows n1 and n1 + second in one loop (twice the bytes in flight, one pass over
+    x): the rows interleaved, the result split back into (acc over n1, acc over n1 + second)."""
+    both = tl.reshape(n1[:, None] + tl.arange(0, 2)[None, :] * second, [2 * R])
+    acc = _matvec(x_ptr, stride_x, ln_ptr, scale, w_ptr, stride_w, both, M, K, NORM, M_P, 2 * R, BLOCK_K, UPCAST)
+    return tl.split(tl.reshape(acc, [M_P, R, 2]))
 
 
 @triton.jit
 def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, sin_ptr, pos_ptr,
                      blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr, M, K, eps, qk_eps,
                      H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                     R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                     R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
                      HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, UPCAST: tl.constexpr):
     # Program (head, chunk): rows [c*R, c*R + R) of the head's first half and the same rows of
     # its second half, so that RoPE's pairs (i, i + D/2) meet in one program.
@@ -103,9 +124,8 @@ def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, si
     r = chunk * R + tl.arange(0, R)
     n1 = head * D + r
     n2 = n1 + HALF
-    scale = _row_scale(x_ptr, stride_x, M, K, eps, M_P, BLOCK_K)
-    a1 = _matvec(x_ptr, stride_x, ln_ptr, scale, w_ptr, K, n1, M, K, True, M_P, R, BLOCK_K, UPCAST)
-    a2 = _matvec(x_ptr, stride_x, ln_ptr, scale, w_ptr, K, n2, M, K, True, M_P, R, BLOCK_K, UPCAST)
+    scale = _row_scale(x_ptr, stride_x, M, K, eps, M_P, NORM_BLOCK)
+    a1, a2 = _matvec_pair(x_ptr, stride_x, ln_ptr, scale, w_ptr, K, n1, HALF, M, K, True, M_P, R, BLOCK_K, UPCAST)
     odt = q_ptr.dtype.element_ty
     if HAS_BIAS:
         a1 += tl.load(b_ptr + n1).to(tl.float32)[None, :]
@@ -227,15 +247,15 @@ def _gemv_residual_kernel(a_ptr, w_ptr, x_ptr, out_ptr, M, N, K,
 
 @triton.jit
 def _gate_up_silu_kernel(x_ptr, ln_ptr, w_ptr, out_ptr, M, INTER, K, eps,
-                         R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+                         R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
+                         UPCAST: tl.constexpr):
     # out[m, j] = SiLU(g) * u with g, u = rows j and INTER + j of the fused gate_up weight applied
     # to RMSNorm(x[m]), each rounded to the model dtype first (the torch path's gate_up output).
     j = tl.program_id(0) * R + tl.arange(0, R)
     jmask = j < INTER
     jr = tl.where(jmask, j, 0)
-    scale = _row_scale(x_ptr, K, M, K, eps, M_P, BLOCK_K)
-    g = _matvec(x_ptr, K, ln_ptr, scale, w_ptr, K, jr, M, K, True, M_P, R, BLOCK_K, UPCAST)
-    u = _matvec(x_ptr, K, ln_ptr, scale, w_ptr, K, jr + INTER, M, K, True, M_P, R, BLOCK_K, UPCAST)
+    scale = _row_scale(x_ptr, K, M, K, eps, M_P, NORM_BLOCK)
+    g, u = _matvec_pair(x_ptr, K, ln_ptr, scale, w_ptr, K, jr, INTER, M, K, True, M_P, R, BLOCK_K, UPCAST)
     odt = out_ptr.dtype.element_ty
     g = g.to(odt).to(tl.float32)
     u = u.to(odt).to(tl.float32)
@@ -247,41 +267,65 @@ def _gate_up_silu_kernel(x_ptr, ln_ptr, w_ptr, out_ptr, M, INTER, K, eps,
 # -- launchers --------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """One GEMV kernel's launch shape: outputs per program, reduction elements per load, warps,
+    pipeline stages (used by the tl.dot path)."""
+
+    rows: int
+    block_k: int
+    warps: int = 4
+    stages: int = 3
+
+
 def _rows_pad(M: int) -> int:
     assert 1 <= M <= MAX_ROWS, f"fused decode takes 1..{MAX_ROWS} rows, got {M}"
     return 1 if M == 1 else 16
 
 
-def _block_k(M_P: int) -> int:
-    return 256 if M_P == 1 else 128
+def _norm_block(M_P: int, K: int) -> int:
+    return min(triton.next_power_of_2(K), 8192 if M_P == 1 else 256)
 
 
-def _out_block(n: int) -> int:
-    """Outputs per program: enough programs to cover an H200's 132 multiprocessors twice."""
+def tile_for(kind: str, M_P: int, n: int, k: int) -> Tile:
+    """The launch shape of a GEMV kernel ('qkv', 'gemv' or 'gate_up') over an n x k weight at
+    M_P padded rows. From bench/cuda_kernels_sweep.py on one H200: at one row a weight tile of
+    16-32 KB a program keeps enough bytes in flight to run near the copy bandwidth; fewer,
+    smaller loads leave it waiting on latency (8 KB tiles ran the 8B o_proj and down_proj at
+    half the bandwidth)."""
+    if M_P == 1:
+        bk = min(1024, triton.next_power_of_2(k))
+        r = 16
+        # enough programs to cover the 132 multiprocessors twice, where the outputs allow it
+        while r > 4 and n // r < 264:
+            r //= 2
+        return Tile(r, bk, 4 if r * bk <= 8192 else 8)
     r = 16
     while r < 64 and n // (r * 2) >= 264:
         r *= 2
-    return r
+    return Tile(r, 128, 4)
 
 
 def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
              qk_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
              pos: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor, k_cache: torch.Tensor,
-             v_cache: torch.Tensor, heads: int, kv_heads: int, eps: float) -> torch.Tensor:
+             v_cache: torch.Tensor, heads: int, kv_heads: int, eps: float, tile: Tile | None = None) -> torch.Tensor:
     """x float32 [M, hidden] -> q [M, heads, D] (model dtype); k and v of each row written into
     k_cache/v_cache [blocks, kv_heads, block_size, D] at (blocks[m], offs[m]). qk_norm: Qwen3's
     q_norm and k_norm weights, concatenated (float32 [2 D]), or None."""
     M, K = x.shape
     D, bs = k_cache.shape[-1], k_cache.shape[-2]
-    R = D // 2 if qk_norm is not None else min(16, D // 2)
-    q = torch.empty(M, heads, D, dtype=w.dtype, device=x.device)
     M_P = _rows_pad(M)
+    t = tile or tile_for("qkv", M_P, w.shape[0] // 2, K)
+    # Qwen3's q/k norm needs the whole head in one program; else up to the tile's rows, at most D/2
+    R = D // 2 if qk_norm is not None else min(t.rows, D // 2)
+    q = torch.empty(M, heads, D, dtype=w.dtype, device=x.device)
     grid = (heads + 2 * kv_heads, (D // 2) // R)
     _qkv_rope_kernel[grid](x, x.stride(0), ln, w, bias if bias is not None else w,
                            qk_norm if qk_norm is not None else ln, cos, sin, pos, blocks, offs,
                            q, k_cache, v_cache, M, K, eps, eps, H=heads, HKV=kv_heads, D=D, BS=bs, R=R, M_P=M_P,
-                           BLOCK_K=_block_k(M_P), HAS_BIAS=bias is not None, QK_NORM=qk_norm is not None,
-                           UPCAST=_UPCAST)
+                           BLOCK_K=t.block_k, NORM_BLOCK=_norm_block(M_P, K), HAS_BIAS=bias is not None,
+                           QK_NORM=qk_norm is not None, UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
     return q
 
 
@@ -318,23 +362,27 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out
 
 
-def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, tile: Tile | None = None) -> torch.Tensor:
     """x + (a @ w.T) rounded to w's dtype; a [M, K] model dtype, w [N, K], x float32 [M, N]."""
     M, K = a.shape
     N = w.shape[0]
     out = torch.empty(M, N, dtype=torch.float32, device=a.device)
-    M_P, R = _rows_pad(M), _out_block(N)
-    _gemv_residual_kernel[(triton.cdiv(N, R),)](a, w, x, out, M, N, K, R=R, M_P=M_P, BLOCK_K=_block_k(M_P),
-                                                UPCAST=_UPCAST)
+    M_P = _rows_pad(M)
+    t = tile or tile_for("gemv", M_P, N, K)
+    _gemv_residual_kernel[(triton.cdiv(N, t.rows),)](a, w, x, out, M, N, K, R=t.rows, M_P=M_P, BLOCK_K=t.block_k,
+                                                     UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
     return out
 
 
-def gate_up_silu(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def gate_up_silu(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float,
+                 tile: Tile | None = None) -> torch.Tensor:
     """SiLU(gate) * up of RMSNorm(x) * ln; x float32 [M, hidden], w [2 I, hidden] -> [M, I]."""
     M, K = x.shape
     inter = w.shape[0] // 2
     out = torch.empty(M, inter, dtype=w.dtype, device=x.device)
-    M_P, R = _rows_pad(M), _out_block(inter)
-    _gate_up_silu_kernel[(triton.cdiv(inter, R),)](x, ln, w, out, M, inter, K, eps, R=R, M_P=M_P,
-                                                   BLOCK_K=_block_k(M_P), UPCAST=_UPCAST)
+    M_P = _rows_pad(M)
+    t = tile or tile_for("gate_up", M_P, inter, K)
+    _gate_up_silu_kernel[(triton.cdiv(inter, t.rows),)](x, ln, w, out, M, inter, K, eps, R=t.rows, M_P=M_P,
+                                                        BLOCK_K=t.block_k, NORM_BLOCK=_norm_block(M_P, K),
+                                                        UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
     return out

@@ -100,10 +100,10 @@ def small_weights() -> dict[str, torch.Tensor]:
     return random_weights(SMALL, seed=1)
 
 
-def _pair(cfg, w, dtype, **kw):  # type: ignore[no-untyped-def]
+def _pair(cfg, w, dtype, device="cpu", **kw):  # type: ignore[no-untyped-def]
     sh = Shard(0, 1, cfg)
     ref = TPModel(cfg, sh, w, SingleRank(), max_slots=8, max_len=64, dtype="float32")
-    return ref, CudaModel(cfg, sh, w, SingleRank(), max_slots=8, max_len=64, device="cpu", dtype=dtype, **kw)
+    return ref, CudaModel(cfg, sh, w, SingleRank(), max_slots=8, max_len=64, device=device, dtype=dtype, **kw)
 
 
 def test_cpu_float32_equals_cpu_engine(small_weights: dict[str, torch.Tensor]) -> None:
@@ -129,6 +129,9 @@ def test_cpu_attention_and_kv_write_variants(small_weights: dict[str, torch.Tens
 
 
 fused = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (dev extra)")
+# The fused tests run the kernels where they can: interpreted on a CPU machine, compiled on a GPU
+# one (a Triton kernel compiled for the GPU cannot read CPU tensors).
+FUSED_DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # Triton's interpreter runs every program of a launch in Python: narrow widths keep it to seconds
 # (the widths change no code path: the launchers size their grids from them).
 NARROW = dataclasses.replace(SMALL, vocab_size=1024, hidden_size=128, intermediate_size=256, num_heads=4,
@@ -137,9 +140,9 @@ NARROW = dataclasses.replace(SMALL, vocab_size=1024, hidden_size=128, intermedia
 
 @fused
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, REL_TOL)])
-def test_cpu_fused_kernels_equal_cpu_engine(dtype: torch.dtype, tol: float) -> None:
-    """The Triton decode layer (interpreted here), prefills, joins, idle slots and all."""
-    ref, m = _pair(NARROW, random_weights(NARROW, seed=2), dtype, decode_kernels="fused")
+def test_fused_kernels_equal_cpu_engine(dtype: torch.dtype, tol: float) -> None:
+    """The Triton decode layer (interpreted without a GPU), prefills, joins, idle slots and all."""
+    ref, m = _pair(NARROW, random_weights(NARROW, seed=2), dtype, FUSED_DEV, decode_kernels="fused")
     assert m.decode_impl == "fused"
     out = scenario([ref, m], NARROW.vocab_size, decode_steps=3)
     assert_close_to_reference(out[0], out[1], tol)
@@ -151,7 +154,7 @@ def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest
 
     w = random_weights(NARROW, seed=2)
     sh = Shard(0, 1, NARROW)
-    m = CudaModel(NARROW, sh, w, SingleRank(), max_slots=2, max_len=64, device="cpu", decode_kernels="fused")
+    m = CudaModel(NARROW, sh, w, SingleRank(), max_slots=2, max_len=64, device=FUSED_DEV, decode_kernels="fused")
     m.warmup()
     assert m.status()["decode_kernels"] == "fused" and "decode_kernels_reason" not in m.status()
 
@@ -159,20 +162,20 @@ def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest
         raise RuntimeError("no kernel image for this device")
 
     monkeypatch.setattr(cuda_kernels, "gate_up_silu", broken)
-    m = CudaModel(NARROW, sh, w, SingleRank(), max_slots=2, max_len=64, device="cpu", decode_kernels="fused")
+    m = CudaModel(NARROW, sh, w, SingleRank(), max_slots=2, max_len=64, device=FUSED_DEV, decode_kernels="fused")
     m.warmup()
     st = m.status()
     assert st["decode_kernels"] == "torch" and "no kernel image" in st["decode_kernels_reason"]
-    tp2 = CudaModel(NARROW, Shard(0, 2, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cpu",
+    tp2 = CudaModel(NARROW, Shard(0, 2, NARROW), w, SingleRank(), max_slots=2, max_len=64, device=FUSED_DEV,
                     decode_kernels="fused")
     assert tp2.decode_impl == "torch" and "one rank" in tp2.decode_reason
 
 
 @fused
-def test_cpu_fused_kernels_qwen3_bias_and_qk_norm() -> None:
+def test_fused_kernels_qwen3_bias_and_qk_norm() -> None:
     cfg = dataclasses.replace(NARROW, arch="qwen3", qkv_bias=True, qk_norm=True)
     w = random_weights(cfg, seed=3)
-    ref, m = _pair(cfg, w, torch.float32, decode_kernels="fused")
+    ref, m = _pair(cfg, w, torch.float32, FUSED_DEV, decode_kernels="fused")
     out = scenario([ref, m], cfg.vocab_size, decode_steps=2)
     assert_close_to_reference(out[0], out[1], 1e-4)
 
