@@ -60,9 +60,9 @@ def candidates(kind: str, M_P: int, n: int, k: int, head_dim: int) -> list[ck.Ti
     pair = 2 if kind in ("qkv", "gate_up") else 1
     out = []
     if M_P == 1:
-        for r, bk, w in itertools.product((4, 8, 16, 32), (512, 1024, 2048), (4, 8)):
+        for r, bk, w in itertools.product((1, 2, 4, 8, 16), (256, 512, 1024, 2048), (1, 2, 4, 8)):
             elems = pair * r * bk
-            if bk > 2 * triton_pow2(k) or not 1024 <= elems <= 32768 or (kind == "qkv" and r > head_dim // 2):
+            if bk > 2 * triton_pow2(k) or not 512 <= elems <= 32768 or (kind == "qkv" and r > head_dim // 2):
                 continue
             if elems // (32 * w) > 128 or elems // (32 * w) < 4:  # registers a thread holds
                 continue
@@ -75,7 +75,7 @@ def candidates(kind: str, M_P: int, n: int, k: int, head_dim: int) -> list[ck.Ti
                 continue
             out.append(ck.Tile(r, bk, w, st))
     # likeliest first (tiles of ~16K elements at one row, ~4K at 16), so a budget cut loses the rest
-    aim = 16384 if M_P == 1 else 4096
+    aim = 4096 if M_P == 1 else 4096
     return sorted(out, key=lambda t: abs(math.log2(pair * t.rows * t.block_k / aim)) + 0.1 * (t.warps == 8))
 
 
@@ -123,23 +123,59 @@ def kernels(name: str, M: int, dev: torch.device) -> dict[str, tuple[int, int, C
     }
 
 
+def attention_sweep(name: str, M: int, span: int, dev: torch.device) -> list[dict[str, Any]]:
+    """paged_attention at one span: microseconds a launch for block sizes, splits and warps."""
+    c = SHAPES[name]
+    bs = 16
+    nb = span // bs
+    copies = 16  # distinct layers' caches, as in a step
+    kc = [torch.randn(M * nb + 1, c.num_kv_heads, bs, c.head_dim, device=dev, dtype=torch.bfloat16)
+          for _ in range(copies)]
+    q = torch.randn(M, c.num_heads, c.head_dim, device=dev, dtype=torch.bfloat16)
+    tables = torch.arange(M * nb, device=dev).view(M, nb)
+    ctx = torch.full((M,), span, device=dev)
+    out = []
+    for bn, sp, w in itertools.product((32, 64, 128), (1, 2, 4, 8, 16), (2, 4)):
+        if sp * bn > span:
+            continue
+        try:
+            us = time_us(lambda i, bn=bn, sp=sp, w=w: ck.paged_attention(q, kc[i], kc[i], tables, ctx, span, bn, sp, w),
+                         copies)
+        except Exception as e:
+            print(f"  attention {name} {bn} {sp} {w}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+            continue
+        out.append({"block_n": bn, "splits": sp, "warps": w, "us": us})
+    return sorted(out, key=lambda r: r["us"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="smollm2-135m,llama-8b")
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--budget-s", type=float, default=300, help="shared evenly by the kernels swept")
     ap.add_argument("--out", default="/tmp")
+    ap.add_argument("--kernels", default="qkv,o_proj,gate_up,down_proj")
+    ap.add_argument("--attention-spans", default="", help="also sweep paged_attention at these spans (M = --rows)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    per_kernel = a.budget_s / (4 * len(a.shapes.split(",")) * len(a.rows.split(",")))
+    per_kernel = a.budget_s / (len(a.kernels.split(",")) * len(a.shapes.split(",")) * len(a.rows.split(",")))
     results: list[dict[str, Any]] = []
     md = ["| shape | rows | kernel | default tile | us | GB/s | best tile | us | GB/s |", "|---|---|---|---|---|---|---|---|---|"]
     for name, M in itertools.product(a.shapes.split(","), (int(r) for r in a.rows.split(","))):
         M_P = 1 if M == 1 else 16
+        for span in (int(x) for x in a.attention_spans.split(",") if x):
+            att = attention_sweep(name, M, span, dev)
+            default = next((r for r in att if r["block_n"] == 64 and r["splits"] == ck.attention_splits(span)
+                            and r["warps"] == 4), None)
+            results.append({"shape": name, "rows": M, "kernel": f"attention@{span}", "default": default,
+                            "top5": att[:5]})
+            print(f"attention {name} M={M} span {span}: default {default}, best {att[:3]}", flush=True)
         for kind, (n, k, launch, copies, nbytes) in kernels(name, M, dev).items():
+            if kind not in a.kernels.split(","):
+                continue
             tk = {"o_proj": "gemv", "down_proj": "gemv"}.get(kind, kind)
             default = ck.tile_for(tk, M_P, n, k)
             d_us = time_us(lambda i, f=launch: f(i, None), copies)

@@ -67,9 +67,9 @@ def engine_serve(
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                                      help="Replay decode steps as CUDA graphs (GPU only)"),
     decode_kernels: str = typer.Option(
-        "torch", help="GPU decode steps of up to 16 rows on one rank: torch (its ops) | fused (each layer in five "
-                      "Triton kernels, checked against torch at start-up and kept only if they agree; not yet "
-                      "measured on a GPU)"),
+        "auto", help="GPU steps on one rank: fused (decode steps of up to 16 rows as five Triton kernels a layer, "
+                     "and the prefill's RoPE and SiLU in Triton; checked against torch at start-up and kept only "
+                     "if they agree) | torch (its ops) | auto (fused on a GPU with triton)"),
 ) -> None:
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
@@ -83,8 +83,8 @@ def engine_serve(
         raise typer.BadParameter("--dtype must be auto, float32, bfloat16 or int4")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise typer.BadParameter(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}")
-    if decode_kernels not in ("torch", "fused"):
-        raise typer.BadParameter("--decode-kernels must be torch or fused")
+    if decode_kernels not in ("auto", "torch", "fused"):
+        raise typer.BadParameter("--decode-kernels must be auto, torch or fused")
     if max_num_batched_tokens < 1:
         raise typer.BadParameter("--max-num-batched-tokens must be at least 1")
     if not 1 <= block_size <= 256:

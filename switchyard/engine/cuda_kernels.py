@@ -288,22 +288,19 @@ def _norm_block(M_P: int, K: int) -> int:
 
 
 def tile_for(kind: str, M_P: int, n: int, k: int) -> Tile:
-    """The launch shape of a GEMV kernel ('qkv', 'gemv' or 'gate_up') over an n x k weight at
-    M_P padded rows. From bench/cuda_kernels_sweep.py on one H200: at one row a weight tile of
-    16-32 KB a program keeps enough bytes in flight to run near the copy bandwidth; fewer,
-    smaller loads leave it waiting on latency (8 KB tiles ran the 8B o_proj and down_proj at
-    half the bandwidth)."""
+    """The launch shape of a GEMV kernel ('qkv', 'gemv' or 'gate_up': the last two read two row
+    sets at once) over an n x k weight at M_P padded rows. From bench/cuda_kernels_sweep.py on an
+    H200 (bench/results/cuda_kernels_sweep.md): at one row, many small programs (4 outputs each)
+    with 1K-element loads ran the 8B projections at 3.2-3.9 TB/s where 16 outputs and 256-element
+    loads ran them at 1.7-2.5; a reduction of up to 2K elements in one load. At 16 rows (tl.dot),
+    32 outputs and 256-element loads, 4 stages deep."""
+    pair = kind in ("qkv", "gate_up")
     if M_P == 1:
-        bk = min(1024, triton.next_power_of_2(k))
-        r = 16
-        # enough programs to cover the 132 multiprocessors twice, where the outputs allow it
-        while r > 4 and n // r < 264:
-            r //= 2
-        return Tile(r, bk, 4 if r * bk <= 8192 else 8)
-    r = 16
-    while r < 64 and n // (r * 2) >= 264:
-        r *= 2
-    return Tile(r, 128, 4)
+        bk = triton.next_power_of_2(k) if k <= 2048 else (512 if pair else 1024)
+        return Tile(4, bk, 4)
+    if kind == "gate_up":
+        return Tile(64, 128, 4, 3) if k >= 4096 else Tile(16, 256, 4, 3)
+    return Tile(32, 256, 4, 4)
 
 
 def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
@@ -338,14 +335,13 @@ def attention_splits(span: int) -> int:
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                    ctx: torch.Tensor, span: int) -> torch.Tensor:
+                    ctx: torch.Tensor, span: int, block_n: int = 64, splits: int = 0, warps: int = 4) -> torch.Tensor:
     """q [M, H, D]; tables [M, span / block_size] block ids; ctx [M] positions each row attends
     to (0: an idle row, which sees position 0 of its first block). Returns [M, H * D]."""
     M, H, D = q.shape
     kv_heads, bs = k_cache.shape[1], k_cache.shape[2]
     G = H // kv_heads
-    splits = attention_splits(span)
-    block_n = 64
+    splits = splits or attention_splits(span)
     chunk = -(-span // (splits * block_n)) * block_n
     out = torch.empty(M, H * D, dtype=q.dtype, device=q.device)
     if splits > 1:
@@ -356,7 +352,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _attention_kernel[(M, kv_heads, splits)](q, k_cache, v_cache, tables, tables.stride(0), ctx, out, mo, ml,
                                              1.0 / D ** 0.5, H=H, HKV=kv_heads, D=D, BS=bs,
                                              GP=max(16, triton.next_power_of_2(G)), CHUNK=chunk, BLOCK_N=block_n,
-                                             SPLITS=splits, UPCAST=_UPCAST)
+                                             SPLITS=splits, UPCAST=_UPCAST, num_warps=warps)
     if splits > 1:
         _combine_kernel[(M, H)](mo, ml, out, H=H, D=D, SPLITS=splits)
     return out
@@ -386,3 +382,83 @@ def gate_up_silu(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float,
                                                         BLOCK_K=t.block_k, NORM_BLOCK=_norm_block(M_P, K),
                                                         UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
     return out
+
+
+# -- prefill's elementwise parts ---------------------------------------------------------------
+# torch.compile's dynamic-shape kernels for these ran at 0.5-1.1 TB/s on an 8k-token prefill of an
+# 8B model (25 ms of its 240); rows of contiguous loads run them near the copy bandwidth.
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, INTER, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = c < INTER
+    g = tl.load(gu_ptr + row * 2 * INTER + c, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * INTER + INTER + c, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * INTER + c, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of a fused [N, 2 I] gate_up output -> [N, I] (computed in float32)."""
+    n, inter = gu.shape[0], gu.shape[1] // 2
+    out = torch.empty(n, inter, dtype=gu.dtype, device=gu.device)
+    block = min(2048, triton.next_power_of_2(inter))
+    _silu_mul_kernel[(n, triton.cdiv(inter, block))](gu, out, inter, BLOCK=block, num_warps=4)
+    return out
+
+
+@triton.jit
+def _rope_split_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, qkn_ptr, q_ptr, k_ptr, v_ptr, eps,
+                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HB: tl.constexpr, QK_NORM: tl.constexpr):
+    # Program (token, head block): HB heads of one token's fused QKV row, rotated (q, k) and
+    # written to q [N, H, D], k and v [N, HKV, D].
+    tok = tl.program_id(0).to(tl.int64)
+    hs = tl.program_id(1) * HB + tl.arange(0, HB)
+    NH: tl.constexpr = H + 2 * HKV
+    HALF: tl.constexpr = D // 2
+    d = tl.arange(0, HALF)
+    live = (hs < NH)[:, None]
+    at = qkv_ptr + tok * NH * D + hs[:, None] * D + d[None, :]
+    x1 = tl.load(at, mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(at + HALF, mask=live, other=0.0).to(tl.float32)
+    rot = (hs < H + HKV)[:, None]
+    if QK_NORM:
+        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
+        nw = qkn_ptr + (hs >= H).to(tl.int32)[:, None] * D + d[None, :]  # q_norm's weights, then k_norm's
+        x1 = tl.where(rot, x1 * inv[:, None] * tl.load(nw, mask=rot & live, other=1.0), x1)
+        x2 = tl.where(rot, x2 * inv[:, None] * tl.load(nw + HALF, mask=rot & live, other=1.0), x2)
+    p = tl.load(pos_ptr + tok)
+    c = tl.load(cos_ptr + p * D + d)[None, :]
+    s = tl.load(sin_ptr + p * D + d)[None, :]
+    o1 = tl.where(rot, x1 * c - x2 * s, x1)
+    o2 = tl.where(rot, x2 * c + x1 * s, x2)
+    odt = q_ptr.dtype.element_ty
+    is_q = (hs < H)[:, None]
+    is_k = rot & ~is_q
+    is_v = live & ~rot
+    qa = q_ptr + tok * H * D + hs[:, None] * D + d[None, :]
+    ka = k_ptr + tok * HKV * D + (hs - H)[:, None] * D + d[None, :]
+    va = v_ptr + tok * HKV * D + (hs - H - HKV)[:, None] * D + d[None, :]
+    tl.store(qa, o1.to(odt), mask=is_q)
+    tl.store(qa + HALF, o2.to(odt), mask=is_q)
+    tl.store(ka, o1.to(odt), mask=is_k)
+    tl.store(ka + HALF, o2.to(odt), mask=is_k)
+    tl.store(va, o1.to(odt), mask=is_v)
+    tl.store(va + HALF, o2.to(odt), mask=is_v)
+
+
+def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, heads: int,
+               kv_heads: int, head_dim: int, qk_norm: torch.Tensor | None,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """cuda_ops.rope_qkv for a prefill: qkv [N, (H + 2 Hkv) D] in the model dtype, cos/sin the
+    whole [max_len, D] tables, pos [N]; qk_norm as qkv_rope's. Returns q [N,H,D], k, v [N,Hkv,D]."""
+    n = qkv.shape[0]
+    q = torch.empty(n, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(n, kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    v = torch.empty_like(k)
+    hb = 8
+    _rope_split_kernel[(n, triton.cdiv(heads + 2 * kv_heads, hb))](
+        qkv, cos, sin, pos, qk_norm if qk_norm is not None else cos, q, k, v, eps, H=heads, HKV=kv_heads,
+        D=head_dim, HB=hb, QK_NORM=qk_norm is not None, num_warps=4)
+    return q, k, v

@@ -93,7 +93,7 @@ class CudaModel:
                  comm: CollectiveBackend, max_slots: int, max_len: int,
                  device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
                  cuda_graphs: bool = True, compile_ops: bool | None = None, block_size: int = 16,
-                 num_blocks: int = 0, decode_kernels: str = "torch") -> None:
+                 num_blocks: int = 0, decode_kernels: str = "auto") -> None:
         dev = torch.device(device)
         self.c, self.shard, self.comm, self.device, self.dtype = config, shard, comm, dev, dtype
         self.heads, self.kv_heads, self.hd = shard.heads, shard.kv_heads, config.head_dim
@@ -119,18 +119,21 @@ class CudaModel:
         self.attn_impl = "bmm"  # bmm | sdpa (memory-efficient kernel: slower for one query row)
         self.graph_parts = 4  # decode graphs per step (see _decode_core): measured best on an H200
         # fused: each layer in five Triton kernels (cuda_kernels) for steps of up to 16 rows on
-        # one rank, checked against the torch ops at warm-up; torch: the ops above (larger steps,
-        # TP > 1, no triton). Opt-in until it is measured on a GPU.
+        # one rank, checked against the torch ops at warm-up, and the prefill's RoPE and SiLU in
+        # Triton kernels too; torch: the ops above (larger steps, TP > 1, no triton). auto: fused
+        # on a GPU (measured faster at batch 1-16 on an H200, bench/results/engine_cuda_fused.md),
+        # torch on a CPU, where Triton only interprets.
+        if decode_kernels not in ("auto", "fused", "torch"):
+            raise ValueError(f"decode_kernels must be 'auto', 'fused' or 'torch', got {decode_kernels!r}")
         self.decode_impl, self.decode_reason = "torch", ""
-        if decode_kernels == "fused":
+        if decode_kernels == "fused" or (decode_kernels == "auto" and dev.type == "cuda"):
             if shard.tp > 1:
                 self.decode_reason = "fused decode kernels run on one rank only (TP > 1 all-reduces mid-layer)"
             elif not _have_triton():
                 self.decode_reason = "fused decode kernels need triton"
             else:
                 self.decode_impl = "fused"
-        elif decode_kernels != "torch":
-            raise ValueError(f"decode_kernels must be 'torch' or 'fused', got {decode_kernels!r}")
+        self.prefill_impl = "fused" if self.decode_impl == "fused" else "torch"
         self.prefill_sdpa = "flash"  # a key of PREFILL_SDPA
         # A decode step's largest all-reduce: the embedding rows, float32, per batch slot.
         self.graphs = DecodeGraphs(self._decode_core, dev, cuda_graphs,
@@ -209,7 +212,7 @@ class CudaModel:
     def status(self) -> dict[str, Any]:
         return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "cuda_graphs": self.graphs.enabled, "graphs_captured": len(self.graphs.graphs),
-                "decode_kernels": self.decode_impl, **({"decode_kernels_reason": self.decode_reason}
+                "decode_kernels": self.decode_impl, "prefill_kernels": self.prefill_impl, **({"decode_kernels_reason": self.decode_reason}
                                                        if self.decode_reason else {}),
                 "eager_batch_buckets": sorted(self.graphs.eager_batches),
                 "fused_ops": self.ops.status()}
@@ -223,10 +226,11 @@ class CudaModel:
         start = time.perf_counter()
         n = 8
         one = torch.ones(1, dtype=torch.int64)
-        self.forward(torch.zeros(1, n, dtype=torch.int64), torch.arange(n).view(1, n), torch.zeros_like(one),
-                     one * n, one * n, 0)
         if self.decode_impl == "fused":
             self._check_fused(n)
+        self.prefill_impl = self.decode_impl
+        self.forward(torch.zeros(1, n, dtype=torch.int64), torch.arange(n).view(1, n), torch.zeros_like(one),
+                     one * n, one * n, 0)
         for S in sorted({batch_bucket(b, self.max_slots) for b in BATCH_BUCKETS if b <= self.max_slots}
                         | {self.max_slots}):
             self.forward(torch.zeros(1, 1, dtype=torch.int64), (one * n).view(1, 1), torch.zeros_like(one), one,
@@ -238,19 +242,23 @@ class CudaModel:
         return time.perf_counter() - start
 
     def _check_fused(self, n: int, tol: float = 0.15) -> None:
-        """Start-up check of the fused decode kernels (as the collectives have one): one step of
-        slot 0 through both paths, graphs off; a failure or logits further apart than `tol` x
-        their std (the GPU tests' bound) keeps the torch ops, with the reason in status()."""
+        """Start-up check of the fused kernels (as the collectives have one): a prefill and one
+        decode step of slot 0 through both paths, graphs off; a failure or logits further apart
+        than `tol` x their std (the GPU tests' bound) keeps the torch ops, with the reason in
+        status()."""
         one = torch.ones(1, dtype=torch.int64)
         args = (torch.tensor([[3]]), (one * n).view(1, 1), torch.zeros_like(one), one, one * (n + 1), 1)
         enabled, self.graphs.enabled = self.graphs.enabled, False
+        prompt = (torch.arange(n).view(1, n) % 7, torch.arange(n).view(1, n), torch.zeros_like(one), one * n, one * n, 0)
         try:
-            self.decode_impl = "torch"
-            ref = self.forward(*args).float()
-            self.decode_impl = "fused"
-            err = float((self.forward(*args).float() - ref).abs().max() / ref.std())
-            if not err <= tol:  # NaN too
-                self.decode_impl, self.decode_reason = "torch", f"fused decode check: logits {err:.3g} x std apart"
+            for what, a in (("prefill", prompt), ("decode", args)):
+                self.decode_impl = self.prefill_impl = "torch"
+                ref = self.forward(*a).float()
+                self.decode_impl = self.prefill_impl = "fused"
+                err = float((self.forward(*a).float() - ref).abs().max() / ref.std())
+                if not err <= tol:  # NaN too
+                    self.decode_impl, self.decode_reason = "torch", f"fused {what} check: logits {err:.3g} x std apart"
+                    break
         except Exception as e:  # a kernel that does not compile or launch on this device
             self.decode_impl, self.decode_reason = "torch", f"fused decode check failed: {type(e).__name__}: {e}"[:300]
         finally:
@@ -435,8 +443,14 @@ class CudaModel:
         x = self._embed(ids)
         cos, sin = self.cos[pos], self.sin[pos]
         h = rms_norm(x, self.layers[0].ln1, eps, self.dtype)
+        if self.prefill_impl == "fused":
+            from switchyard.engine import cuda_kernels as ck
         for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, cos, sin)
+            if self.prefill_impl == "fused":
+                q, k, v = ck.rope_split(F.linear(h, layer.qkv, layer.qkv_b), self.cos, self.sin, pos, H, Hkv, D,
+                                        layer.qk_norm, eps)
+            else:
+                q, k, v = self._qkv(layer, h, cos, sin)
             self._write_kv(li, w_blocks, w_offs, k.index_select(0, sel), v.index_select(0, sel))
             q = q.view(B, T, H, D).transpose(1, 2)
             if fresh:
@@ -451,7 +465,11 @@ class CudaModel:
                     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hkv != H)
             x, h = self._mlp_in(layer, x, o.transpose(1, 2).reshape(B * T, H * D))
             w, dt = self._next_norm(li)
-            x, h = self._ops.add_rms(x, self._mlp_out(layer, h), w, eps, dt)
+            if self.prefill_impl == "fused":
+                y = self.comm.all_reduce(F.linear(ck.silu_mul(F.linear(h, layer.gate_up)), layer.down))
+            else:
+                y = self._mlp_out(layer, h)
+            x, h = self._ops.add_rms(x, y, w, eps, dt)
         last = torch.arange(B, device=dev) * T + lens.to(dev) - 1
         return self._logits(h[last])
 

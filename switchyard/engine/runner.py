@@ -150,7 +150,7 @@ class Runner:
                                    dtype=getattr(torch, self.dtype),
                                    cuda_graphs=bool(self.opts.extra.get("cuda_graphs", True)),
                                    block_size=bs, num_blocks=blocks,
-                                   decode_kernels=str(self.opts.extra.get("decode_kernels", "torch")))
+                                   decode_kernels=str(self.opts.extra.get("decode_kernels", "auto")))
             # Compile and capture now (every rank: the captures' collectives pair up), not on
             # the first requests.
             log.info("GPU warm-up (fused ops, decode graphs) took %.1fs", self.model.warmup())

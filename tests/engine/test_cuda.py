@@ -171,6 +171,19 @@ def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest
     assert tp2.decode_impl == "torch" and "one rank" in tp2.decode_reason
 
 
+def test_decode_kernels_auto_is_fused_on_a_gpu_and_torch_on_a_cpu() -> None:
+    w = random_weights(NARROW, seed=2)
+    m = CudaModel(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cpu")
+    assert m.status()["decode_kernels"] == "torch" and m.status()["prefill_kernels"] == "torch"
+    if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
+        m = CudaModel(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cuda")
+        m.warmup()
+        assert m.status()["decode_kernels"] == "fused" and m.status()["prefill_kernels"] == "fused"
+    with pytest.raises(ValueError, match="auto"):
+        CudaModel(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cpu",
+                  decode_kernels="triton")
+
+
 @fused
 def test_fused_kernels_qwen3_bias_and_qk_norm() -> None:
     cfg = dataclasses.replace(NARROW, arch="qwen3", qkv_bias=True, qk_norm=True)

@@ -117,3 +117,24 @@ def test_gemv_residual_and_gate_up_silu(M: int, dtype: torch.dtype) -> None:
 def test_rows_beyond_the_fused_limit_are_refused() -> None:
     with pytest.raises(AssertionError, match="1..16 rows"):
         ck._rows_pad(17)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_prefill_rope_split_and_silu_mul_as_the_torch_ops(qk_norm: bool) -> None:
+    from switchyard.engine.cuda_ops import silu_mul
+
+    g = torch.Generator().manual_seed(4)
+    N, H, Hkv, D, max_len = 11, 6, 2, 32, 40
+    qkv = _rand(N, (H + 2 * Hkv) * D, dtype=torch.bfloat16, g=g)
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
+    cos, sin = torch.cat((freqs, freqs), -1).cos().to(DEV), torch.cat((freqs, freqs), -1).sin().to(DEV)
+    pos = torch.tensor([0, 1, 2, 3, 9, 10, 11, 20, 30, 38, 39], device=DEV)
+    qn, kn = (1 + 0.1 * _rand(D, g=g), 1 + 0.1 * _rand(D, g=g)) if qk_norm else (None, None)
+    ref = rope_qkv(qkv, cos[pos], sin[pos], H, Hkv, D, qn, kn, 1e-5, torch.bfloat16)
+    got = ck.rope_split(qkv, cos, sin, pos, H, Hkv, D, torch.cat((qn, kn)) if qk_norm else None, 1e-5)
+    for r, o in zip(ref, got, strict=True):
+        assert o.shape == r.shape and o.dtype == r.dtype
+        torch.testing.assert_close(o.float(), r.float(), **_tol(torch.bfloat16))
+    gu = _rand(N, 2 * 3000, dtype=torch.bfloat16, g=g)  # 3000: more than one column block, a ragged last
+    torch.testing.assert_close(ck.silu_mul(gu).float(), silu_mul(gu).float(), **_tol(torch.bfloat16))

@@ -96,6 +96,7 @@ def test_health_says_gpu_fused_kernels_and_structured_output(server: EngineServe
     assert status == 200
     dev = h["device"]
     assert dev["device"].startswith("cuda") and dev["decode_kernels"] == "fused" and dev["cuda_graphs"] is True
+    assert dev["prefill_kernels"] == "fused"
     assert h["structured_output"]["supported"]
 
 
