@@ -168,8 +168,8 @@ def main() -> None:
         M_P = 1 if M == 1 else 16
         for span in (int(x) for x in a.attention_spans.split(",") if x):
             att = attention_sweep(name, M, span, dev)
-            default = next((r for r in att if r["block_n"] == 64 and r["splits"] == ck.attention_splits(span)
-                            and r["warps"] == 4), None)
+            sp, bn = ck.attention_shape(span)
+            default = next((r for r in att if r["block_n"] == bn and r["splits"] == sp and r["warps"] == 4), None)
             results.append({"shape": name, "rows": M, "kernel": f"attention@{span}", "default": default,
                             "top5": att[:5]})
             print(f"attention {name} M={M} span {span}: default {default}, best {att[:3]}", flush=True)

@@ -296,11 +296,20 @@ def tile_for(kind: str, M_P: int, n: int, k: int) -> Tile:
     32 outputs and 256-element loads, 4 stages deep."""
     pair = kind in ("qkv", "gate_up")
     if M_P == 1:
-        bk = triton.next_power_of_2(k) if k <= 2048 else (512 if pair else 1024)
-        return Tile(4, bk, 4)
+        if k <= 2048:
+            return Tile(4, triton.next_power_of_2(k), 4)
+        return Tile(8, 256, 4) if kind == "gate_up" else Tile(4, 512 if pair else 1024, 4)
     if kind == "gate_up":
         return Tile(64, 128, 4, 3) if k >= 4096 else Tile(16, 256, 4, 3)
     return Tile(32, 256, 4, 4)
+
+
+def _fit(t: Tile, M_P: int, pair: bool, elem: int) -> Tile:
+    """Shrink a tl.dot tile's pipeline until its stages fit in shared memory (float32 weights
+    take twice bfloat16's: 4 stages of the 16-row tiles would ask ~260 KB of an H200's 227)."""
+    while M_P > 1 and t.stages * (M_P + (2 if pair else 1) * t.rows) * t.block_k * elem > 160 * 1024:
+        t = dataclasses.replace(t, stages=t.stages - 1) if t.stages > 2 else dataclasses.replace(t, block_k=t.block_k // 2)
+    return t
 
 
 def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
@@ -313,7 +322,7 @@ def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Ten
     M, K = x.shape
     D, bs = k_cache.shape[-1], k_cache.shape[-2]
     M_P = _rows_pad(M)
-    t = tile or tile_for("qkv", M_P, w.shape[0] // 2, K)
+    t = _fit(tile or tile_for("qkv", M_P, w.shape[0] // 2, K), M_P, True, w.element_size())
     # Qwen3's q/k norm needs the whole head in one program; else up to the tile's rows, at most D/2
     R = D // 2 if qk_norm is not None else min(t.rows, D // 2)
     q = torch.empty(M, heads, D, dtype=w.dtype, device=x.device)
@@ -326,22 +335,29 @@ def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Ten
     return q
 
 
-def attention_splits(span: int) -> int:
-    """Programs per (row, kv head) over a span: one up to 512 positions, then one per 512, up to 16."""
-    s = 1
-    while s < 16 and span > 512 * s:
-        s *= 2
-    return s
+def attention_shape(span: int) -> tuple[int, int]:
+    """(programs per row and kv head, positions per load) over a span. A decode step's attention
+    is a few programs' latency-bound loops unless the span is split: on an H200 16 splits of a
+    512-position span ran in 4-5 us where one program took 11-14 (SmolLM2, 8B), and 16 splits
+    with 128-position loads halved a 4096 span's time (bench/results/cuda_kernels_sweep.md)."""
+    splits = 1
+    while splits < 16 and span // (splits * 2) >= 32:
+        splits *= 2
+    block_n = 32
+    while block_n < 128 and span // splits >= block_n * 2:
+        block_n *= 2
+    return splits, block_n
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                    ctx: torch.Tensor, span: int, block_n: int = 64, splits: int = 0, warps: int = 4) -> torch.Tensor:
+                    ctx: torch.Tensor, span: int, block_n: int = 0, splits: int = 0, warps: int = 4) -> torch.Tensor:
     """q [M, H, D]; tables [M, span / block_size] block ids; ctx [M] positions each row attends
     to (0: an idle row, which sees position 0 of its first block). Returns [M, H * D]."""
     M, H, D = q.shape
     kv_heads, bs = k_cache.shape[1], k_cache.shape[2]
     G = H // kv_heads
-    splits = splits or attention_splits(span)
+    auto_splits, auto_block = attention_shape(span)
+    splits, block_n = splits or auto_splits, block_n or auto_block
     chunk = -(-span // (splits * block_n)) * block_n
     out = torch.empty(M, H * D, dtype=q.dtype, device=q.device)
     if splits > 1:
@@ -364,7 +380,7 @@ def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, tile: Tile 
     N = w.shape[0]
     out = torch.empty(M, N, dtype=torch.float32, device=a.device)
     M_P = _rows_pad(M)
-    t = tile or tile_for("gemv", M_P, N, K)
+    t = _fit(tile or tile_for("gemv", M_P, N, K), M_P, False, w.element_size())
     _gemv_residual_kernel[(triton.cdiv(N, t.rows),)](a, w, x, out, M, N, K, R=t.rows, M_P=M_P, BLOCK_K=t.block_k,
                                                      UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
     return out
@@ -377,7 +393,7 @@ def gate_up_silu(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float,
     inter = w.shape[0] // 2
     out = torch.empty(M, inter, dtype=w.dtype, device=x.device)
     M_P = _rows_pad(M)
-    t = tile or tile_for("gate_up", M_P, inter, K)
+    t = _fit(tile or tile_for("gate_up", M_P, inter, K), M_P, True, w.element_size())
     _gate_up_silu_kernel[(triton.cdiv(inter, t.rows),)](x, ln, w, out, M, inter, K, eps, R=t.rows, M_P=M_P,
                                                         BLOCK_K=t.block_k, NORM_BLOCK=_norm_block(M_P, K),
                                                         UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)

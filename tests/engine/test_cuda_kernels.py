@@ -79,7 +79,7 @@ def _attention_ref(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, tables: 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("span,ctx", [(64, [1, 37, 64, 0]), (2048, [1500, 2048, 513, 0])])
+@pytest.mark.parametrize("span,ctx", [(32, [1, 17, 32, 0]), (64, [1, 37, 64, 0]), (2048, [1500, 2048, 513, 0])])
 def test_paged_attention_reads_blocks_in_place(dtype: torch.dtype, span: int, ctx: list[int]) -> None:
     g = torch.Generator().manual_seed(span)
     M, H, Hkv, D, bs = len(ctx), 6, 2, 32, 16
@@ -91,7 +91,7 @@ def test_paged_attention_reads_blocks_in_place(dtype: torch.dtype, span: int, ct
     q = _rand(M, H, D, dtype=dtype, g=g)
     c = torch.tensor(ctx, device=DEV)
     got = ck.paged_attention(q, kc, vc, tables, c, span)
-    assert ck.attention_splits(span) == (1 if span <= 512 else 4)
+    assert ck.attention_shape(span) == {32: (1, 32), 64: (2, 32), 2048: (16, 128)}[span]
     torch.testing.assert_close(got.float(), _attention_ref(q, kc, vc, tables, c), **_tol(dtype))
 
 
