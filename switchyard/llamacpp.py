@@ -44,6 +44,24 @@ CMAKE_OPTIONS = (
     "-DLLAMA_OPENSSL=OFF",
     "-DGGML_NATIVE=ON",
 )
+# On an AMX CPU, GGML_NATIVE compiles in ggml-cpu's AMX kernels, and this version's die of SIGILL
+# there (a Xeon with AMX: `tilezero` without the tile permission Linux wants asked for, and
+# `tileloadd` even with it), in llama-bench and llama-server alike. That build goes without them
+# (its AVX-512 VNNI/BF16 kernels stay), in a folder of its own.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        return " amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def cmake_options() -> tuple[str, ...]:
+    if not _cpu_has_amx():
+        return CMAKE_OPTIONS
+    return (*CMAKE_OPTIONS, f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
 
 
 class LlamaCppMissing(RuntimeError):
@@ -67,7 +85,7 @@ class LlamaCpp:
 def home() -> Path:
     """The cache folder for the pinned version (SWITCHYARD_LLAMA_CPP overrides it)."""
     env = os.environ.get("SWITCHYARD_LLAMA_CPP")
-    return Path(env) if env else cache_dir("llama.cpp") / VERSION
+    return Path(env) if env else cache_dir("llama.cpp") / (VERSION + ("-no-amx" if _cpu_has_amx() else ""))
 
 
 def _bin_dir(root: Path) -> Path:
@@ -178,7 +196,7 @@ def build(jobs: int | None = None, log: TextIO = sys.stderr) -> LlamaCpp:
         if _stamp(root).exists():  # built by whoever held the lock before us
             return locate()
         steps = [
-            [cmake, "-S", str(src), "-B", str(build_dir), *CMAKE_OPTIONS],
+            [cmake, "-S", str(src), "-B", str(build_dir), *cmake_options()],
             [cmake, "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 1), "--target", *TARGETS],
         ]
         for cmd in steps:
