@@ -339,29 +339,38 @@ class CudaModel:
             return
         H, Hkv, D = self.heads, self.kv_heads, self.hd
         eps = self.c.rms_eps
+        # Steps past the fused kernels' 16 rows keep cuBLAS for the projections, and still read
+        # the cache in place with the paged attention kernel where the fused kernels passed their
+        # check: gathering each row's blocks first cost an 8B step at batch 256 ~17 GB of copies.
+        paged = self.decode_impl == "fused"
+        if paged:
+            from switchyard.engine import cuda_kernels as ck
         x = self._embed(ids)
         cos, sin = self.cos[pos], self.sin[pos]
-        # Additive mask; every row may see position 0 so that idle slots' softmax has no NaN.
-        valid = self._span_ids[:L].unsqueeze(0) < ctx.clamp(min=1).unsqueeze(1)
-        mask = torch.zeros(S, 1, 1, L, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~valid.view(S, 1, 1, L), float("-inf"))
         G = H // Hkv
-        if self.attn_impl == "bmm":
-            bias = torch.zeros(S, 1, 1, L, dtype=torch.float32, device=self.device)
-            bias.masked_fill_(~valid.view(S, 1, 1, L), float("-inf"))
+        if not paged:  # additive mask; every row may see position 0 so that idle slots' softmax has no NaN
+            valid = self._span_ids[:L].unsqueeze(0) < ctx.clamp(min=1).unsqueeze(1)
+            mask = torch.zeros(S, 1, 1, L, dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~valid.view(S, 1, 1, L), float("-inf"))
+            if self.attn_impl == "bmm":
+                bias = torch.zeros(S, 1, 1, L, dtype=torch.float32, device=self.device)
+                bias.masked_fill_(~valid.view(S, 1, 1, L), float("-inf"))
         h = rms_norm(x, self.layers[0].ln1, eps, self.dtype)
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)
             self._write_kv(li, w_blocks, w_offs, k, v)
-            kc = self._gather(self.k_cache[li], tables)  # type: ignore[index]
-            vc = self._gather(self.v_cache[li], tables)  # type: ignore[index]
-            if self.attn_impl == "bmm":
-                s = torch.bmm(q.view(S * Hkv, G, D), kc.view(S * Hkv, L, D).transpose(1, 2))
-                p = self._ops.masked_softmax(s.view(S, Hkv, G, L), bias, 1.0 / D ** 0.5, self.dtype)
-                o = torch.bmm(p.view(S * Hkv, G, L), vc.view(S * Hkv, L, D))
+            if paged:
+                o = ck.paged_attention(q.reshape(S, H, D), self.k_cache[li], self.v_cache[li], tables, ctx, L)
             else:
-                with sdpa_kernel(_DECODE_SDPA):
-                    o = F.scaled_dot_product_attention(q.view(S, Hkv, G, D), kc, vc, attn_mask=mask)
+                kc = self._gather(self.k_cache[li], tables)  # type: ignore[index]
+                vc = self._gather(self.v_cache[li], tables)  # type: ignore[index]
+                if self.attn_impl == "bmm":
+                    s = torch.bmm(q.view(S * Hkv, G, D), kc.view(S * Hkv, L, D).transpose(1, 2))
+                    p = self._ops.masked_softmax(s.view(S, Hkv, G, L), bias, 1.0 / D ** 0.5, self.dtype)
+                    o = torch.bmm(p.view(S * Hkv, G, L), vc.view(S * Hkv, L, D))
+                else:
+                    with sdpa_kernel(_DECODE_SDPA):
+                        o = F.scaled_dot_product_attention(q.view(S, Hkv, G, D), kc, vc, attn_mask=mask)
             x, h = self._mlp_in(layer, x, o.reshape(S, H * D))
             w, dt = self._next_norm(li)
             x, h = self._ops.add_rms(x, self._mlp_out(layer, h), w, eps, dt)

@@ -171,6 +171,18 @@ def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest
     assert tp2.decode_impl == "torch" and "one rank" in tp2.decode_reason
 
 
+@fused
+def test_steps_past_the_fused_rows_read_the_cache_with_the_paged_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past 16 rows the projections are cuBLAS's and attention the paged kernel: made to happen
+    at 3 rows here (the fused limit set to 2), prefills, joins, idle slots and all."""
+    from switchyard.engine import cuda_model
+
+    monkeypatch.setattr(cuda_model, "MAX_FUSED_ROWS", 2)
+    ref, m = _pair(NARROW, random_weights(NARROW, seed=5), torch.float32, FUSED_DEV, decode_kernels="fused")
+    out = scenario([ref, m], NARROW.vocab_size, decode_steps=3)
+    assert_close_to_reference(out[0], out[1], 1e-4)
+
+
 def test_decode_kernels_auto_is_fused_on_a_gpu_and_torch_on_a_cpu() -> None:
     w = random_weights(NARROW, seed=2)
     m = CudaModel(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cpu")
