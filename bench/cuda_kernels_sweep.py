@@ -14,6 +14,7 @@ return.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -54,6 +55,21 @@ def time_us(launch: Callable[[int], None], copies: int, reps: int = 10) -> float
         b.synchronize()
         best = min(best, a.elapsed_time(b) * 1000 / (reps * copies))
     return best
+
+
+def near(kind: str, M_P: int, n: int, k: int, head_dim: int) -> list[ck.Tile]:
+    """tile_for's pick and its neighbours (half and twice the rows or the load), each with and
+    without the first tile's prefetch."""
+    base = ck.tile_for(kind, M_P, n, k)
+    out = []
+    for dr, dk, pf in itertools.product((0.5, 1, 2), (0.5, 1, 2), (False, True)):
+        r, bk = int(base.rows * dr), int(base.block_k * dk)
+        if r < 1 or bk < 32 or (M_P > 1 and r < 16) or (kind == "qkv" and r > head_dim // 2):
+            continue
+        if dr != 1 and dk != 1:  # one change at a time
+            continue
+        out.append(dataclasses.replace(base, rows=r, block_k=bk, prefetch=pf))
+    return out
 
 
 def candidates(kind: str, M_P: int, n: int, k: int, head_dim: int) -> list[ck.Tile]:
@@ -155,6 +171,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=300, help="shared evenly by the kernels swept")
     ap.add_argument("--out", default="/tmp")
     ap.add_argument("--kernels", default="qkv,o_proj,gate_up,down_proj")
+    ap.add_argument("--near", action="store_true", help="only tile_for's pick and its neighbours, prefetch or not")
     ap.add_argument("--attention-spans", default="", help="also sweep paged_attention at these spans (M = --rows)")
     a = ap.parse_args()
     dev = torch.device("cuda")
@@ -173,6 +190,7 @@ def main() -> None:
             results.append({"shape": name, "rows": M, "kernel": f"attention@{span}", "default": default,
                             "top5": att[:5]})
             print(f"attention {name} M={M} span {span}: default {default}, best {att[:3]}", flush=True)
+            (out / "sweep.json").write_text(json.dumps(results, indent=1))
         for kind, (n, k, launch, copies, nbytes) in kernels(name, M, dev).items():
             if kind not in a.kernels.split(","):
                 continue
@@ -181,7 +199,7 @@ def main() -> None:
             d_us = time_us(lambda i, f=launch: f(i, None), copies)
             tried = []
             t1 = time.perf_counter()
-            for t in candidates(tk, M_P, n, k, SHAPES[name].head_dim):
+            for t in (near if a.near else candidates)(tk, M_P, n, k, SHAPES[name].head_dim):
                 if time.perf_counter() - t1 > per_kernel:
                     break
                 try:

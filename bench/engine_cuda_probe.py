@@ -88,7 +88,7 @@ def use_tiles(sweep: list[dict[str, Any]]) -> None:
     from switchyard.engine import cuda_kernels as ck
 
     best = {(r["kernel"].replace("o_proj", "gemv").replace("down_proj", "gemv"), 1 if r["rows"] == 1 else 16,
-             r["n"], r["k"]): ck.Tile(**r["best"]["tile"]) for r in sweep}
+             r["n"], r["k"]): ck.Tile(**r["best"]["tile"]) for r in sweep if "best" in r}
     default = ck.tile_for
     ck.tile_for = lambda kind, M_P, n, k: best.get((kind, M_P, n, k)) or default(kind, M_P, n, k)
 

@@ -68,45 +68,71 @@ def _row_scale(x_ptr, stride_x, M, K, eps, M_P: tl.constexpr, BLOCK: tl.constexp
 
 
 @triton.jit
-def _matvec(x_ptr, stride_x, ln_ptr, scale, w_ptr, stride_w, n_rows, M, K,
-            NORM: tl.constexpr, M_P: tl.constexpr, R: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
-    """acc[m, r] = sum_k h[m, k] * W[n_rows[r], k] in float32, where h = x (model dtype) or, with
-    NORM, RMSNorm(x) * ln rounded to the weights' dtype (x float32, `scale` its rows' factors).
-    The loop is bound by its loads' latency, so each iteration's weight tile (R x BLOCK_K) is what
-    is in flight: the tiles are sized for that (tile_for), and at one row the partial products
-    stay in a 2-D accumulator, summed once at the end."""
+def _weight_tile(w_ptr, stride_w, n_rows, k0, K, BLOCK_K: tl.constexpr):
+    ks = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w_ptr + n_rows[:, None] * stride_w + ks[None, :], mask=(ks < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _matvec_step(acc, x_ptr, stride_x, ln_ptr, scale, w, k0, M, K, NORM: tl.constexpr, M_P: tl.constexpr,
+                 BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     rows = tl.arange(0, M_P)
+    ks = k0 + tl.arange(0, BLOCK_K)
+    kmask = ks < K
+    x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=(rows[:, None] < M) & kmask[None, :], other=0.0)
+    if NORM:
+        ln = tl.load(ln_ptr + ks, mask=kmask, other=0.0)
+        x = (x * scale[:, None]) * ln[None, :]
+    h = x.to(w.dtype)
     if M_P == 1:
-        acc1 = tl.zeros([R, BLOCK_K], dtype=tl.float32)
+        acc += h.to(tl.float32) * w.to(tl.float32)
     else:
-        acc = tl.zeros([M_P, R], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        kmask = ks < K
-        w = tl.load(w_ptr + n_rows[:, None] * stride_w + ks[None, :], mask=kmask[None, :], other=0.0)
-        x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
-                    mask=(rows[:, None] < M) & kmask[None, :], other=0.0)
-        if NORM:
-            ln = tl.load(ln_ptr + ks, mask=kmask, other=0.0)
-            x = (x * scale[:, None]) * ln[None, :]
-        h = x.to(w.dtype)
-        if M_P == 1:
-            acc1 += h.to(tl.float32) * w.to(tl.float32)
-        else:
-            acc = _dot(h, tl.trans(w), acc, UPCAST)
-    if M_P == 1:
-        acc = tl.sum(acc1, axis=1)[None, :]
+        acc = _dot(h, tl.trans(w), acc, UPCAST)
     return acc
 
 
 @triton.jit
-def _matvec_pair(x_ptr, stride_x, ln_ptr, scale, w_ptr, stride_w, n1, second, M, K,
+def _matvec(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, n_rows, M, K,
+            NORM: tl.constexpr, M_P: tl.constexpr, R: tl.constexpr, BLOCK_K: tl.constexpr,
+            NORM_BLOCK: tl.constexpr, PREFETCH: tl.constexpr, UPCAST: tl.constexpr):
+    """acc[m, r] = sum_k h[m, k] * W[n_rows[r], k] in float32, where h = x (model dtype) or, with
+    NORM, RMSNorm(x) * ln rounded to the weights' dtype (x float32 [M, K]).
+    The loop is bound by its loads' latency, so each iteration's weight tile (R x BLOCK_K) is what
+    is in flight: the tiles are sized for that (tile_for), and at one row the partial products
+    stay in a 2-D accumulator, summed once at the end. PREFETCH issues the first weight tile
+    before the norm's pass over x, which otherwise leaves the program's first DRAM read waiting
+    on an L2 round trip."""
+    if M_P == 1:  # noqa: SIM108 (a constexpr branch: Triton compiles only the one taken)
+        acc = tl.zeros([R, BLOCK_K], dtype=tl.float32)
+    else:
+        acc = tl.zeros([M_P, R], dtype=tl.float32)
+    start = 0
+    if PREFETCH:
+        w0 = _weight_tile(w_ptr, stride_w, n_rows, 0, K, BLOCK_K)
+    if NORM:  # noqa: SIM108
+        scale = _row_scale(x_ptr, stride_x, M, K, eps, M_P, NORM_BLOCK)
+    else:
+        scale = eps
+    if PREFETCH:
+        acc = _matvec_step(acc, x_ptr, stride_x, ln_ptr, scale, w0, 0, M, K, NORM, M_P, BLOCK_K, UPCAST)
+        start = BLOCK_K
+    for k0 in range(start, K, BLOCK_K):
+        w = _weight_tile(w_ptr, stride_w, n_rows, k0, K, BLOCK_K)
+        acc = _matvec_step(acc, x_ptr, stride_x, ln_ptr, scale, w, k0, M, K, NORM, M_P, BLOCK_K, UPCAST)
+    if M_P == 1:
+        return tl.sum(acc, axis=1)[None, :]
+    return acc
+
+
+@triton.jit
+def _matvec_pair(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, n1, second, M, K,
                  NORM: tl.constexpr, M_P: tl.constexpr, R: tl.constexpr, BLOCK_K: tl.constexpr,
-                 UPCAST: tl.constexpr):
+                 NORM_BLOCK: tl.constexpr, PREFETCH: tl.constexpr, UPCAST: tl.constexpr):
     """_matvec over rows n1 and n1 + second in one loop (twice the bytes in flight, one pass over
     x): the rows interleaved, the result split back into (acc over n1, acc over n1 + second)."""
     both = tl.reshape(n1[:, None] + tl.arange(0, 2)[None, :] * second, [2 * R])
-    acc = _matvec(x_ptr, stride_x, ln_ptr, scale, w_ptr, stride_w, both, M, K, NORM, M_P, 2 * R, BLOCK_K, UPCAST)
+    acc = _matvec(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, both, M, K, NORM, M_P, 2 * R, BLOCK_K,
+                  NORM_BLOCK, PREFETCH, UPCAST)
     return tl.split(tl.reshape(acc, [M_P, R, 2]))
 
 
@@ -115,7 +141,7 @@ def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, si
                      blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr, M, K, eps, qk_eps,
                      H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                      R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, UPCAST: tl.constexpr):
+                     PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, UPCAST: tl.constexpr):
     # Program (head, chunk): rows [c*R, c*R + R) of the head's first half and the same rows of
     # its second half, so that RoPE's pairs (i, i + D/2) meet in one program.
     head = tl.program_id(0)
@@ -124,8 +150,8 @@ def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, si
     r = chunk * R + tl.arange(0, R)
     n1 = head * D + r
     n2 = n1 + HALF
-    scale = _row_scale(x_ptr, stride_x, M, K, eps, M_P, NORM_BLOCK)
-    a1, a2 = _matvec_pair(x_ptr, stride_x, ln_ptr, scale, w_ptr, K, n1, HALF, M, K, True, M_P, R, BLOCK_K, UPCAST)
+    a1, a2 = _matvec_pair(x_ptr, stride_x, ln_ptr, eps, w_ptr, K, n1, HALF, M, K, True, M_P, R, BLOCK_K,
+                          NORM_BLOCK, PREFETCH, UPCAST)
     odt = q_ptr.dtype.element_ty
     if HAS_BIAS:
         a1 += tl.load(b_ptr + n1).to(tl.float32)[None, :]
@@ -230,13 +256,14 @@ def _combine_kernel(mo_ptr, ml_ptr, o_ptr, H: tl.constexpr, D: tl.constexpr, SPL
 
 @triton.jit
 def _gemv_residual_kernel(a_ptr, w_ptr, x_ptr, out_ptr, M, N, K,
-                          R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+                          R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
+                          UPCAST: tl.constexpr):
     # out[m, n] = x[m, n] + round(W[n] . a[m]): the projection rounded to the model dtype (as the
     # cuBLAS path's output is), added to the float32 residual stream.
     n = tl.program_id(0) * R + tl.arange(0, R)
     nmask = n < N
     nr = tl.where(nmask, n, 0)
-    acc = _matvec(a_ptr, K, a_ptr, a_ptr, w_ptr, K, nr, M, K, False, M_P, R, BLOCK_K, UPCAST)
+    acc = _matvec(a_ptr, K, a_ptr, 0.0, w_ptr, K, nr, M, K, False, M_P, R, BLOCK_K, 1, PREFETCH, UPCAST)
     rows = tl.arange(0, M_P)
     mask = (rows[:, None] < M) & nmask[None, :]
     at = rows[:, None] * N + n[None, :]
@@ -248,14 +275,14 @@ def _gemv_residual_kernel(a_ptr, w_ptr, x_ptr, out_ptr, M, N, K,
 @triton.jit
 def _gate_up_silu_kernel(x_ptr, ln_ptr, w_ptr, out_ptr, M, INTER, K, eps,
                          R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
-                         UPCAST: tl.constexpr):
+                         PREFETCH: tl.constexpr, UPCAST: tl.constexpr):
     # out[m, j] = SiLU(g) * u with g, u = rows j and INTER + j of the fused gate_up weight applied
     # to RMSNorm(x[m]), each rounded to the model dtype first (the torch path's gate_up output).
     j = tl.program_id(0) * R + tl.arange(0, R)
     jmask = j < INTER
     jr = tl.where(jmask, j, 0)
-    scale = _row_scale(x_ptr, K, M, K, eps, M_P, NORM_BLOCK)
-    g, u = _matvec_pair(x_ptr, K, ln_ptr, scale, w_ptr, K, jr, INTER, M, K, True, M_P, R, BLOCK_K, UPCAST)
+    g, u = _matvec_pair(x_ptr, K, ln_ptr, eps, w_ptr, K, jr, INTER, M, K, True, M_P, R, BLOCK_K, NORM_BLOCK,
+                        PREFETCH, UPCAST)
     odt = out_ptr.dtype.element_ty
     g = g.to(odt).to(tl.float32)
     u = u.to(odt).to(tl.float32)
@@ -270,12 +297,14 @@ def _gate_up_silu_kernel(x_ptr, ln_ptr, w_ptr, out_ptr, M, INTER, K, eps,
 @dataclasses.dataclass(frozen=True)
 class Tile:
     """One GEMV kernel's launch shape: outputs per program, reduction elements per load, warps,
-    pipeline stages (used by the tl.dot path)."""
+    pipeline stages (used by the tl.dot path), and whether the first weight tile is loaded ahead
+    of the norm's pass over x."""
 
     rows: int
     block_k: int
     warps: int = 4
     stages: int = 3
+    prefetch: bool = False
 
 
 def _rows_pad(M: int) -> int:
@@ -330,7 +359,8 @@ def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Ten
     _qkv_rope_kernel[grid](x, x.stride(0), ln, w, bias if bias is not None else w,
                            qk_norm if qk_norm is not None else ln, cos, sin, pos, blocks, offs,
                            q, k_cache, v_cache, M, K, eps, eps, H=heads, HKV=kv_heads, D=D, BS=bs, R=R, M_P=M_P,
-                           BLOCK_K=t.block_k, NORM_BLOCK=_norm_block(M_P, K), HAS_BIAS=bias is not None,
+                           BLOCK_K=t.block_k, NORM_BLOCK=_norm_block(M_P, K), PREFETCH=t.prefetch,
+                           HAS_BIAS=bias is not None,
                            QK_NORM=qk_norm is not None, UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
     return q
 
@@ -382,7 +412,7 @@ def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, tile: Tile 
     M_P = _rows_pad(M)
     t = _fit(tile or tile_for("gemv", M_P, N, K), M_P, False, w.element_size())
     _gemv_residual_kernel[(triton.cdiv(N, t.rows),)](a, w, x, out, M, N, K, R=t.rows, M_P=M_P, BLOCK_K=t.block_k,
-                                                     UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
+                                                     PREFETCH=t.prefetch, UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
     return out
 
 
@@ -396,7 +426,7 @@ def gate_up_silu(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float,
     t = _fit(tile or tile_for("gate_up", M_P, inter, K), M_P, True, w.element_size())
     _gate_up_silu_kernel[(triton.cdiv(inter, t.rows),)](x, ln, w, out, M, inter, K, eps, R=t.rows, M_P=M_P,
                                                         BLOCK_K=t.block_k, NORM_BLOCK=_norm_block(M_P, K),
-                                                        UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
+                                                        PREFETCH=t.prefetch, UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
     return out
 
 

@@ -30,8 +30,9 @@ def _rand(*shape: int, dtype: torch.dtype = torch.float32, g: torch.Generator, s
 @pytest.mark.parametrize("M", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qk_norm,bias", [(False, False), (True, True)])
+@pytest.mark.parametrize("prefetch", [False, True])
 def test_qkv_rope_writes_q_and_the_cache_as_the_torch_path(M: int, dtype: torch.dtype, qk_norm: bool,
-                                                           bias: bool) -> None:
+                                                           bias: bool, prefetch: bool) -> None:
     g = torch.Generator().manual_seed(M)
     H, Hkv, D, K, bs, nblocks, max_len = 6, 2, 32, 96, 4, 9, 40
     x = _rand(M, K, g=g)
@@ -51,8 +52,9 @@ def test_qkv_rope_writes_q_and_the_cache_as_the_torch_path(M: int, dtype: torch.
     h = rms_norm(x, ln, 1e-5, dtype)
     qkv = torch.nn.functional.linear(h, w, b)
     q_ref, k_ref, v_ref = rope_qkv(qkv, cos[pos], sin[pos], H, Hkv, D, qn, kn, 1e-5, dtype)
+    tile = ck.Tile(16, 32, 4, 2, prefetch=True) if prefetch else None  # K = 96: a first tile and two more
     q = ck.qkv_rope(x, ln, w, b, torch.cat((qn, kn)) if qk_norm else None, cos, sin, pos, blocks, offs, kc, vc,
-                    H, Hkv, 1e-5)
+                    H, Hkv, 1e-5, tile)
     torch.testing.assert_close(q.float(), q_ref.float(), **_tol(dtype))
     torch.testing.assert_close(kc[blocks, :, offs].float(), k_ref.float(), **_tol(dtype))
     torch.testing.assert_close(vc[blocks, :, offs].float(), v_ref.float(), **_tol(dtype))
@@ -97,21 +99,22 @@ def test_paged_attention_reads_blocks_in_place(dtype: torch.dtype, span: int, ct
 
 @pytest.mark.parametrize("M", [1, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gemv_residual_and_gate_up_silu(M: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("tile", [None, ck.Tile(16, 32, 4, 2, prefetch=True)], ids=["default", "prefetch"])
+def test_gemv_residual_and_gate_up_silu(M: int, dtype: torch.dtype, tile: ck.Tile | None) -> None:
     g = torch.Generator().manual_seed(M)
     K, N, inter = 80, 48, 40
     a = _rand(M, K, dtype=dtype, g=g)
     w = _rand(N, K, dtype=dtype, g=g, std=0.1)
     x = _rand(M, N, g=g)
     ref = x + torch.nn.functional.linear(a, w).float()
-    torch.testing.assert_close(ck.gemv_residual(a, w, x), ref, **_tol(dtype))
+    torch.testing.assert_close(ck.gemv_residual(a, w, x, tile), ref, **_tol(dtype))
 
     ln = 1 + 0.1 * _rand(N, g=g)
     wgu = _rand(2 * inter, N, dtype=dtype, g=g, std=0.1)
     gu = torch.nn.functional.linear(rms_norm(x, ln, 1e-5, dtype), wgu)
     gate, up = gu.float().chunk(2, -1)
     ref_a = torch.nn.functional.silu(gate) * up
-    torch.testing.assert_close(ck.gate_up_silu(x, ln, wgu, 1e-5).float(), ref_a, **_tol(dtype))
+    torch.testing.assert_close(ck.gate_up_silu(x, ln, wgu, 1e-5, tile).float(), ref_a, **_tol(dtype))
 
 
 def test_rows_beyond_the_fused_limit_are_refused() -> None:
