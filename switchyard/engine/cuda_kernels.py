@@ -120,7 +120,7 @@ def _matvec(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, n_rows, M, K,
         w = _weight_tile(w_ptr, stride_w, n_rows, k0, K, BLOCK_K)
         acc = _matvec_step(acc, x_ptr, stride_x, ln_ptr, scale, w, k0, M, K, NORM, M_P, BLOCK_K, UPCAST)
     if M_P == 1:
-        return tl.sum(acc, axis=1)[None, :]
+        acc = tl.sum(acc, axis=1)[None, :]
     return acc
 
 
