@@ -1,4 +1,4 @@
-"""Native CPU kernels, each build this CPU can run (amx-bf16, avx512-bf16, avx2). int4 weights: against
+"""Native CPU kernels, each build this CPU can run (amx-bf16, avx512-bf16, avx2, avx2-w4a8). int4 weights: against
 a float32 reference and torch's kernel, rows independent of their batch, the real SmolLM2
 file run as int4 against float32. Decode attention: against the torch path, over scattered
 cache slots."""
@@ -113,6 +113,10 @@ def test_build_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert nat.pick()[0].name == "avx2"  # type: ignore[union-attr]
     monkeypatch.setattr(nat, "_cpu_flags", lambda: {"avx2", "fma", "f16c"})  # Zen 3, Haswell
     assert nat.pick()[0].name == "avx2"  # type: ignore[union-attr]
+    monkeypatch.setenv("SWITCHYARD_NATIVE", "1")
+    assert [b.name for b in nat.candidates()[0]] == ["avx2"]  # int8 activations only when named
+    monkeypatch.setenv("SWITCHYARD_NATIVE", "avx2-w4a8")
+    assert nat.pick()[0].name == "avx2-w4a8"  # type: ignore[union-attr]
     monkeypatch.setenv("SWITCHYARD_NATIVE", "avx512-bf16")
     assert nat.pick() == (None, "CPU lacks avx512_bf16, avx512bw, avx512f, avx512vl")  # f16c: Zen 3 has it
     monkeypatch.setenv("SWITCHYARD_NATIVE", "1")
