@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -171,8 +172,8 @@ class CudaModel:
         pin = dev.type == "cuda"
         self._host = torch.zeros(3, max_slots, dtype=torch.int64, pin_memory=pin)  # staging for step_in
         self._host_tables = torch.zeros(max_slots * self.blocks_per_seq, dtype=torch.int64, pin_memory=pin)
-        self._host_idle = torch.zeros(3, max_slots, dtype=torch.int64)  # idle slots: position 0 of the spare
-        self._host_ids = torch.arange(max_slots)
+        self._host_np, self._host_tables_np = self._host.numpy(), self._host_tables.numpy()  # the same memory
+        self._block_ids_np = np.arange(max(max_slots, self.blocks_per_seq), dtype=np.int64)
         self._staged: torch.cuda.Event | None = None
         self._span_ids = torch.arange(self.blocks_per_seq * bs, device=dev)
         self._head_rows = torch.arange(self.kv_heads, device=dev) * bs  # a head's first row inside a block
@@ -404,33 +405,45 @@ class CudaModel:
                 block_tables: torch.Tensor | None = None) -> torch.Tensor:
         """Same arguments and result as TPModel.forward (logits of each row's last new token)."""
         B, T = ids.shape
-        tables = self.slot_tables(slots) if block_tables is None else block_tables.cpu()
         if T > 1:
+            tables = self.slot_tables(slots) if block_tables is None else block_tables.cpu()
             return self._prefill(ids, positions, tables, lens, ctx_lens)
-        S = batch_bucket(max(view_slots, int(slots.max()) + 1), self.max_slots)
+        # A decode step's host work is on every token's path (at batch 1 it rivals a small
+        # model's whole GPU step), so it stages the inputs with numpy on the pinned buffers'
+        # memory: a third of the time of the same dozen torch calls.
+        slot_np = slots.cpu().numpy()
+        ctx_np = ctx_lens.cpu().numpy()
+        S = batch_bucket(max(view_slots, int(slot_np.max()) + 1), self.max_slots)
         # The span: a bucket of whole blocks, so that it splits into each row's blocks.
-        L = -(-len_bucket(int(ctx_lens.max()), self.max_len) // self.block_size) * self.block_size
+        L = -(-len_bucket(int(ctx_np.max()), self.max_len) // self.block_size) * self.block_size
         nb = L // self.block_size
-        cpu_slots = slots.cpu()
         if self._staged is not None:
             self._staged.synchronize()  # the previous step's copies have left the staging buffers
+        host = self._host_np[:, :S]
+        host[:] = 0  # slots outside this step: token 0 at position 0 of the spare block
+        host[0, slot_np] = ids.cpu().numpy()[:, 0]
+        host[1, slot_np] = positions.cpu().numpy()[:, 0]
+        host[2, slot_np] = ctx_np
+        host_tables = self._host_tables_np[: S * nb].reshape(S, nb)
+        host_tables.fill(self.num_blocks)
+        if block_tables is None:  # slot s owns blocks s * blocks_per_seq onwards
+            host_tables[slot_np] = slot_np[:, None] * self.blocks_per_seq + self._block_ids_np[:nb]
+        else:
+            tables = block_tables.cpu().numpy()
+            w = min(nb, tables.shape[1])
+            host_tables[slot_np, :w] = tables[:, :w]
         host = self._host[:, :S]
-        host.copy_(self._host_idle[:, :S])  # slots outside this step write to the spare block
-        host[:, cpu_slots] = torch.stack((ids[:, 0].cpu(), positions[:, 0].cpu(), ctx_lens.cpu()))
-        host_tables = self._host_tables[: S * nb].view(S, nb)
-        host_tables.fill_(self.num_blocks)
-        w = min(nb, tables.shape[1])
-        host_tables[cpu_slots, :w] = tables[:, :w]
         self.step_in[:, :S].copy_(host, non_blocking=True)
         self.step_tables[: S * nb].copy_(self._host_tables[: S * nb], non_blocking=True)
         if self.device.type == "cuda":
             self._staged = torch.cuda.Event()
             self._staged.record()
         self.graphs.run(S, L)
-        if B == 1 or torch.equal(cpu_slots, self._host_ids[:B]):  # slots 0..B-1: no index upload
-            return self.step_out[int(cpu_slots[0]): int(cpu_slots[0]) + 1].clone() if B == 1 \
-                else self.step_out[:B].clone()
-        return self.step_out[cpu_slots.to(self.device, non_blocking=True)]
+        if B == 1:
+            return self.step_out[int(slot_np[0]): int(slot_np[0]) + 1].clone()
+        if (slot_np == self._block_ids_np[:B]).all():  # slots 0..B-1: no index upload
+            return self.step_out[:B].clone()
+        return self.step_out[slots.to(self.device, non_blocking=True)]
 
     def _prefill(self, ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor,
                  lens: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
