@@ -326,14 +326,6 @@ def _ratio(values: list[float]) -> str:
     return f"{statistics.median(v):.2f}x (rounds {v[0]:.2f}-{v[-1]:.2f}x)"
 
 
-def _cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
-
-
 def _vs_llama_cpp(path: Path, a: argparse.Namespace) -> None:
     """Ours against llama.cpp's llama-bench and llama-batched-bench, round by round."""
     import os
@@ -370,7 +362,7 @@ def _vs_llama_cpp(path: Path, a: argparse.Namespace) -> None:
     from switchyard.engine import native
 
     print(f"threads {threads}, {a.tokens} new tokens, prompts of ~{prompt_len} tokens, {a.repeats} rounds (medians); "
-          f"CPU: {_cpu_name()}; our native build: {native.load()[1] or 'none (torch ops)'}; llama.cpp in {bins.root}")
+          f"CPU: {native.cpu_model()}; our native build: {native.load()[1] or 'none (torch ops)'}; llama.cpp in {bins.root}")
     print(f"ours ({a.dtype}): batch 1 {med('o1'):.1f} tok/s | batch {a.batch} {med('oN'):.1f} tok/s aggregate | "
           f"prefill 512 {med('op'):.0f} tok/s")
     print(f"llama.cpp {bins.version}: batch 1 {med('l1'):.1f} tok/s (llama-batched-bench; llama-bench "

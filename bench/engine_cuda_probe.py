@@ -90,7 +90,7 @@ def use_tiles(sweep: list[dict[str, Any]]) -> None:
     best = {(r["kernel"].replace("o_proj", "gemv").replace("down_proj", "gemv"), 1 if r["rows"] == 1 else 16,
              r["n"], r["k"]): ck.Tile(**r["best"]["tile"]) for r in sweep if "best" in r}
     default = ck.tile_for
-    ck.tile_for = lambda kind, M_P, n, k: best.get((kind, M_P, n, k)) or default(kind, M_P, n, k)
+    ck.tile_for = lambda kind, M_P, n, k, elem=2: best.get((kind, M_P, n, k)) or default(kind, M_P, n, k, elem)
 
 
 def prefill_table(m: CudaModel, n: int, vocab: int) -> tuple[str, float]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import socket
 import statistics
@@ -34,6 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent_trace import Result, Turn, hit_rate, make_trace, per_turn, send  # noqa: E402
+
+from switchyard.engine.native import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,16 +86,6 @@ class Engine:
             self.p.kill()
             self.p.wait()
         self.log.close()
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def run_round(engine_args: list[str], trace: list[list[Turn]], log_dir: Path, r: int
@@ -153,7 +144,7 @@ def main() -> None:
               file=sys.stderr)
 
     dev = health["cached"].get("device", {})
-    print(f"\nCPU: {_cpu()}, {os.cpu_count()} cores; native build: {dev.get('int4_kernel', '-')}, "
+    print(f"\nCPU: {cpu_model()}, {os.cpu_count()} cores; native build: {dev.get('int4_kernel', '-')}, "
           f"KV cache {dev.get('kv_cache_dtype', '-')}; {a.sessions} sessions x {a.turns} turns, "
           f"{'one shared' if a.shared_system else 'a per-session'} ~{a.system_tokens}-token system prompt, "
           f"{a.rounds} round(s)\n")
@@ -185,7 +176,7 @@ def main() -> None:
         print(f"TTFT from turn 2 on: {min(later):.1f}x-{max(later):.1f}x lower with caching (per-turn medians)")
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps({"args": vars(a) | {"out": str(a.out)}, "cpu": _cpu(), "device": dev,
+        a.out.write_text(json.dumps({"args": vars(a) | {"out": str(a.out)}, "cpu": cpu_model(), "device": dev,
                                      "turns": rows, "summary": summary, "health": health,
                                      "results": {m: [x.__dict__ for x in v] for m, v in runs.items()}},
                                     indent=1, default=str))

@@ -316,9 +316,9 @@ def _norm_block(M_P: int, K: int) -> int:
     return min(triton.next_power_of_2(K), 8192 if M_P == 1 else 256)
 
 
-def tile_for(kind: str, M_P: int, n: int, k: int) -> Tile:
-    """The launch shape of a GEMV kernel ('qkv', 'gemv' or 'gate_up': the last two read two row
-    sets at once) over an n x k weight at M_P padded rows. From bench/cuda_kernels_sweep.py on an
+def tile_for(kind: str, M_P: int, n: int, k: int, elem: int = 2) -> Tile:
+    """The launch shape of a GEMV kernel ('qkv' and 'gate_up' read two row sets at once, 'gemv'
+    one) over an n x k weight of `elem`-byte elements at M_P padded rows. From bench/cuda_kernels_sweep.py on an
     H200 (bench/results/cuda_kernels_sweep.md): at one row, many small programs (4 outputs each)
     with 1K-element loads ran the 8B projections at 3.2-3.9 TB/s where 16 outputs and 256-element
     loads ran them at 1.7-2.5; a reduction of up to 2K elements in one load; the first tile loaded
@@ -330,14 +330,12 @@ def tile_for(kind: str, M_P: int, n: int, k: int) -> Tile:
             return Tile(4 if kind == "gate_up" else 2, triton.next_power_of_2(k), 4, prefetch=True)
         return Tile(8, 256, 4, prefetch=True) if kind == "gate_up" else Tile(4, 512 if pair else 1024, 4, prefetch=True)
     if kind == "gate_up":
-        return Tile(64, 128, 4, 3) if k >= 4096 else Tile(16, 256, 4, 3)
-    return Tile(32, 256, 4, 4)
-
-
-def _fit(t: Tile, M_P: int, pair: bool, elem: int) -> Tile:
-    """Shrink a tl.dot tile's pipeline until its stages fit in shared memory (float32 weights
-    take twice bfloat16's: 4 stages of the 16-row tiles would ask ~260 KB of an H200's 227)."""
-    while M_P > 1 and t.stages * (M_P + (2 if pair else 1) * t.rows) * t.block_k * elem > 160 * 1024:
+        t = Tile(64, 128, 4, 3) if k >= 4096 else Tile(16, 256, 4, 3)
+    else:
+        t = Tile(32, 256, 4, 4)
+    # The tl.dot pipeline's stages must fit in shared memory: float32 weights take twice
+    # bfloat16's (4 stages of the 16-row tiles would ask ~260 KB of an H200's 227).
+    while t.stages * (M_P + (2 if pair else 1) * t.rows) * t.block_k * elem > 160 * 1024:
         t = dataclasses.replace(t, stages=t.stages - 1) if t.stages > 2 else dataclasses.replace(t, block_k=t.block_k // 2)
     return t
 
@@ -352,7 +350,7 @@ def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Ten
     M, K = x.shape
     D, bs = k_cache.shape[-1], k_cache.shape[-2]
     M_P = _rows_pad(M)
-    t = _fit(tile or tile_for("qkv", M_P, w.shape[0] // 2, K), M_P, True, w.element_size())
+    t = tile or tile_for("qkv", M_P, w.shape[0] // 2, K, w.element_size())
     # Qwen3's q/k norm needs the whole head in one program; else up to the tile's rows, at most D/2
     R = D // 2 if qk_norm is not None else min(t.rows, D // 2)
     q = torch.empty(M, heads, D, dtype=w.dtype, device=x.device)
@@ -361,8 +359,7 @@ def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Ten
                            qk_norm if qk_norm is not None else ln, cos, sin, pos, blocks, offs,
                            q, k_cache, v_cache, M, K, eps, eps, H=heads, HKV=kv_heads, D=D, BS=bs, R=R, M_P=M_P,
                            BLOCK_K=t.block_k, NORM_BLOCK=_norm_block(M_P, K), PREFETCH=t.prefetch,
-                           HAS_BIAS=bias is not None,
-                           QK_NORM=qk_norm is not None, UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
+                           HAS_BIAS=bias is not None, QK_NORM=qk_norm is not None, UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
     return q
 
 
@@ -411,7 +408,7 @@ def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, tile: Tile 
     N = w.shape[0]
     out = torch.empty(M, N, dtype=torch.float32, device=a.device)
     M_P = _rows_pad(M)
-    t = _fit(tile or tile_for("gemv", M_P, N, K), M_P, False, w.element_size())
+    t = tile or tile_for("gemv", M_P, N, K, w.element_size())
     _gemv_residual_kernel[(triton.cdiv(N, t.rows),)](a, w, x, out, M, N, K, R=t.rows, M_P=M_P, BLOCK_K=t.block_k,
                                                      PREFETCH=t.prefetch, UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
     return out
@@ -424,7 +421,7 @@ def gate_up_silu(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float,
     inter = w.shape[0] // 2
     out = torch.empty(M, inter, dtype=w.dtype, device=x.device)
     M_P = _rows_pad(M)
-    t = _fit(tile or tile_for("gate_up", M_P, inter, K), M_P, True, w.element_size())
+    t = tile or tile_for("gate_up", M_P, inter, K, w.element_size())
     _gate_up_silu_kernel[(triton.cdiv(inter, t.rows),)](x, ln, w, out, M, inter, K, eps, R=t.rows, M_P=M_P,
                                                         BLOCK_K=t.block_k, NORM_BLOCK=_norm_block(M_P, K),
                                                         PREFETCH=t.prefetch, UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)

@@ -134,7 +134,6 @@ class CudaModel:
                 self.decode_reason = "fused decode kernels need triton"
             else:
                 self.decode_impl = "fused"
-        self.prefill_impl = "fused" if self.decode_impl == "fused" else "torch"
         # A key of PREFILL_SDPA, or auto: cuDNN's attention from 4096 prompt tokens (an 8B model's
         # 8k prefill took 231-236 ms with it, 254-265 with flash, on an H200), flash below.
         self.prefill_sdpa = "auto"
@@ -173,7 +172,7 @@ class CudaModel:
         self._host = torch.zeros(3, max_slots, dtype=torch.int64, pin_memory=pin)  # staging for step_in
         self._host_tables = torch.zeros(max_slots * self.blocks_per_seq, dtype=torch.int64, pin_memory=pin)
         self._host_np, self._host_tables_np = self._host.numpy(), self._host_tables.numpy()  # the same memory
-        self._block_ids_np = np.arange(max(max_slots, self.blocks_per_seq), dtype=np.int64)
+        self._iota_np = np.arange(max(max_slots, self.blocks_per_seq), dtype=np.int64)  # slot and block ids
         self._staged: torch.cuda.Event | None = None
         self._span_ids = torch.arange(self.blocks_per_seq * bs, device=dev)
         self._head_rows = torch.arange(self.kv_heads, device=dev) * bs  # a head's first row inside a block
@@ -215,8 +214,9 @@ class CudaModel:
     def status(self) -> dict[str, Any]:
         return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "cuda_graphs": self.graphs.enabled, "graphs_captured": len(self.graphs.graphs),
-                "decode_kernels": self.decode_impl, "prefill_kernels": self.prefill_impl, **({"decode_kernels_reason": self.decode_reason}
-                                                       if self.decode_reason else {}),
+                # one switch: the prefill's RoPE and SiLU kernels go with the decode kernels
+                "decode_kernels": self.decode_impl, "prefill_kernels": self.decode_impl,
+                **({"decode_kernels_reason": self.decode_reason} if self.decode_reason else {}),
                 "eager_batch_buckets": sorted(self.graphs.eager_batches),
                 "fused_ops": self.ops.status()}
 
@@ -231,7 +231,6 @@ class CudaModel:
         one = torch.ones(1, dtype=torch.int64)
         if self.decode_impl == "fused":
             self._check_fused(n)
-        self.prefill_impl = self.decode_impl
         self.forward(torch.zeros(1, n, dtype=torch.int64), torch.arange(n).view(1, n), torch.zeros_like(one),
                      one * n, one * n, 0)
         for S in sorted({batch_bucket(b, self.max_slots) for b in BATCH_BUCKETS if b <= self.max_slots}
@@ -255,17 +254,18 @@ class CudaModel:
         args = (torch.tensor([[3]]), (one * n).view(1, 1), torch.zeros_like(one), one, one * (n + 1), 1)
         enabled, self.graphs.enabled = self.graphs.enabled, False
         prompt = (torch.arange(n).view(1, n) % 7, torch.arange(n).view(1, n), torch.zeros_like(one), one * n, one * n, 0)
+        what = "prefill"
         try:
             for what, a in (("prefill", prompt), ("decode", args)):
-                self.decode_impl = self.prefill_impl = "torch"
+                self.decode_impl = "torch"
                 ref = self.forward(*a).float()
-                self.decode_impl = self.prefill_impl = "fused"
+                self.decode_impl = "fused"
                 err = float((self.forward(*a).float() - ref).abs().max() / ref.std())
                 if not err <= tol:  # NaN too
                     self.decode_impl, self.decode_reason = "torch", f"fused {what} check: logits {err:.3g} x std apart"
                     break
         except Exception as e:  # a kernel that does not compile or launch on this device
-            self.decode_impl, self.decode_reason = "torch", f"fused decode check failed: {type(e).__name__}: {e}"[:300]
+            self.decode_impl, self.decode_reason = "torch", f"fused {what} check failed: {type(e).__name__}: {e}"[:300]
         finally:
             self.graphs.enabled = enabled
         if self.decode_reason:
@@ -419,21 +419,20 @@ class CudaModel:
         nb = L // self.block_size
         if self._staged is not None:
             self._staged.synchronize()  # the previous step's copies have left the staging buffers
-        host = self._host_np[:, :S]
-        host[:] = 0  # slots outside this step: token 0 at position 0 of the spare block
-        host[0, slot_np] = ids.cpu().numpy()[:, 0]
-        host[1, slot_np] = positions.cpu().numpy()[:, 0]
-        host[2, slot_np] = ctx_np
-        host_tables = self._host_tables_np[: S * nb].reshape(S, nb)
-        host_tables.fill(self.num_blocks)
+        staged = self._host_np[:, :S]
+        staged[:] = 0  # slots outside this step: token 0 at position 0 of the spare block
+        staged[0, slot_np] = ids.cpu().numpy()[:, 0]
+        staged[1, slot_np] = positions.cpu().numpy()[:, 0]
+        staged[2, slot_np] = ctx_np
+        staged_tables = self._host_tables_np[: S * nb].reshape(S, nb)
+        staged_tables.fill(self.num_blocks)
         if block_tables is None:  # slot s owns blocks s * blocks_per_seq onwards
-            host_tables[slot_np] = slot_np[:, None] * self.blocks_per_seq + self._block_ids_np[:nb]
+            staged_tables[slot_np] = slot_np[:, None] * self.blocks_per_seq + self._iota_np[:nb]
         else:
             tables = block_tables.cpu().numpy()
             w = min(nb, tables.shape[1])
-            host_tables[slot_np, :w] = tables[:, :w]
-        host = self._host[:, :S]
-        self.step_in[:, :S].copy_(host, non_blocking=True)
+            staged_tables[slot_np, :w] = tables[:, :w]
+        self.step_in[:, :S].copy_(self._host[:, :S], non_blocking=True)
         self.step_tables[: S * nb].copy_(self._host_tables[: S * nb], non_blocking=True)
         if self.device.type == "cuda":
             self._staged = torch.cuda.Event()
@@ -441,7 +440,7 @@ class CudaModel:
         self.graphs.run(S, L)
         if B == 1:
             return self.step_out[int(slot_np[0]): int(slot_np[0]) + 1].clone()
-        if (slot_np == self._block_ids_np[:B]).all():  # slots 0..B-1: no index upload
+        if (slot_np == self._iota_np[:B]).all():  # slots 0..B-1: no index upload
             return self.step_out[:B].clone()
         return self.step_out[slots.to(self.device, non_blocking=True)]
 
@@ -467,12 +466,14 @@ class CudaModel:
             mask = (self._span_ids[: nb * bs].view(1, 1, -1) <= positions.to(dev).unsqueeze(-1)).unsqueeze(1)
         ids, pos = ids.to(dev).reshape(-1), positions.to(dev).reshape(-1)
         x = self._embed(ids)
-        cos, sin = self.cos[pos], self.sin[pos]
-        h = rms_norm(x, self.layers[0].ln1, eps, self.dtype)
-        if self.prefill_impl == "fused":
+        fused = self.decode_impl == "fused"  # the Triton RoPE and SiLU go with the decode kernels
+        if fused:
             from switchyard.engine import cuda_kernels as ck
+        else:
+            cos, sin = self.cos[pos], self.sin[pos]
+        h = rms_norm(x, self.layers[0].ln1, eps, self.dtype)
         for li, layer in enumerate(self.layers):
-            if self.prefill_impl == "fused":
+            if fused:
                 q, k, v = ck.rope_split(F.linear(h, layer.qkv, layer.qkv_b), self.cos, self.sin, pos, H, Hkv, D,
                                         layer.qk_norm, eps)
             else:
@@ -492,7 +493,7 @@ class CudaModel:
                     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hkv != H)
             x, h = self._mlp_in(layer, x, o.transpose(1, 2).reshape(B * T, H * D))
             w, dt = self._next_norm(li)
-            if self.prefill_impl == "fused":
+            if fused:
                 y = self.comm.all_reduce(F.linear(ck.silu_mul(F.linear(h, layer.gate_up)), layer.down))
             else:
                 y = self._mlp_out(layer, h)

@@ -141,3 +141,16 @@ def test_prefill_rope_split_and_silu_mul_as_the_torch_ops(qk_norm: bool) -> None
         torch.testing.assert_close(o.float(), r.float(), **_tol(torch.bfloat16))
     gu = _rand(N, 2 * 3000, dtype=torch.bfloat16, g=g)  # 3000: more than one column block, a ragged last
     torch.testing.assert_close(ck.silu_mul(gu).float(), silu_mul(gu).float(), **_tol(torch.bfloat16))
+
+
+def test_tile_for_fits_shared_memory_and_takes_the_sweeps_shapes() -> None:
+    """tl.dot tiles (16 rows) of float32 weights shrink to fit an H200's shared memory (4 stages of
+    the bf16 shapes asked ~260 KB there); one-row tiles are the sweep's."""
+    for kind, n, k in (("qkv", 480, 576), ("gemv", 4096, 14336), ("gate_up", 14336, 4096)):
+        for elem in (2, 4):
+            t = ck.tile_for(kind, 16, n, k, elem)
+            pair = 2 if kind != "gemv" else 1
+            assert t.stages * (16 + pair * t.rows) * t.block_k * elem <= 160 * 1024
+        assert ck.tile_for(kind, 16, n, k, 4) != ck.tile_for(kind, 16, n, k, 2)  # float32 shrank
+    assert ck.tile_for("gate_up", 1, 14336, 4096) == ck.Tile(8, 256, 4, prefetch=True)
+    assert ck.tile_for("gemv", 1, 576, 1536) == ck.Tile(2, 2048, 4, prefetch=True)

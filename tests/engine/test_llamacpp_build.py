@@ -32,3 +32,16 @@ def test_half_built_tree_names_what_it_lacks(tmp_path: Path) -> None:
     proc = _where(tmp_path)
     assert proc.returncode == 1
     assert "lacks llama-bench, llama-batched-bench" in proc.stderr
+
+
+def test_an_amx_cpu_builds_without_ggml_amx_kernels_in_a_folder_of_its_own(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """ggml-cpu's AMX kernels of this version die of SIGILL on an AMX Xeon; that build leaves them out."""
+    from switchyard import llamacpp
+
+    monkeypatch.delenv("SWITCHYARD_LLAMA_CPP", raising=False)
+    monkeypatch.setattr(llamacpp, "_cpu_has_amx", lambda: True)
+    opts = llamacpp.cmake_options()
+    assert f"-DCMAKE_C_FLAGS={llamacpp.NO_AMX}" in opts and f"-DCMAKE_CXX_FLAGS={llamacpp.NO_AMX}" in opts
+    assert llamacpp.home().name == "11434.0.0-no-amx"
+    monkeypatch.setattr(llamacpp, "_cpu_has_amx", lambda: False)
+    assert llamacpp.cmake_options() == llamacpp.CMAKE_OPTIONS and llamacpp.home().name == "11434.0.0"

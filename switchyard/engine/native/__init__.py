@@ -90,6 +90,17 @@ def keep_workers_spinning() -> None:
     os.environ.setdefault("GOMP_SPINCOUNT", SPINCOUNT)
 
 
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (what benchmark figures are named by)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
 def _cpu_flags() -> set[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
