@@ -282,15 +282,16 @@ def main() -> None:
         _vs_llama_cpp(path, a)
         return
     theirs, stop_theirs = (None, None) if peer == "none" else transformers_process(path, a.threads, a.tokens, a.batch)
-    run, stop, _ = ours(path, a.dtype, a.threads, a.tokens, a.batch)
+    run, stop, sched = ours(path, a.dtype, a.threads, a.tokens, a.batch)
+    prefill_rate(sched, 512, -1)  # warm-up at this length
     # Every measurement alternates with the others, `repeats` rounds, each figure a median. The
     # shared 2-core VM has slow and fast spells of tens of seconds (the same step 1.5x slower):
     # a ratio is taken within a round, where both sides saw the same spell.
     rounds: list[dict[str, tuple[float, list[float]]]] = []
     # Between the two engines, a pause: each one's idle OpenMP workers spin on the cores for up
     # to ~0.6 s (GOMP_SPINCOUNT, as `engine serve` sets it) and would slow the other.
-    for _ in range(a.repeats):
-        r = {"o1": run(1), "oN": run(a.batch)}
+    for i in range(a.repeats):
+        r = {"o1": run(1), "oN": run(a.batch), "op": (prefill_rate(sched, 512, i), [])}
         if theirs is not None:
             time.sleep(1.5)
             r["t1"], r["tN"] = theirs(1), theirs(a.batch)
@@ -310,7 +311,7 @@ def main() -> None:
     ttftN = statistics.median(statistics.median(r["oN"][1]) for r in rounds) * 1000
     print(f"ours ({a.dtype}):  batch 1 {med('o1'):.1f} tok/s, TTFT {ttft1:.0f} ms | "
           f"batch {a.batch} {med('oN'):.1f} tok/s aggregate decode, median TTFT {ttftN:.0f} ms "
-          f"({a.repeats} rounds, medians)")
+          f"| prefill 512 {med('op'):.0f} tok/s ({a.repeats} rounds, medians; threads {a.threads or 'all'})")
     print(f"ours: batch {a.batch} / batch 1 = {ratio('oN', 'o1')}  (target >= 8x)")
     if theirs is None:
         return
