@@ -22,6 +22,7 @@ from switchyard.classify.features import Features
 from switchyard.policy.rules import CompiledPolicy, RouteDecision, RuleCheck
 from switchyard.policy.schema import PolicySpec
 from switchyard.state.base import SessionRecord, StateStore
+from switchyard.state.base import session_key as state_session_key
 
 log = logging.getLogger("switchyard.routing")
 
@@ -64,15 +65,16 @@ class Routed:
         return d
 
 
-def session_id_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
-    """The session a request belongs to: `x-session-id`, else `metadata.session_id`, else `user`.
+def session_id_of(body: Mapping[str, Any], headers: Mapping[str, str], hint: str | None = None) -> str | None:
+    """The session a request belongs to: `x-session-id`, else `metadata.session_id`, else `hint`
+    (what the client's API says of itself: api/dialect.py's Parsed.session_hint), else `user`.
     Ids longer than MAX_SESSION_ID_BYTES are kept as a digest, so a client cannot make the
     gateway store megabytes per session."""
     sid = headers.get("x-session-id")
     if not sid:
         meta = body.get("metadata")
         s = meta.get("session_id") if isinstance(meta, dict) else None
-        sid = s if isinstance(s, str) and s else None
+        sid = s if isinstance(s, str) and s else hint
     if not sid:
         user = body.get("user")
         sid = user if isinstance(user, str) and user else None
@@ -84,8 +86,8 @@ def session_id_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | 
 
 def session_key(policy: str, session_id: str, caller: str = "") -> str:
     """Where a session's state lives: per policy, per caller (API key id) and per session id, so
-    one key can never steer another key's session."""
-    return f"{policy}\0{caller}\0{session_id}"
+    one key can never steer another key's session (and in-memory stores bound each caller's)."""
+    return state_session_key(policy, session_id, caller)
 
 
 def direct(policy: RoutingPolicy, pool: str, model: str, session_id: str | None = None) -> Routed:

@@ -53,6 +53,28 @@ class SharedView:
     rank: int = 0  # this gateway's place among them (0..gateways-1), the same order on every gateway
 
 
+# Stored OpenAI Responses (`store: true`, read back by `previous_response_id` and GET/DELETE
+# /v1/responses/{id}): the defaults of their bounds. A record is the API's own bytes, opaque here.
+RESPONSE_TTL = 24 * 3600.0  # seconds a stored response lives (OpenAI keeps them 30 days; a gateway, less)
+MAX_RESPONSES_PER_CALLER = 10_000  # beyond it, the caller's own oldest go
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024  # a larger record is not stored (logged)
+MAX_RESPONSES_MEMORY = 256 * 1024 * 1024  # bytes of records one gateway keeps in memory, all callers
+
+
+def session_key(policy: str, session_id: str, caller: str = "") -> str:
+    """Where a session's state lives: per policy, per caller (API key id) and per session id, so
+    one key can never steer another key's session. Policy names and key ids hold no NUL."""
+    return f"{policy}\0{caller}\0{session_id}"
+
+
+def session_caller(key: str) -> str:
+    """The caller a session key belongs to ("" for keys not made by session_key): in-memory stores
+    bound sessions per caller with it."""
+    i = key.find("\0")
+    j = key.find("\0", i + 1) if i >= 0 else -1
+    return key[i + 1:j] if j >= 0 else ""
+
+
 # A counter update for sync(): (bucket, field, amount to add, the bucket's expiry in ms). A bucket
 # holds the counters of one time window (e.g. every API key's requests in one minute).
 CounterDelta = tuple[str, str, int, int]
@@ -67,6 +89,20 @@ class StateStore(Protocol):
     async def put_session(self, session_id: str, record: SessionRecord, ttl: float) -> None: ...
 
     async def list_sessions(self, limit: int = 100) -> dict[str, SessionRecord]: ...
+
+    async def put_response(self, caller: str, response_id: str, record: bytes, ttl: float) -> None:
+        """Keep a stored response for `ttl` seconds, visible only to `caller`. Never raises: a record
+        over the size cap is not kept (logged), a caller over its cap loses its own oldest."""
+        ...
+
+    async def get_response(self, caller: str, response_id: str) -> bytes | None:
+        """The record `caller` stored under `response_id`; None if unknown, expired, evicted,
+        another caller's, or (shared stores) not reachable right now."""
+        ...
+
+    async def delete_response(self, caller: str, response_id: str) -> bool:
+        """True if `caller` had a response of that id (it is gone now)."""
+        ...
 
     async def get_circuit(self, replica: str) -> CircuitRecord | None: ...
 

@@ -26,6 +26,7 @@ import os
 import socket
 import time
 import uuid
+from collections import OrderedDict
 
 import orjson
 import redis.asyncio as aioredis
@@ -33,13 +34,21 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from switchyard.state.base import CircuitRecord, CounterDelta, LoadRecord, SessionRecord, SharedView
+from switchyard.state.base import (
+    MAX_RESPONSES_PER_CALLER,
+    CircuitRecord,
+    CounterDelta,
+    LoadRecord,
+    SessionRecord,
+    SharedView,
+)
 from switchyard.state.memory import MemoryStore
 
 log = logging.getLogger("switchyard.state.redis")
 
 ERRORS = (RedisError, OSError, TimeoutError, asyncio.TimeoutError)
 MAX_PENDING = 100_000  # queued writes kept while the writer is behind; beyond it, the oldest go
+MAX_DIRTY = 100_000  # ids written (or deleted) during an outage, pushed back on recovery; beyond it, the oldest go
 
 # One round trip per sync tick. Key names are built from the prefix (a standalone Redis,
 # not a cluster). Time comes from Redis itself so clocks of different hosts do not matter.
@@ -104,6 +113,24 @@ return {flat, totals, redis.call('HGETALL', p .. 'circuits'), redis.call('HGETAL
         rank}
 """
 
+# A stored response and its caller's index (a sorted set of ids by expiry, ms of Redis time): the
+# caller's expired ids leave the index, and past `max` its soonest-expiring (oldest) records go.
+PUT_RESPONSE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl, max = tonumber(ARGV[2]), tonumber(ARGV[4])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local over = redis.call('ZCARD', KEYS[2]) - max
+if over > 0 then
+  local old = redis.call('ZPOPMIN', KEYS[2], over)
+  for i = 1, #old, 2 do redis.call('DEL', ARGV[5] .. old[i]) end
+end
+if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+return over
+"""
+
 INCR_WINDOW_LUA = """
 local v = redis.call('INCRBY', KEYS[1], ARGV[1])
 if v == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -142,7 +169,8 @@ class RedisStore:
     shared = True
 
     def __init__(self, url: str, *, prefix: str = "switchyard:", timeout: float = 0.1, lease_ttl: float = 3.0,
-                 probe_interval: float = 0.5, gateway_id: str | None = None):
+                 probe_interval: float = 0.5, gateway_id: str | None = None, local: MemoryStore | None = None,
+                 max_responses_per_caller: int = MAX_RESPONSES_PER_CALLER):
         self.url = url
         self.prefix = prefix
         self.lease_ttl = lease_ttl
@@ -156,7 +184,11 @@ class RedisStore:
         )
         self._sync_script = self.redis.register_script(SYNC_LUA)
         self._incr_script = self.redis.register_script(INCR_WINDOW_LUA)
-        self.local = MemoryStore()
+        self._put_response_script = self.redis.register_script(PUT_RESPONSE_LUA)
+        # What this gateway keeps itself: sessions read or written here (served from it while Redis
+        # is away) and its own stored responses, under the local store's bounds.
+        self.local = local or MemoryStore()
+        self.max_responses_per_caller = max_responses_per_caller
         self.up = True
         self.error = ""
         self.down_since: float | None = None
@@ -171,14 +203,32 @@ class RedisStore:
         self._reading = 0  # session reads on the wire
         self._writer: asyncio.Task | None = None
         self._prober: asyncio.Task | None = None
-        self._dirty_sessions: set[str] = set()
+        self._dirty_sessions: OrderedDict[str, None] = OrderedDict()  # an ordered set, bounded by MAX_DIRTY
         self._dirty_drains: set[str] = set()
+        self._dirty_responses: OrderedDict[tuple[str, str], bool] = OrderedDict()  # (caller, id) -> put (or deleted)
         self._closing = False
 
     # --- keys -------------------------------------------------------------------------------
 
     def _skey(self, sid: str) -> str:
         return f"{self.prefix}sess:{sid}"
+
+    def _rkey_prefix(self, caller: str) -> str:
+        return f"{self.prefix}resp:{caller}\0"
+
+    def _ridx(self, caller: str) -> str:
+        return f"{self.prefix}respidx:{caller}"
+
+    def _dirty_session(self, sid: str) -> None:
+        self._dirty_sessions[sid] = None
+        if len(self._dirty_sessions) > MAX_DIRTY:  # an outage of days: the oldest are lost to Redis
+            self._dirty_sessions.popitem(last=False)
+
+    def _dirty_response(self, caller: str, response_id: str, put: bool) -> None:
+        self._dirty_responses.pop((caller, response_id), None)
+        self._dirty_responses[(caller, response_id)] = put
+        if len(self._dirty_responses) > MAX_DIRTY:
+            self._dirty_responses.popitem(last=False)
 
     # --- health -----------------------------------------------------------------------------
 
@@ -231,6 +281,15 @@ class RedisStore:
         await pipe.execute()
         self._dirty_sessions.clear()
         self._dirty_drains.clear()
+        for (caller, rid), put in list(self._dirty_responses.items()):
+            if put:
+                rec = self.local.get_response_now(caller, rid)
+                left = self.local.response_expiry(caller, rid)
+                if rec is not None and left:
+                    await self._store_response(caller, rid, rec, left)
+            else:
+                await self._drop_response(caller, rid)
+            del self._dirty_responses[(caller, rid)]
 
     def healthy(self) -> bool:
         return self.up
@@ -318,7 +377,7 @@ class RedisStore:
         plen = len(self.prefix + "sess:")
         for op in ops:
             if op[0] == "set":
-                self._dirty_sessions.add(op[1][plen:])
+                self._dirty_session(op[1][plen:])
 
     # --- sessions ---------------------------------------------------------------------------
 
@@ -398,7 +457,7 @@ class RedisStore:
             self._enqueue(("set", self._skey(session_id), _encode_session(record, time.time() + ttl),
                            max(1, int(ttl * 1000))))
         else:
-            self._dirty_sessions.add(session_id)
+            self._dirty_session(session_id)
 
     async def list_sessions(self, limit: int = 100) -> dict[str, SessionRecord]:
         if not self.up:
@@ -419,6 +478,57 @@ class RedisStore:
             self._down(e)
             return await self.local.list_sessions(limit)
         return out
+
+    # --- stored responses -------------------------------------------------------------------
+
+    async def _store_response(self, caller: str, response_id: str, record: bytes, ttl: float) -> None:
+        pre = self._rkey_prefix(caller)
+        await self._put_response_script(keys=[pre + response_id, self._ridx(caller)],
+                                        args=[record, max(1, int(ttl * 1000)), response_id,
+                                              self.max_responses_per_caller, pre])
+
+    async def _drop_response(self, caller: str, response_id: str) -> bool:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(self._rkey_prefix(caller) + response_id)
+        pipe.zrem(self._ridx(caller), response_id)
+        gone, _ = await pipe.execute()
+        return bool(gone)
+
+    async def put_response(self, caller: str, response_id: str, record: bytes, ttl: float) -> None:
+        # Kept here too: this gateway's own chains go on through an outage. Awaited (one round
+        # trip, the short timeout) rather than written behind, so the client's next request, through
+        # any gateway, finds it.
+        if not self.local.put_response_now(caller, response_id, record, ttl):
+            return  # over the size cap (logged)
+        if self.up:
+            try:
+                await self._store_response(caller, response_id, record, ttl)
+                return
+            except ERRORS as e:
+                self._down(e)
+        self._dirty_response(caller, response_id, True)
+
+    async def get_response(self, caller: str, response_id: str) -> bytes | None:
+        if self.up:
+            try:
+                raw = await self._get(self._rkey_prefix(caller) + response_id)
+            except ERRORS as e:
+                self._down(e)
+            else:
+                if raw is None:  # gone from Redis (deleted through another gateway, evicted, expired)
+                    await self.local.delete_response(caller, response_id)
+                return raw
+        return self.local.get_response_now(caller, response_id)
+
+    async def delete_response(self, caller: str, response_id: str) -> bool:
+        here = await self.local.delete_response(caller, response_id)
+        if self.up:
+            try:
+                return await self._drop_response(caller, response_id) or here
+            except ERRORS as e:
+                self._down(e)
+        self._dirty_response(caller, response_id, False)
+        return here
 
     # --- circuits and drains ----------------------------------------------------------------
 
