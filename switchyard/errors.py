@@ -58,6 +58,31 @@ class TooLarge(RequestError):
         self.limit = limit
 
 
+class ContextTooLong(BadRequest):
+    """The prompt does not fit the context window of any pool the request may go to.
+
+    `prompt_tokens` is the gateway's estimate (pools/fit.py), `limit` the largest window among those
+    pools, `completion` the room it keeps for an answer. `message` is OpenAI's wording; the Messages
+    dialect says Anthropic's, `anthropic_message`."""
+
+    default_code = "context_length_exceeded"
+
+    def __init__(self, prompt_tokens: int, limit: int, completion: int = 0) -> None:
+        # "N tokens > M" is there for dialects that reword it (Anthropic: "prompt is too long: N tokens > M maximum").
+        super().__init__(
+            f"This model's maximum context length is {limit} tokens. However, your messages resulted in about "
+            f"{prompt_tokens} tokens (the gateway's estimate; {prompt_tokens} tokens > {limit - completion}, the "
+            f"window less {completion} tokens kept for the answer). Please reduce the length of the messages.",
+            "messages")
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+        self.completion = completion
+
+    @property
+    def anthropic_message(self) -> str:
+        return f"prompt is too long: {self.prompt_tokens} tokens > {self.limit - self.completion} maximum"
+
+
 class RateLimited(RequestError):
     """An API key is over its requests or tokens per minute."""
 

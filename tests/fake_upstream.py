@@ -33,6 +33,7 @@ def _config(args: argparse.Namespace) -> dict:
         "chunk_pad": 0,  # extra characters in each streamed chunk (a stream of megabytes)
         "fail_message": "failing on purpose",  # the error message of `fail` answers
         "health": 200,
+        "max_model_len": args.max_model_len or None,  # reported in /v1/models, as vLLM does
         "tool_call": None,  # {"name": ..., "arguments": {...}} to answer with a tool call
         "cached_tokens": 0,  # usage.prompt_tokens_details.cached_tokens (0: no details)
         "metrics": None,  # text served at GET /metrics (Prometheus), None: 404
@@ -114,7 +115,10 @@ async def app(scope, receive, send) -> None:
         code = STATE["health"]
         return await _send_json(send, code, {"status": "ok" if code == 200 else "unhealthy"})
     if path == "/v1/models":
-        return await _send_json(send, 200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+        model = {"id": "fake", "object": "model"}
+        if STATE["max_model_len"]:
+            model["max_model_len"] = STATE["max_model_len"]
+        return await _send_json(send, 200, {"object": "list", "data": [model]})
     if path == "/metrics" and method == "GET":
         if STATE["metrics"] is None:
             return await _send_json(send, 404, {"error": {"message": "no metrics", "type": "not_found"}})
@@ -214,6 +218,7 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=float, default=0.0)
     ap.add_argument("--fail", type=int, default=0)
     ap.add_argument("--fail-first", type=int, default=0)
+    ap.add_argument("--max-model-len", type=int, default=0, help="context window reported in /v1/models")
     ap.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle connection stays open")
     args = ap.parse_args()
     STATE.update(_config(args))

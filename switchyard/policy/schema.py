@@ -136,6 +136,10 @@ class PoolSpec(_Strict):
                                                  "include_usage) when the client did not; the extra chunk is "
                                                  "not passed on. Off for a server that refuses stream_options")
     load: LoadSpec = Field(default_factory=LoadSpec, description="strategy least_load: reading replica metrics")
+    max_model_len: int | None = Field(
+        None, ge=1, description="Context window of the replicas, in tokens (default: what their /v1/models or "
+        "/props reports: vLLM, SGLang, llama-server, our engine). A request that cannot fit is not sent here; "
+        "max_tokens beyond what the window leaves is lowered to fit")
     # Planning (switchyard plan): what a replica needs and what it delivers.
     nodes_per_replica: int = Field(1, ge=1, description="Nodes one replica spans (its TP width across nodes)")
     ranks_per_node: int = Field(1, ge=1, description="GPUs (ranks) per node")

@@ -19,6 +19,7 @@ import orjson
 
 from switchyard import errors
 from switchyard.policy.rules import RouteDecision
+from switchyard.pools import fit
 from switchyard.pools.affinity import prefix_key
 from switchyard.pools.pool import NoCapacity, NoHealthyReplica, Pool, release
 from switchyard.pools.replica import Replica
@@ -130,15 +131,16 @@ class Dispatcher:
         """Send to the decision's pool (its pinned replica first), retrying on other replicas
         before the first byte, then along its fallback chain. Raises a switchyard.errors error.
         `trace` sees each attempt (a span, and the headers that carry it upstream)."""
-        chain = (decision.pool, *decision.fallbacks)
+        # Only the pools whose context window the prompt fits, each with the max_tokens it leaves.
+        fits = fit.plan(pools, (decision.pool, *decision.fallbacks), body)
         capacity: NoCapacity | None = None
         failure: errors.RequestError | None = None
         attempts = 0
-        prev = None
+        prev = decision.pool if fits.chain[0][0] != decision.pool else None
         had_options = "stream_options" in body
         client_options = body.get("stream_options")
         client_asked = isinstance(client_options, dict) and client_options.get("include_usage") is True
-        for pname in chain:
+        for pname, room in fits.chain:
             pool = pools.get(pname)
             if pool is None:
                 continue
@@ -146,6 +148,7 @@ class Dispatcher:
                 self.events.fell_back(prev, pname)
             prev = pname
             body["model"] = pool.model
+            fits.apply(body, room)
             add_usage = stream and not client_asked and pool.spec.stream_usage
             if add_usage:  # token counts and cost need the stream's usage
                 extra = client_options if isinstance(client_options, dict) else {}

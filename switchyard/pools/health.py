@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import aiohttp
 
+from switchyard.pools import fit
 from switchyard.pools.replica import Replica
 
 log = logging.getLogger("switchyard.health")
@@ -51,6 +52,8 @@ class HealthChecker:
         ok, why = await check(r, timeout)
         if ok != r.healthy:
             log.warning("replica %s is now %s%s", r.name, "healthy" if ok else "unhealthy", f": {why}" if why else "")
+        if ok and (r.windows is None or not r.healthy):  # (re)started: its context window may be new
+            await fit.discover(r, timeout)
         r.healthy, r.health_error = ok, why
 
     async def _run(self) -> None:

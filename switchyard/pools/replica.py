@@ -105,6 +105,8 @@ class Replica:
     engine_tried: float = 0.0  # monotonic time of the last attempt to read it
     session: aiohttp.ClientSession | None = None
     health_path: str | None = None
+    # Context window per model id, as the replica reports it (pools/fit.py; None: not read yet).
+    windows: dict[str, int] | None = None
     # Set while no pool uses it (a policy edit dropped it): called when its last request ends, so
     # a replica busy at the edit still has its connection pool closed (ReplicaRegistry.prune).
     on_idle: Callable[[Replica], None] | None = None
@@ -132,6 +134,15 @@ class Replica:
         if self.breaker.state != "closed":
             return "ejected"
         return "healthy"
+
+    def window_for(self, model: str) -> int | None:
+        """Its context window for `model` (a server of one model: that model's, whatever its id)."""
+        if not self.windows:
+            return None
+        got = self.windows.get(model)
+        if got is None and len(set(self.windows.values())) == 1:
+            got = next(iter(self.windows.values()))
+        return got
 
     def observe_latency(self, ms: float) -> None:
         self.ewma_ms = ms if self.ewma_ms == 0.0 else self.ewma_ms + EWMA_ALPHA * (ms - self.ewma_ms)
@@ -167,6 +178,7 @@ class Replica:
             "ewma_ms": round(self.ewma_ms, 2),
             "requests": self.requests,
             "failures": self.failures,
+            **({"max_model_len": self.windows} if self.windows else {}),
             **({} if self.engine is None and not self.engine_error else {"engine": self.engine_snapshot()}),
         }
 
