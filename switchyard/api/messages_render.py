@@ -1,0 +1,398 @@
+"""Chat Completions -> Anthropic Messages: answers, streams and errors (messages.py parses).
+
+`render` turns a chat.completion into a Messages `message`; `MessagesStream` turns the upstream's
+chat SSE bytes, split anywhere, into Anthropic's event stream; both build the message from the
+same helpers, so a stream accumulates (the anthropic SDK's MessageStream) to exactly the message
+`render` makes of the same answer.
+
+The stream, and why it is so:
+- `message_start` goes out with the upstream's first chunk, then a `ping` (as Anthropic sends).
+  Its usage is all zeros: the prompt's count is known only from the upstream's usage chunk at the
+  end, and `message_delta` carries the final input_tokens, output_tokens and cache counts (the
+  SDK takes message_delta's counts as the totals).
+- Text streams live as `text_delta`s in one text block, the first.
+- A tool call's arguments are held until its call is complete (the upstream's finish chunk), then
+  sent as one `input_json_delta`: Anthropic's input is a JSON object, a client parses every
+  fragment as it comes (the SDK raises on invalid JSON), and a model's arguments are not always
+  JSON; held, they are checked first and sent as {} when they are not an object, as render does.
+  Tool blocks follow the text block, in the upstream's call order.
+- A failure mid-stream (an error chunk from the upstream, or `error()` from the relay) ends the
+  stream with `event: error` in Anthropic's shape, never a silent cut.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from typing import Any
+
+import orjson
+
+from switchyard.api.dialect import Parsed
+
+log = logging.getLogger("switchyard.messages")
+
+MAX_EVENT = 1 << 20  # bytes of one upstream SSE event still incomplete: past it, the stream fails
+
+# --- render ------------------------------------------------------------------------------------
+
+def message_id(chat_id: Any) -> str:
+    """msg_ from the upstream's id (so a stream and its non-stream render agree), else a new one."""
+    if isinstance(chat_id, str) and chat_id:
+        return "msg_" + chat_id.removeprefix("chatcmpl-").removeprefix("chatcmpl_")
+    return "msg_" + uuid.uuid4().hex[:24]
+
+
+def tool_use_id(call_id: Any) -> str:
+    """toolu_ from the upstream's call id. The client sends it back as tool_use_id, which goes
+    upstream as the tool message's tool_call_id: any string does there."""
+    if not isinstance(call_id, str) or not call_id:
+        return "toolu_" + uuid.uuid4().hex[:24]
+    if call_id.startswith("toolu_"):
+        return call_id
+    return "toolu_" + call_id.removeprefix("call_").removeprefix("chatcmpl-tool-")
+
+
+def tool_input(arguments: Any, name: str = "") -> tuple[dict, str]:
+    """(input, its JSON text) for a call's arguments. Not a JSON object: {} (and a warning)."""
+    if isinstance(arguments, dict):  # some servers send the object itself
+        return arguments, orjson.dumps(arguments).decode()
+    if isinstance(arguments, str):
+        if not arguments.strip():
+            return {}, "{}"
+        try:
+            value = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            value = None
+        if isinstance(value, dict):
+            return value, arguments
+    log.warning("tool call %r: arguments are not a JSON object, sent as {}: %.200r", name, arguments)
+    return {}, "{}"
+
+
+def stop_of(finish: Any, matched: Any, parsed: Parsed, has_calls: bool) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence). Chat says only "stop" when a stop sequence ended the text;
+    vLLM also says which (`stop_reason`: the string), and then so do we; otherwise end_turn."""
+    if finish in ("tool_calls", "function_call") or (has_calls and finish in ("stop", None)):
+        return "tool_use", None
+    if finish == "length":
+        return "max_tokens", None
+    if finish == "content_filter":
+        return "refusal", None
+    stops = parsed.chat.get("stop") or ()
+    if isinstance(matched, str) and matched in stops:
+        return "stop_sequence", matched
+    return "end_turn", None
+
+
+def usage_block(usage: Any) -> dict:
+    """Anthropic counts input_tokens WITHOUT the cached ones (OpenAI's prompt_tokens includes them)."""
+    u = usage if isinstance(usage, dict) else {}
+    prompt = _count(u.get("prompt_tokens"))
+    details = u.get("prompt_tokens_details")
+    cached = min(_count(details.get("cached_tokens")), prompt) if isinstance(details, dict) else 0
+    return {"input_tokens": prompt - cached, "output_tokens": _count(u.get("completion_tokens")),
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+
+
+def _count(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
+def _content_text(c: Any) -> str:
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):  # content parts
+        return "".join(p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def render(chat_answer: dict, parsed: Parsed) -> dict:
+    choices = chat_answer.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    msg = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    content: list[dict] = []
+    text = _content_text(msg.get("content"))
+    if text:
+        content.append({"type": "text", "text": text})
+    calls = msg.get("tool_calls")
+    calls = [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    for c in calls:
+        fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+        name = fn.get("name") if isinstance(fn.get("name"), str) else ""
+        content.append({"type": "tool_use", "id": tool_use_id(c.get("id")), "name": name,
+                        "input": tool_input(fn.get("arguments"), name)[0]})
+    stop_reason, stop_sequence = stop_of(choice.get("finish_reason"), choice.get("stop_reason"), parsed,
+                                         bool(calls))
+    return {"id": message_id(chat_answer.get("id")), "type": "message", "role": "assistant",
+            "model": parsed.native.get("model", ""), "content": content, "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence, "usage": usage_block(chat_answer.get("usage"))}
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+         403: "permission_error", 404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+         429: "rate_limit_error", 500: "api_error", 504: "timeout_error", 529: "overloaded_error"}
+_MODEL = re.compile(r"model '(.+?)' does not exist|model (\S+) does not exist")
+_TOO_LONG = re.compile(r"maximum context length is (\d+) tokens\. However, your request has (\d+) input tokens")
+_TOO_MUCH = re.compile(r"maximum context length is (\d+) tokens\. However, you requested \d+ tokens "
+                       r"\((\d+) in the input, (\d+) in the completion\)")
+_N_GT_M = re.compile(r"(\d+) tokens? > (\d+)")
+
+
+def status(status: int, kind: str, code: str | None) -> int:
+    """Anthropic's status for a gateway error: 529 (overloaded_error) where every replica is busy or
+    none is healthy (OpenAI's envelope says 429 / 503); the gateway's status otherwise."""
+    if code == "no_capacity" or status in (503, 529) or kind == "overloaded_error":
+        return 529
+    return status
+
+
+def error_type(status_code: int, kind: str, code: str | None) -> str:
+    if code == "context_length_exceeded":
+        return "invalid_request_error"
+    s = status(status_code, kind, code)
+    if s in TYPES:
+        return TYPES[s]
+    return "invalid_request_error" if s < 500 else "api_error"
+
+
+def error_message(status_code: int, message: str, param: str | None, code: str | None) -> str:
+    """Anthropic's wording where its clients read it: Claude Code compacts on "prompt is too long:
+    N tokens > M maximum" and lowers max_tokens on "input length and `max_tokens` exceed context
+    limit: N + K > M"; an unknown model is "model: NAME"."""
+    if code == "context_length_exceeded" or "maximum context length" in message:
+        if m := _TOO_MUCH.search(message):
+            return (f"input length and `max_tokens` exceed context limit: {m[2]} + {m[3]} > {m[1]}, "
+                    "decrease input length or `max_tokens` and try again")
+        if m := _TOO_LONG.search(message):
+            return f"prompt is too long: {m[2]} tokens > {m[1]} maximum"
+        if message.startswith("prompt is too long"):
+            return message
+        if m := _N_GT_M.search(message):
+            return f"prompt is too long: {m[1]} tokens > {m[2]} maximum"
+        return "prompt is too long: " + message
+    if status_code == 404 and (param == "model" or code == "model_not_found") and (m := _MODEL.search(message)):
+        return f"model: {m[1] or m[2]} (GET /v1/models lists the models served here)"
+    return message
+
+
+def error_body(status_code: int, kind: str, message: str, param: str | None, code: Any) -> bytes:
+    code_s = code if isinstance(code, str) else None
+    return orjson.dumps({"type": "error", "error": {"type": error_type(status_code, kind, code_s),
+                                                    "message": error_message(status_code, message, param,
+                                                                             code_s)}})
+
+
+def error_event(kind: str, message: str) -> bytes:
+    """An SSE `error` event: how Anthropic ends a stream that fails after it began."""
+    return (b"event: error\ndata: " + orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+            + b"\n\n")
+
+
+
+
+# --- the stream --------------------------------------------------------------------------------
+
+def _sse(event: bytes, obj: dict) -> bytes:
+    return b"event: " + event + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+
+
+_PING = _sse(b"ping", {"type": "ping"})
+_STOP = _sse(b"message_stop", {"type": "message_stop"})
+
+
+class _Call:
+    __slots__ = ("id", "name", "args")
+
+    def __init__(self) -> None:
+        self.id: Any = None
+        self.name = ""
+        self.args: list[str] = []
+
+
+class MessagesStream:
+    """Upstream chat SSE bytes in (feed, split anywhere), Anthropic SSE bytes out."""
+
+    def __init__(self, parsed: Parsed) -> None:
+        self.parsed = parsed
+        self.model = parsed.native.get("model", "")
+        self.buf = b""  # an incomplete line
+        self.data: list[bytes] = []  # the data lines of the event being read
+        self.pending = 0  # bytes in buf and data: bounded by MAX_EVENT
+        self.started = False
+        self.finished = False  # message_stop or an error sent: nothing more goes out
+        self.text_index = -1  # the open text block's index, -1 when none is open
+        self.blocks = 0
+        self.calls: dict[int, _Call] = {}
+        self.calls_sent = False
+        self.finish: Any = None
+        self.matched: Any = None  # vLLM's stop_reason: the stop string that ended the text
+        self.usage: dict | None = None
+        self.deltas = 0  # pieces of content seen: the output estimate when no usage comes
+
+    def feed(self, data: bytes) -> bytes:
+        if self.finished or not data:
+            return b""
+        buf = self.buf + data if self.buf else data
+        out: list[bytes] = []
+        start = 0
+        while not self.finished:
+            nl = buf.find(b"\n", start)
+            if nl < 0:
+                break
+            line = buf[start:nl]
+            start = nl + 1
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if self.data:
+                    out.append(self._event(b"\n".join(self.data)))
+                    self.data = []
+                    self.pending = 0
+            elif line.startswith(b"data:"):  # the chat stream says everything in data lines
+                self.data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+                self.pending += len(line)
+        self.buf = buf[start:] if not self.finished else b""
+        if not self.finished and self.pending + len(self.buf) > MAX_EVENT:
+            out.append(self.error(f"the upstream sent an event of more than {MAX_EVENT} bytes"))
+        return b"".join(out)
+
+    def close(self) -> bytes:
+        if self.finished:
+            return b""
+        out = []
+        if self.buf.startswith(b"data:"):  # a last line without its newline
+            line = self.buf.rstrip(b"\r")
+            self.data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+        self.buf = b""
+        if self.data:
+            out.append(self._event(b"\n".join(self.data)))
+            self.data = []
+        if not self.finished:
+            out.append(self._end())
+        return b"".join(out)
+
+    def error(self, message: str, kind: str = "api_error") -> bytes:
+        if self.finished:
+            return b""
+        self.finished = True
+        return error_event(kind, message)
+
+    # --- one upstream event
+
+    def _event(self, payload: bytes) -> bytes:
+        if payload == b"[DONE]":
+            return self._end()
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return self.error(f"the upstream sent an event that is not JSON: {payload[:100]!r}")
+        if not isinstance(obj, dict):
+            return b""
+        err = obj.get("error")
+        if err:
+            e = err if isinstance(err, dict) else {"message": str(err)}
+            code = e.get("code") if isinstance(e.get("code"), str) else None
+            msg = e.get("message") if isinstance(e.get("message"), str) else "the upstream failed mid-stream"
+            return self.error(error_message(500, msg, None, code), error_type(500, str(e.get("type")), code))
+        out: list[bytes] = []
+        if not self.started:
+            out.append(self._start(obj.get("id")))
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        choices = obj.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict) and not self.calls_sent:
+            choice = choices[0]
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                text = delta.get("content")
+                if isinstance(text, str) and text:
+                    out.append(self._text(text))
+                tcs = delta.get("tool_calls")
+                if isinstance(tcs, list):
+                    self._tool_deltas(tcs)
+            if choice.get("finish_reason") is not None:
+                self.finish = choice["finish_reason"]
+                self.matched = choice.get("stop_reason")
+                out.append(self._close_blocks())
+        return b"".join(out)
+
+    def _start(self, chat_id: Any) -> bytes:
+        self.started = True
+        msg = {"id": message_id(chat_id), "type": "message", "role": "assistant", "model": self.model,
+               "content": [], "stop_reason": None, "stop_sequence": None,
+               "usage": {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
+                         "cache_read_input_tokens": 0}}
+        return _sse(b"message_start", {"type": "message_start", "message": msg}) + _PING
+
+    def _text(self, text: str) -> bytes:
+        self.deltas += 1
+        out = b""
+        if self.text_index < 0:
+            self.text_index = self.blocks
+            self.blocks += 1
+            out = _sse(b"content_block_start", {"type": "content_block_start", "index": self.text_index,
+                                                "content_block": {"type": "text", "text": ""}})
+        return out + _sse(b"content_block_delta", {"type": "content_block_delta", "index": self.text_index,
+                                                   "delta": {"type": "text_delta", "text": text}})
+
+    def _tool_deltas(self, tcs: list[Any]) -> None:
+        for tc in tcs:
+            if not isinstance(tc, dict):
+                continue
+            idx = tc.get("index")
+            if not isinstance(idx, int) or isinstance(idx, bool):  # OpenAI always numbers them; some servers do not
+                last = max(self.calls, default=-1)
+                idx = last + 1 if last < 0 or tc.get("id") else last
+            call = self.calls.get(idx)
+            if call is None:
+                call = self.calls[idx] = _Call()
+            if isinstance(tc.get("id"), str) and tc["id"]:
+                call.id = tc["id"]
+            fn = tc.get("function")
+            if isinstance(fn, dict):
+                if isinstance(fn.get("name"), str) and fn["name"]:
+                    call.name = fn["name"]
+                args = fn.get("arguments")
+                if isinstance(args, str) and args:
+                    call.args.append(args)
+                    self.deltas += 1
+                elif isinstance(args, dict):
+                    call.args = [orjson.dumps(args).decode()]
+
+    def _close_blocks(self) -> bytes:
+        out = []
+        if self.text_index >= 0:
+            out.append(_sse(b"content_block_stop", {"type": "content_block_stop", "index": self.text_index}))
+            self.text_index = -1
+        if not self.calls_sent:
+            self.calls_sent = True
+            for idx in sorted(self.calls):
+                call = self.calls[idx]
+                i = self.blocks
+                self.blocks += 1
+                _, text = tool_input("".join(call.args), call.name)
+                block = {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": {}}
+                out.append(_sse(b"content_block_start", {"type": "content_block_start", "index": i,
+                                                         "content_block": block}))
+                out.append(_sse(b"content_block_delta", {"type": "content_block_delta", "index": i,
+                                                         "delta": {"type": "input_json_delta",
+                                                                   "partial_json": text}}))
+                out.append(_sse(b"content_block_stop", {"type": "content_block_stop", "index": i}))
+        return b"".join(out)
+
+    def _end(self) -> bytes:
+        out = [] if self.started else [self._start(None)]
+        out.append(self._close_blocks())
+        stop_reason, stop_sequence = stop_of(self.finish, self.matched, self.parsed, bool(self.calls))
+        usage = usage_block(self.usage) if self.usage is not None else {"output_tokens": self.deltas}
+        out.append(_sse(b"message_delta", {"type": "message_delta",
+                                           "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                                           "usage": usage}))
+        out.append(_STOP)
+        self.finished = True
+        return b"".join(out)
