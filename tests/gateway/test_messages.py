@@ -14,7 +14,7 @@ import pytest
 
 from switchyard.api import messages_render as mr
 from switchyard.api.messages import MESSAGES, count_text, count_tokens_input, estimate_tokens
-from switchyard.errors import BadRequest
+from switchyard.errors import BadRequest, ContextTooLong
 
 CC_SESSION = "3f7c2a9e-1b4d-4e8f-9a6b-2c5d8e1f4a7b"
 BILLING = "x-anthropic-billing-header: cc_version=2.1.328.a1b; cc_entrypoint=sdk-cli; cch=8f2e1;"
@@ -393,6 +393,13 @@ def test_an_oversized_upstream_event_fails_the_stream():
 
 
 # --- errors ---
+
+def test_the_gateways_own_context_error_in_claude_codes_wording():
+    e = ContextTooLong(12400, 8192, 256)
+    obj = orjson.loads(MESSAGES.error_body(400, e.type, e.message, e.param, e.code))
+    assert obj == {"type": "error", "error": {"type": "invalid_request_error",
+                                              "message": "prompt is too long: 12400 tokens > 7936 maximum"}}
+
 
 @pytest.mark.parametrize(("status", "kind", "message", "param", "code", "sdk_error", "want_status", "want"), [
     (404, "invalid_request_error",
