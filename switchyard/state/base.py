@@ -2,7 +2,7 @@
 
 In-memory for one gateway (state/memory.py); Redis when several gateways share (state/redis.py).
 Every method is async and must return quickly: the request path awaits some of them
-(sessions); everything else runs in the background (state/sync.py).
+(sessions); everything else runs in the background (pools/sync.py).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class LoadRecord:
 
 @dataclass(slots=True)
 class SharedView:
-    """What the other gateways hold, as of one sync (state/sync.py applies it to the replicas)."""
+    """What the other gateways hold, as of one sync (pools/sync.py applies it to the replicas)."""
 
     inflight: dict[str, int] = field(default_factory=dict)  # replica url -> requests in flight elsewhere
     circuits: dict[str, CircuitRecord] = field(default_factory=dict)  # replica url -> open circuit
