@@ -1,4 +1,4 @@
-"""Routing quality, the README's table: every router against random, on held-out cases only.
+"""Routing quality, docs/replay.md's table: every router against random, on held-out cases only.
 
     python bench/routing_quality.py                 # starts a SmolLM2 engine for the llm router
     python bench/routing_quality.py --small URL     # an engine already up (e.g. `switchyard up`'s :8101)

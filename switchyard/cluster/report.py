@@ -1,4 +1,4 @@
-"""Plain-text rendering of a plan and its capacity figures (the CLI prints it, README embeds it)."""
+"""Plain-text rendering of a plan and its capacity figures (the CLI prints it, docs/deploy.md quotes it)."""
 
 from __future__ import annotations
 
