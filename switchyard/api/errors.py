@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import orjson
 from starlette.responses import Response
 
 from switchyard import errors as e
 
 JSON = "application/json"
+
+# (status, type, message, param, code) -> the body of an error in one client API's shape.
+ErrorBody = Callable[[int, str, str, "str | None", "str | int | None"], bytes]
 
 # Most specific first: the first class an error is an instance of gives its status.
 STATUS: tuple[tuple[type[e.RequestError], int], ...] = (
@@ -53,12 +58,16 @@ def error_body(message: str, type: str, param: str | None = None, code: str | in
     return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
 
 
-def response(err: e.RequestError, extra_headers: dict[str, str] | None = None) -> Response:
+def response(err: e.RequestError, extra_headers: dict[str, str] | None = None,
+             body_of: ErrorBody | None = None) -> Response:
+    """The error as a response: OpenAI's envelope, or the shape `body_of` (a dialect's error_body) makes."""
     headers = headers_of(err)
     if extra_headers:
         headers.update(extra_headers)
-    return Response(error_body(err.message, err.type, err.param, err.code), status_of(err), headers=headers,
-                    media_type=JSON)
+    status = status_of(err)
+    body = (error_body(err.message, err.type, err.param, err.code) if body_of is None
+            else body_of(status, err.type, err.message, err.param, err.code))
+    return Response(body, status, headers=headers, media_type=JSON)
 
 
 def sse_error_event(message: str, code: str = "upstream_error") -> bytes:

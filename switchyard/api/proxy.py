@@ -1,9 +1,13 @@
-"""The three proxy endpoints: POST /v1/chat/completions, /v1/completions and /v1/route.
+"""The proxy endpoints: POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages
+and /v1/route, one code path for every client API.
 
-One pass per request: parse once (orjson), validate the little we need, route, send, relay.
-Only `model` is rewritten; every other field goes upstream untouched. They are answered by a
-pure ASGI middleware in front of FastAPI (no router, no dependency injection): it measured
-~2x the requests/s of the same handlers as routes.
+One pass per request: parse once (orjson), let the route's dialect (api/dialect.py) turn the body
+into the normalised Chat Completions request, route, send, relay. Chat and Completions are their
+own normalised form: only `model` is rewritten, every other field goes upstream untouched and
+the answer comes back byte for byte. Other APIs are translated to chat and back, unless the
+chosen pool speaks the client's API itself (then the client's body goes there as it came). They
+are answered by a pure ASGI middleware in front of FastAPI (no router, no dependency
+injection): it measured ~2x the requests/s of the same handlers as routes.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -20,6 +25,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from switchyard import errors
 from switchyard.api import errors as http_errors
+from switchyard.api.chat import CHAT, COMPLETIONS
+from switchyard.api.dialect import Dialect, Parsed, StreamTranslator, chat_path
 from switchyard.api.openai import decision_headers
 from switchyard.api.relay import StreamRelay
 from switchyard.classify.features import extract
@@ -31,12 +38,13 @@ from switchyard.gateway.runtime import Runtime
 from switchyard.gateway.usage import UsageTap, parse_usage
 from switchyard.policy.rules import RouteDecision
 from switchyard.policy.schema import PriceSpec
-from switchyard.pools.dispatch import Answer, AttemptTrace, ForwardedTraceContext
+from switchyard.pools.dispatch import Answer, AttemptTrace, ForwardedTraceContext, NativeRequest
 
 if TYPE_CHECKING:  # imported by api/app.py only when tracing is on
     from switchyard.gateway.tracing import RequestTrace
 
 JSON = "application/json"
+SSE = "text/event-stream"
 MAX_JSON_DEPTH = 200  # orjson encodes at most 254 levels
 
 
@@ -71,8 +79,9 @@ def parse_json(raw: bytes) -> Any:
 
 
 class Proxy:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, dialects: Mapping[str, Dialect] | None = None) -> None:
         self.rt = rt
+        self.dialects = dict(dialects or {})  # POST path -> dialect, besides chat and completions
 
     async def read_json(self, request: Request) -> Any:
         """The body as JSON. Its size and pace are bounded before it gets here (api/guard.py)."""
@@ -90,11 +99,15 @@ class Proxy:
             )
         return t
 
-    async def decide(self, request: Request, kind: str, key: KeyRecord | None,
-                     trace: RequestTrace | None = None) -> tuple[dict, Target, Routed]:
-        body = validate(await self.read_json(request), kind)
+    async def decide(self, request: Request, dialect: Dialect, key: KeyRecord | None,
+                     trace: RequestTrace | None = None) -> tuple[Parsed, Target, Routed]:
+        parsed = dialect.parse(await self.read_json(request), request.headers)
+        body = parsed.chat
         target = self.target(body["model"])
-        sid = session_id_of(body, request.headers)
+        prepare = getattr(dialect, "prepare", None)  # a stateful API (Responses) loads what it refers to
+        if prepare is not None:
+            await prepare(parsed, key.id if key else "")
+        sid = session_id_of(body, request.headers, parsed.session_hint)
         features = extract(body, request.headers, text_cues=False)
         if trace is None:
             routed = await self.rt.gateway.route(target, features, body, sid, key.id if key else "")
@@ -109,16 +122,18 @@ class Proxy:
             self.rt.metrics.classifier_latency.labels(lab.kind).observe(lab.ms / 1000.0)
             if lab.kind == "fail-open":
                 self.rt.metrics.classifier_fail_open.labels(routed.decision.policy).inc()
-        return body, target, routed
+        return parsed, target, routed
 
-    async def proxy(self, request: Request, kind: str, trace: RequestTrace | None = None) -> Response:
+    async def proxy(self, request: Request, dialect: Dialect, trace: RequestTrace | None = None) -> Response:
         rt = self.rt
         t0 = time.perf_counter()
         key = None
+        err_shape = None if dialect is CHAT or dialect is COMPLETIONS else dialect.error_body
         try:
             if rt.auth is not None:
                 key = await rt.auth.authenticate(request.headers)
-            body, target, routed = await self.decide(request, kind, key, trace)
+            parsed, target, routed = await self.decide(request, dialect, key, trace)
+            body = parsed.chat
             decision = routed.decision
             if key is not None:
                 assert rt.auth is not None
@@ -130,13 +145,16 @@ class Proxy:
             rt.metrics.rejected.labels(str(http_errors.status_of(e))).inc()
             if trace is not None:
                 trace.failed(http_errors.status_of(e), e.message)
-            return http_errors.response(e)
+            return http_errors.response(e, None, err_shape)
         lp = target.policy
         if rt.recorder is not None:
             rt.recorder.record(body, decision.session_id, routed.trace())
-        stream = body.get("stream") is True
-        path = "/chat/completions" if kind == "chat" else "/completions"
+        stream = parsed.stream
+        # The client's own body, for a pool whose replicas speak its API (pools/dispatch.py decides per pool).
+        native = None if parsed.native is body else NativeRequest(parsed.api, parsed.native, dialect.native_path)
         headers = decision_headers(decision)
+        if parsed.dropped:
+            headers["x-switchyard-dropped-tools"] = ", ".join(parsed.dropped)
         # Tracing on: a span per attempt; off: the client's own trace context, if it sent one.
         attempts: AttemptTrace | None = trace
         if trace is not None:
@@ -158,7 +176,8 @@ class Proxy:
 
         watcher = asyncio.get_running_loop().create_task(watch())
         try:
-            answer: Answer = await rt.gateway.dispatcher.send(lp.pools, decision, body, path, stream, attempts)
+            answer: Answer = await rt.gateway.dispatcher.send(lp.pools, decision, body, chat_path(parsed.api),
+                                                              stream, attempts, native)
         except asyncio.CancelledError:
             if not left:
                 raise
@@ -173,11 +192,12 @@ class Proxy:
             rt.finished(decision, decision.pool, "-", status, dt, dt)
             if trace is not None:
                 trace.failed(status, e.message)
-            return http_errors.response(e, headers)
+            return http_errors.response(e, headers, err_shape)
         finally:
             watcher.cancel()
         try:
-            return await self._respond(answer, decision, lp, headers, t0, t_routed, key, request, trace)
+            return await self._respond(answer, decision, lp, headers, t0, t_routed, key, request, trace,
+                                       None if answer.native or err_shape is None else (dialect, parsed))
         except BaseException:
             if answer.stream is not None:  # never leak a replica slot or an open upstream stream
                 answer.finish("client_gone", "", rt.gateway.state)
@@ -185,7 +205,9 @@ class Proxy:
 
     async def _respond(self, answer: Answer, decision: RouteDecision, lp: LoadedPolicy, headers: dict[str, str],
                        t0: float, t_routed: float, key: KeyRecord | None, request: Request,
-                       trace: RequestTrace | None) -> Response:
+                       trace: RequestTrace | None, translate: tuple[Dialect, Parsed] | None) -> Response:
+        """The upstream's answer to the client: as it came, or (`translate`: a chat answer to a client
+        of another API) rendered in the client's API."""
         rt = self.rt
         if trace is not None:
             trace.mark_relay(answer.t_first)
@@ -217,6 +239,8 @@ class Proxy:
                     auth.account(key, _prompt_estimate(request), True)
                 else:
                     auth.account(key, usage.total, False)
+            if translate is not None:
+                return await self._rendered(answer, translate[0], translate[1], key, headers)
             return Response(answer.body, answer.status, headers=headers, media_type=answer.content_type)
         overhead = answer.t_sent - t0 + (time.perf_counter() - answer.t_first)
         headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
@@ -225,11 +249,22 @@ class Proxy:
         headers["cache-control"] = "no-cache"
         headers["x-accel-buffering"] = "no"
         raw_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
-        raw_headers.append((b"content-type", answer.content_type.encode()))
         # Tokens come from the stream's tail (its usage), without parsing events; the usage event
-        # the gateway asked for on the client's behalf is taken out.
-        tap = UsageTap(answer.stream, answer.usage_added)
+        # the gateway asked for on the client's behalf is taken out (a translator reads it instead).
+        tap = UsageTap(answer.stream, answer.usage_added and translate is None)
         first = tap.feed(answer.first)
+        source: Any = tap
+        error_event = http_errors.sse_error_event
+        if translate is None:
+            raw_headers.append((b"content-type", answer.content_type.encode()))
+        else:
+            dialect, parsed = translate
+            translator = dialect.translator(parsed)
+            assert translator is not None
+            raw_headers.append((b"content-type", SSE.encode()))
+            source = Translated(tap, translator, self._keeper(dialect, parsed, key, translator))
+            first = translator.feed(first)
+            error_event = translator.error
 
         def done(outcome: str, reason: str, sent: int) -> None:
             answer.finish(outcome, reason, rt.gateway.state)
@@ -246,7 +281,43 @@ class Proxy:
             if trace is not None:
                 trace.answered(answer.pool, answer.replica.name, code, answer.attempts, usage, cost)
 
-        return StreamRelay(tap, first, answer.status, raw_headers, done, answer.replica.name)
+        return StreamRelay(source, first, answer.status, raw_headers, done, answer.replica.name, error_event)
+
+    async def _rendered(self, answer: Answer, dialect: Dialect, parsed: Parsed, key: KeyRecord | None,
+                        headers: dict[str, str]) -> Response:
+        """A non-streaming chat answer rendered in the client's API (its errors in that API's shape)."""
+        if answer.status >= 400:
+            return Response(_error_in(dialect, answer.status, answer.body), answer.status, headers=headers,
+                            media_type=JSON)
+        try:
+            chat_answer = orjson.loads(answer.body)
+            if not isinstance(chat_answer, dict) or not isinstance(chat_answer.get("choices"), list):
+                raise ValueError("not a chat.completion")
+            out = dialect.render(chat_answer, parsed)
+        except (orjson.JSONDecodeError, ValueError, TypeError, KeyError, IndexError) as e:
+            msg = f"upstream {answer.replica.name} of pool {answer.pool!r} sent an answer that is not a chat completion: {e}"
+            return Response(dialect.error_body(502, "upstream_error", msg, None, "upstream_error"), 502,
+                            headers=headers, media_type=JSON)
+        keep = getattr(dialect, "keep", None)  # a stateful API (Responses: store) keeps what it answered
+        if keep is not None:
+            await keep(parsed, key.id if key else "", out)
+        return Response(orjson.dumps(out), answer.status, headers=headers, media_type=JSON)
+
+    def _keeper(self, dialect: Dialect, parsed: Parsed, key: KeyRecord | None,
+                translator: StreamTranslator) -> Callable[[], Awaitable[None]] | None:
+        """What a stream does after its last upstream byte and before its closing events go out
+        (Responses: store the response, so a next turn through any gateway finds it)."""
+        keep = getattr(dialect, "keep", None)
+        if keep is None:
+            return None
+        caller = key.id if key else ""
+
+        async def kept() -> None:
+            result = getattr(translator, "result", None)
+            if result is not None:
+                await keep(parsed, caller, result)
+
+        return kept
 
     async def route_only(self, request: Request) -> Response:
         rt = self.rt
@@ -296,10 +367,12 @@ class FastPath:
         self.app = app
         self.rt = proxy.rt
         self.routes = {
-            "/v1/chat/completions": lambda r, t: proxy.proxy(r, "chat", t),
-            "/v1/completions": lambda r, t: proxy.proxy(r, "completions", t),
+            "/v1/chat/completions": lambda r, t: proxy.proxy(r, CHAT, t),
+            "/v1/completions": lambda r, t: proxy.proxy(r, COMPLETIONS, t),
             "/v1/route": lambda r, t: proxy.route_only(r),
         }
+        for path, dialect in proxy.dialects.items():
+            self.routes[path] = lambda r, t, d=dialect: proxy.proxy(r, d, t)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -325,6 +398,51 @@ class FastPath:
                         trace.end()
                 return
         await self.app(scope, receive, send)
+
+
+class Translated:
+    """Stands in for aiohttp's StreamReader in the relay (which only calls readany): the upstream's
+    chat SSE (through the usage tap) in the client's API. At the upstream's clean end it awaits
+    `on_end` (a stored response) before the closing events go out."""
+
+    __slots__ = ("_ended", "_on_end", "_tap", "_translator", "content")
+
+    def __init__(self, tap: UsageTap, translator: StreamTranslator,
+                 on_end: Callable[[], Awaitable[None]] | None) -> None:
+        self.content = self
+        self._tap = tap.content
+        self._translator = translator
+        self._on_end = on_end
+        self._ended = False
+
+    async def readany(self) -> bytes:
+        while not self._ended:
+            b = await self._tap.readany()
+            if not b:
+                self._ended = True
+                out = self._translator.close()
+                if self._on_end is not None:
+                    await self._on_end()
+                return out
+            out = self._translator.feed(b)
+            if out:  # never b"" before the end: the relay reads it as the end
+                return out
+        return b""
+
+
+def _error_in(dialect: Dialect, status: int, body: bytes) -> bytes:
+    """An upstream's error answer (OpenAI's envelope, as chat servers send it) in the client's API."""
+    try:
+        err = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        err = None
+    if not isinstance(err, dict):
+        err = {"message": body[:300].decode("utf-8", "replace")}
+    msg = err.get("message")
+    return dialect.error_body(status, str(err.get("type") or "invalid_request_error"),
+                              msg if isinstance(msg, str) else "the upstream refused the request",
+                              err.get("param") if isinstance(err.get("param"), str) else None,
+                              err.get("code") if isinstance(err.get("code"), str) else None)
 
 
 def _price_header(p: PriceSpec) -> str:

@@ -38,7 +38,9 @@ class StreamRelay(Response):
         headers: list[tuple[bytes, bytes]],
         on_done: Callable[[str, str, int], None],
         replica_name: str,
+        error_event: Callable[[str], bytes] = sse_error_event,  # the client API's mid-stream error event
     ):
+        self.error_event = error_event
         self.upstream = upstream
         self.first = first
         self.status = status
@@ -71,7 +73,7 @@ class StreamRelay(Response):
                     reason = f"upstream {self.replica_name} failed mid-stream: {type(e).__name__}: {e}"
                     log.warning(reason)
                     # A clean error event, then the end: the client raises instead of hanging.
-                    await send({"type": "http.response.body", "body": sse_error_event(reason), "more_body": False})
+                    await send({"type": "http.response.body", "body": self.error_event(reason), "more_body": False})
                     return
                 if not chunk:
                     break

@@ -140,6 +140,10 @@ class PoolSpec(_Strict):
         None, ge=1, description="Context window of the replicas, in tokens (default: what their /v1/models or "
         "/props reports: vLLM, SGLang, llama-server, our engine). A request that cannot fit is not sent here; "
         "max_tokens beyond what the window leaves is lowered to fit")
+    api: list[Literal["chat", "responses", "messages"]] = Field(
+        default_factory=lambda: ["chat"], description="Client APIs the replicas serve themselves: a Responses "
+        "or Messages request goes to them untranslated (vLLM, SGLang, llama-server serve all three); other "
+        "pools get it translated to Chat Completions")
     # Planning (switchyard plan): what a replica needs and what it delivers.
     nodes_per_replica: int = Field(1, ge=1, description="Nodes one replica spans (its TP width across nodes)")
     ranks_per_node: int = Field(1, ge=1, description="GPUs (ranks) per node")

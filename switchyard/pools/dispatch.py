@@ -63,6 +63,7 @@ class Answer:
         elif outcome == "upstream_failed":
             _record_failure(self.replica, reason, state)
         else:
+    native: bool = False  # the client's own API body went upstream (NativeRequest): relay it untouched
             self.replica.breaker.trial_in_flight = False  # a client leaving says nothing of the replica
         release(self.replica)
 
@@ -79,6 +80,16 @@ def _record_failure(replica: Replica, reason: str, state: StateStore | None) -> 
             rec = CircuitRecord("open", time.time() + replica.breaker.cooldown, reason)
             task = asyncio.ensure_future(state.put_circuit(replica.url, rec))
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeRequest:
+    """The client's request in its own API (Responses, Messages), for pools whose replicas serve
+    that API themselves (their spec's `api`); other pools get the normalised chat body."""
+
+    api: str
+    body: dict
+    path: str  # under the replica's URL: /responses, /messages
 
 
 class AttemptSpan(Protocol):
@@ -126,11 +137,13 @@ class Dispatcher:
 
     async def send(
         self, pools: Mapping[str, Pool], decision: RouteDecision, body: dict, path: str, stream: bool,
-        trace: AttemptTrace | None = None,
+        trace: AttemptTrace | None = None, native: NativeRequest | None = None,
     ) -> Answer:
         """Send to the decision's pool (its pinned replica first), retrying on other replicas
         before the first byte, then along its fallback chain. Raises a switchyard.errors error.
-        `trace` sees each attempt (a span, and the headers that carry it upstream)."""
+        `trace` sees each attempt (a span, and the headers that carry it upstream). `native`: a
+        pool that lists its API gets it untranslated instead of `body` (decided per pool, so a
+        fallback to a pool of another kind still works); prefix keys always come from `body`."""
         # Only the pools whose context window the prompt fits, each with the max_tokens it leaves.
         fits = fit.plan(pools, (decision.pool, *decision.fallbacks), body)
         capacity: NoCapacity | None = None
@@ -158,7 +171,14 @@ class Dispatcher:
                     body["stream_options"] = client_options
                 else:
                     del body["stream_options"]
-            payload = orjson.dumps(body)
+            sent_native = native is not None and native.api in pool.spec.api
+            if sent_native:
+                assert native is not None
+                native.body["model"] = pool.model
+                fits.apply(native.body, room)
+                payload, upath = orjson.dumps(native.body), native.path
+            else:
+                payload, upath = orjson.dumps(body), path
             tried: set[Replica] = set()
             prefer = decision.replica if pname == decision.pool else None
             affinity = prefix_key(body) if pool.spec.strategy == "cache_aware" else None
@@ -177,12 +197,13 @@ class Dispatcher:
                 attempts += 1
                 tried.add(replica)
                 if trace is None:
-                    answer, failure = await self._attempt(pool, replica, path, payload, stream, attempts)
+                    answer, failure = await self._attempt(pool, replica, upath, payload, stream, attempts)
                 else:
-                    answer, failure = await self._traced(trace, pool, replica, path, payload, stream, attempts,
+                    answer, failure = await self._traced(trace, pool, replica, upath, payload, stream, attempts,
                                                          time.perf_counter() - t_wait)
                 if answer is not None:
-                    answer.usage_added = add_usage
+                    answer.usage_added = add_usage and not sent_native
+                    answer.native = sent_native
                     return answer
                 if isinstance(failure, errors.UpstreamTimeout) or (failure and failure.code == "upstream_auth_failed"):
                     # The upstream took the request and did not answer in time: trying again
