@@ -264,7 +264,13 @@ class MemoryStore:
         return True
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "healthy": True, "shared": False}
+        return {"kind": self.kind, "healthy": True, "shared": False, **self.held()}
+
+    def held(self) -> dict:
+        """What this store holds now, for /health: the bounded long-lived state."""
+        n, weight = self.responses_held()
+        return {"sessions": self.session_count(), "max_sessions": self._max, "responses": n,
+                "responses_bytes": weight, "windows": len(self._windows)}
 
     async def aclose(self) -> None:
         return None

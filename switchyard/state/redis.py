@@ -5,7 +5,7 @@ What is shared and how:
   request path (one GET), written behind (pipelined by one writer task, never awaited by a request);
 - in-flight counts: each gateway publishes its counts per replica as a lease (a hash that
   expires after `lease_ttl`) and reads the sum of everyone else's, in one Lua call per sync
-  tick (state/sync.py); a gateway that dies stops renewing and its counts vanish with the lease;
+  tick (pools/sync.py); a gateway that dies stops renewing and its counts vanish with the lease;
 - circuits and drains: hashes keyed by replica URL, read back by the same Lua call;
 - rate-limit counters: one hash per time window (HINCRBY per key), added to and read back
   whole in the same Lua call, so every gateway learns every key's total each tick;
@@ -296,7 +296,9 @@ class RedisStore:
 
     def describe(self) -> dict:
         out: dict = {"kind": self.kind, "healthy": self.up, "shared": True, "gateway_id": self.id,
-                     "gateways": self.gateways, "outages": self.outages}
+                     "gateways": self.gateways, "outages": self.outages,
+                     "local": self.local.held() | {"dirty": len(self._dirty_sessions) + len(self._dirty_responses),
+                                                   "pending_writes": len(self._queue)}}
         if not self.up:
             out["error"] = self.error
             out["down_for_s"] = round(time.time() - (self.down_since or time.time()), 1)
