@@ -40,6 +40,11 @@ def serve(
         help="SIGTERM: seconds at most to keep serving with readiness 503 before closing the listener")] = 5.0,
     lease_ttl: Annotated[float, typer.Option(
         help="--redis: seconds a dead gateway's in-flight counts linger before they expire")] = 3.0,
+    max_sessions: Annotated[int, typer.Option(
+        help="Sessions kept in memory (with --redis: this gateway's local copies); beyond it, the oldest "
+             "of the caller holding the most go")] = 200_000,
+    max_sessions_per_caller: Annotated[int | None, typer.Option(
+        help="Sessions one caller (API key) may hold; beyond it, its own oldest go. Default: --max-sessions")] = None,
     ui: Annotated[bool, typer.Option(help="Serve the dashboard and policy editor at /ui")] = True,
     reports: Annotated[Path | None, typer.Option(
         help="Folder of replay reports (`switchyard replay --out`) the UI lists")] = None,
@@ -127,11 +132,16 @@ def serve(
         except ValueError as e:
             typer.echo(f"tracing: {e}", err=True)
             raise typer.Exit(2) from None
-    state = None
+    if o["max_sessions"] < 1 or (o["max_sessions_per_caller"] or 1) < 1:
+        typer.echo("--max-sessions and --max-sessions-per-caller must be 1 or more", err=True)
+        raise typer.Exit(2)
+    from switchyard.state.memory import MemoryStore
+
+    state = MemoryStore(o["max_sessions"], o["max_sessions_per_caller"])
     if o["redis"]:
         from switchyard.state.redis import RedisStore
 
-        state = RedisStore(o["redis"], lease_ttl=o["lease_ttl"])
+        state = RedisStore(o["redis"], lease_ttl=o["lease_ttl"], local=state)
     try:
         app = create_app(gw_config, state, tracing)
     except PolicyError as e:
