@@ -49,6 +49,7 @@ class Answer:
     stream: aiohttp.ClientResponse | None = None
     first: bytes = b""
     usage_added: bool = False  # the gateway asked for usage in this stream; the client did not
+    native: bool = False  # the client's own API body went upstream (NativeRequest): relay it untouched
 
     def finish(self, outcome: str, reason: str = "", state: StateStore | None = None) -> None:
         """A stream ended (ok | client_gone | upstream_failed): free the replica's slot."""
@@ -63,9 +64,18 @@ class Answer:
         elif outcome == "upstream_failed":
             _record_failure(self.replica, reason, state)
         else:
-    native: bool = False  # the client's own API body went upstream (NativeRequest): relay it untouched
             self.replica.breaker.trial_in_flight = False  # a client leaving says nothing of the replica
         release(self.replica)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeRequest:
+    """The client's request in its own API (Responses, Messages), for pools whose replicas serve
+    that API themselves (their spec's `api`); other pools get the normalised chat body."""
+
+    api: str
+    body: dict
+    path: str  # under the replica's URL: /responses, /messages
 
 
 def _request_id() -> str:
@@ -80,16 +90,6 @@ def _record_failure(replica: Replica, reason: str, state: StateStore | None) -> 
             rec = CircuitRecord("open", time.time() + replica.breaker.cooldown, reason)
             task = asyncio.ensure_future(state.put_circuit(replica.url, rec))
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
-
-
-@dataclass(frozen=True, slots=True)
-class NativeRequest:
-    """The client's request in its own API (Responses, Messages), for pools whose replicas serve
-    that API themselves (their spec's `api`); other pools get the normalised chat body."""
-
-    api: str
-    body: dict
-    path: str  # under the replica's URL: /responses, /messages
 
 
 class AttemptSpan(Protocol):
