@@ -1,5 +1,5 @@
 /* Probe: this CPU's float32 FMA peak and its read bandwidth from L1 to DRAM, the two limits
- * the README's CPU engine section compares a batch-16 and a batch-1 decode step against.
+ * docs/benchmarks.md ("Engine on CPU") compares a batch-16 and a batch-1 decode step against.
  *
  *   gcc -O2 -mavx2 -mfma -fopenmp -o /tmp/cpu_limits bench/probes/cpu_limits.c && /tmp/cpu_limits
  */
