@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up serve test sysdeps lint bench llama-cpp outcomes routing-quality clean
+.PHONY: up serve test sysdeps lint bench llama-cpp agents-check outcomes routing-quality clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +41,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/gateway_overhead.py
 
-# Routing quality (README, "Routing quality"): the routers against random on held-out cases, from
-# the shipped outcomes, into runs/routing-quality/ (report.html, summary.md). A few minutes on 2 cores.
+# Routing quality (docs/replay.md): the routers against random on held-out cases, from the shipped
+# outcomes, into runs/routing-quality/ (report.html, summary.md); the last run: bench/results/routing_quality.md.
 routing-quality: $(STAMP)
 	$(BIN)/python bench/routing_quality.py
 
@@ -56,6 +56,16 @@ outcomes: $(STAMP)
 # Not part of `make test`: the tests that need it skip, saying why, until it is built.
 llama-cpp: $(STAMP)
 	$(BIN)/python -m switchyard.llamacpp build
+
+# The real agent CLIs (docs/agents.md): Codex CLI and Claude Code from npm, installed into
+# ~/.cache/switchyard/agents (outside the repo), each asked a question through the gateway in front of
+# our engine serving SmolLM2. Needs node and npm; a few minutes on 2 cores. Not part of `make test`:
+# the tests skip, saying why, where the CLIs are not installed.
+AGENTS_DIR ?= $(HOME)/.cache/switchyard/agents
+agents-check: $(STAMP)
+	@command -v npm >/dev/null || (echo "agents-check needs node and npm (e.g. apt-get install nodejs npm)" >&2; exit 1)
+	npm install --no-audit --no-fund --prefix $(AGENTS_DIR) @openai/codex @anthropic-ai/claude-code
+	SWITCHYARD_AGENTS_DIR=$(AGENTS_DIR) $(BIN)/python -m pytest -q -p no:cacheprovider -rs tests/agents
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
