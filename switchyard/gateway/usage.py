@@ -7,18 +7,46 @@ content) and only that object is decoded.
 `UsageTap` stands between the upstream stream and the SSE relay. It keeps the stream's tail to
 read the usage at the end, and, when the gateway added `stream_options.include_usage` for a
 client that did not ask for it, removes the one event that carries nothing but usage (OpenAI's
-`"choices": []` chunk before `[DONE]`); every other byte passes on unchanged, in order.
+`"choices": []` chunk before `[DONE]`); every other byte passes on unchanged, in order, as it
+comes (an event is held back only while it could still be that ~300-byte chunk). The tap bounds
+what one upstream event may be (`max_event_bytes`) and knows a stream that stopped without its
+final event (a close-delimited answer cut midway): both end the stream as a failure
+(`StreamBroken`, an aiohttp payload error, so the relay sends the client's API's error event).
+
+All of it is linear in what the upstream sends and bounded per call: a body's usage is looked for
+in its last `USAGE_WINDOW` bytes, a usage object is at most `MAX_USAGE_OBJECT` bytes, and a
+stream's boundaries are looked for in each new chunk only.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import orjson
 
 TAIL = 8192  # bytes of a stream kept to find its usage (the usage event is ~200 bytes)
+USAGE_WINDOW = 64 * 1024  # a body's usage is in its last bytes (after choices / output / content)
+MAX_USAGE_OBJECT = 4096  # a usage object is ~100-400 bytes
+MAX_USAGE_KEYS = 16  # `"usage"` keys tried, the last first (`"usage": null` chunks before the real one)
+HOLD = 4096  # an open event longer than this cannot be the usage-only chunk: it passes on as it comes
+MAX_EVENT_BYTES = 1 << 20  # one upstream SSE event at most (default; UsageTap's max_event_bytes)
+# The last event of a well-ended stream, per API (chat and completions, Responses, Messages) and
+# an upstream's own error event; each after a line break, so an answer's text cannot fake one
+# (JSON escapes line breaks inside strings).
+FINAL_EVENTS = (b"\ndata: [DONE]", b"\ndata:[DONE]", b"\nevent: response.completed", b"\nevent: response.failed",
+                b"\nevent: response.incomplete", b"\nevent: message_stop", b"\nevent: error", b"\nevent:message_stop",
+                b"\nevent:response.completed")
 _KEY = b'"usage"'
+_BRACES = re.compile(rb"[{}]")
+
+
+class StreamBroken(aiohttp.ClientPayloadError):
+    """An upstream stream the gateway ends as failed: an event over the size cap, or a stream that
+    stopped before its final event. A ClientPayloadError, as a broken chunked body is: the relay
+    treats both the same way (the API's error event, a failure counted against the replica)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,27 +80,30 @@ def usage_of(obj: Any) -> Usage | None:
 
 
 def _object_at(data: bytes, i: int) -> Any:
-    """The JSON object that starts at data[i] ('{'), decoded (None if cut off or not JSON).
+    """The JSON object that starts at data[i] ('{'), decoded (None if cut off, too long or not JSON).
 
-    Candidate ends are tried at each '}' where the braces balance (a usage object has no
-    strings with braces in them; a candidate that is not JSON is passed over), all in C: a
-    byte-by-byte scan in Python cost ~10 us an answer."""
-    j = data.find(b"}", i)
-    while j >= 0:
-        raw = data[i:j + 1]
-        if raw.count(b"{") == raw.count(b"}"):
+    One forward pass over the braces of at most MAX_USAGE_OBJECT bytes (a usage object has no
+    strings with braces in them), then one decode: linear, where trying every '}' as an end and
+    counting braces again each time was quadratic (128 KB of braces: 15-28 s)."""
+    depth = 0
+    for m in _BRACES.finditer(data, i, min(len(data), i + MAX_USAGE_OBJECT)):
+        depth += 1 if data[m.start()] == 0x7B else -1
+        if depth == 0:
             try:
-                return orjson.loads(raw)
+                return orjson.loads(data[i:m.end()])
             except orjson.JSONDecodeError:
-                pass
-        j = data.find(b"}", j + 1)
+                return None
     return None
 
 
 def parse_usage(data: bytes) -> Usage | None:
-    """The last `usage` object in `data` (a response body, or the tail of an SSE stream)."""
-    i = data.rfind(_KEY)
-    while i >= 0:
+    """The last `usage` object in `data` (a response body, or the tail of an SSE stream), looked
+    for in its last USAGE_WINDOW bytes."""
+    lo = max(0, len(data) - USAGE_WINDOW)
+    i = data.rfind(_KEY, lo)
+    tries = 0
+    while i >= 0 and tries < MAX_USAGE_KEYS:
+        tries += 1
         j = i + len(_KEY)
         while j < len(data) and data[j] in b" \t\r\n:":
             j += 1
@@ -80,7 +111,7 @@ def parse_usage(data: bytes) -> Usage | None:
             got = usage_of(_object_at(data, j))
             if got is not None:
                 return got
-        i = data.rfind(_KEY, 0, i)  # `"usage": null` in a later chunk: look further back
+        i = data.rfind(_KEY, lo, i)  # `"usage": null` in a later chunk: look further back
     return None
 
 
@@ -133,36 +164,82 @@ class _TapContent:
     async def readany(self) -> bytes:
         tap = self._tap
         while True:
+            if tap.broken:
+                raise StreamBroken(tap.broken)
             b = await self._content.readany()
             out = tap.feed(b)
+            if tap.broken:
+                raise StreamBroken(tap.broken)
+            if not b and tap.cut():
+                raise StreamBroken("the upstream's stream stopped before its final event (cut midway)")
             if out or not b:  # never answer b"" before the upstream ended: the relay reads it as the end
                 return out
 
 
 class UsageTap:
-    """Wraps an upstream aiohttp response for the SSE relay; read `usage()` when the stream ended."""
+    """Wraps an upstream aiohttp response for the SSE relay; read `usage()` when the stream ended.
 
-    def __init__(self, upstream: Any, drop_usage_event: bool):
+    `max_event_bytes` caps one event (beyond it `broken` says why, `feed` passes nothing more and
+    the next read raises StreamBroken, so the first chunk's feed needs no handler); `final_events` are
+    what a well-ended stream's last event starts with (FINAL_EVENTS: every client API's)."""
+
+    def __init__(self, upstream: Any, drop_usage_event: bool, max_event_bytes: int = MAX_EVENT_BYTES,
+                 final_events: tuple[bytes, ...] = FINAL_EVENTS):
         self.content = _TapContent(upstream.content, self)
         self.drop = drop_usage_event
+        self.max_event = max_event_bytes
+        self.final_events = final_events
+        headers = getattr(upstream, "headers", None)
+        ctype = headers.get("Content-Type", "") if headers is not None else ""
+        # Only an event stream has a final event to miss (an upstream that answered JSON has none).
+        self.sse = not ctype or "event-stream" in ctype
         self.tail = b""
         self.events = 0  # `data:` lines seen: one token each when the upstream reports no usage
-        self._pending = b""  # an event not yet complete (only while dropping)
+        self.ended = False  # a final event went by
+        self.broken = ""  # why the stream is ended as failed (an event over the cap)
+        self._pending = b""  # held back: an open event that may be the usage-only chunk (at most HOLD)
+        self._open = 0  # bytes of the event now open (since the last blank line)
+        self._edge = b"\n"  # the last bytes seen: a boundary or final event split between chunks is found
+        self._passing = False  # the open event was let through before its end (longer than HOLD)
 
     def feed(self, b: bytes) -> bytes:
         """What to pass on of the next upstream bytes (b"" at the end: what is left)."""
-        if b:
-            self.events += b.count(b"data:")
-            self.tail = (self.tail + b)[-TAIL:] if len(b) < TAIL else b[-TAIL:]
+        if self.broken:
+            return b""
+        if not b:
+            out, self._pending = self._pending, b""
+            return out
+        self.events += b.count(b"data:")
+        self.tail = (self.tail + b)[-TAIL:] if len(b) < TAIL else b[-TAIL:]
+        scan = self._edge + b
+        if not self.ended and (b"[DONE]" in scan or b"event:" in scan):
+            self.ended = any(m in scan for m in self.final_events)
+        k = _boundary(scan)
+        self._open = len(scan) - k if k else self._open + len(b)
+        self._edge = scan[-32:]
+        if self._open > self.max_event:
+            self.broken = (f"an upstream SSE event is larger than {self.max_event} bytes "
+                           "(the gateway's --max-event-mb)")
+            self._pending = b""
+            return b""
         if not self.drop:
             return b
         data = self._pending + b if self._pending else b
-        cut = _boundary(data) if b else len(data)
-        self._pending = data[cut:]
-        out = data[:cut]
+        cut = _boundary(data)
+        continued = self._passing
+        if len(data) - cut > HOLD or (continued and not cut):
+            out, self._pending, self._passing = data, b"", True  # not the usage chunk: let it through
+        else:
+            out, self._pending, self._passing = data[:cut], data[cut:], False
         if _KEY in out:  # rare: the last events of a stream
-            out = b"".join(e for e in _events(out) if not (_KEY in e and _usage_only(e)))
+            events = _events(out)
+            head = [events.pop(0)] if continued and events else []  # the rest of an event already passing
+            out = b"".join(head + [e for e in events if not (_KEY in e and _usage_only(e))])
         return out
+
+    def cut(self) -> bool:
+        """The upstream ended an event stream without its final event (after every byte was fed)."""
+        return self.sse and not self.ended
 
     def usage(self) -> Usage | None:
         return parse_usage(self.tail)
