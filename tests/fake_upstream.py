@@ -44,6 +44,7 @@ def _config(args: argparse.Namespace) -> dict:
         "cancelled": 0,
         "last_body": None,
         "last_headers": None,
+        "last_path": None,
     }
 
 
@@ -135,6 +136,8 @@ async def app(scope, receive, send) -> None:
     if path == "/_control" and method == "POST":
         STATE.update(orjson.loads(raw or b"{}"))
         return await _send_json(send, 200, {"ok": True})
+    if path == "/v1/responses" and method == "POST":  # a server that speaks the Responses API itself
+        return await _responses(raw, path, scope, send)
     if path not in ("/v1/chat/completions", "/v1/completions") or method != "POST":
         return await _send_json(send, 404, {"error": {"message": "not found", "type": "not_found"}})
     STATE["served"] += 1
@@ -142,7 +145,7 @@ async def app(scope, receive, send) -> None:
     STATE["max_inflight"] = max(STATE["max_inflight"], STATE["inflight"])
     try:
         body = orjson.loads(raw)
-        STATE["last_body"] = body
+        STATE["last_body"], STATE["last_path"] = body, path
         STATE["last_headers"] = {k.decode(): v.decode() for k, v in scope["headers"]}
         if STATE["fail_first"] > 0:
             STATE["fail_first"] -= 1
@@ -162,6 +165,46 @@ async def app(scope, receive, send) -> None:
         await _send_json(send, 200, _completion(body, kind))
     finally:
         STATE["inflight"] -= 1
+
+
+async def _responses(raw: bytes, path: str, scope, send) -> None:
+    """POST /v1/responses answered natively: `native <input text>`, as a body or OpenAI's events."""
+    STATE["served"] += 1
+    body = orjson.loads(raw)
+    STATE["last_body"], STATE["last_path"] = body, path
+    STATE["last_headers"] = {k.decode(): v.decode() for k, v in scope["headers"]}
+    if STATE["fail"]:
+        return await _send_json(send, STATE["fail"], {"error": {"message": STATE["fail_message"],
+                                                                 "type": "server_error"}})
+    inp = body.get("input")
+    text = f"native {inp if isinstance(inp, str) else orjson.dumps(inp).decode()}"
+    item = {"id": "msg_native", "type": "message", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    usage = {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10,
+             "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    resp = {"id": f"resp_native{STATE['served']}", "object": "response", "created_at": 0, "status": "completed",
+            "model": body.get("model"), "output": [item], "parallel_tool_calls": True, "tool_choice": "auto",
+            "tools": [], "usage": usage}
+    if not body.get("stream"):
+        return await _send_json(send, 200, resp)
+    headers = [(b"content-type", b"text/event-stream"), (b"x-upstream-name", STATE["name"].encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    events = [
+        {"type": "response.created", "response": {**resp, "status": "in_progress", "output": [], "usage": None}},
+        {"type": "response.output_item.added", "output_index": 0, "item": {**item, "status": "in_progress",
+                                                                          "content": []}},
+        {"type": "response.content_part.added", "item_id": "msg_native", "output_index": 0, "content_index": 0,
+         "part": {"type": "output_text", "text": "", "annotations": []}},
+        {"type": "response.output_text.delta", "item_id": "msg_native", "output_index": 0, "content_index": 0,
+         "delta": text, "logprobs": []},
+        {"type": "response.output_text.done", "item_id": "msg_native", "output_index": 0, "content_index": 0,
+         "text": text, "logprobs": []},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": resp},
+    ]
+    data = b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps({**e, "sequence_number": i})
+                    + b"\n\n" for i, e in enumerate(events))
+    await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
 async def _sleep_or_disconnect(seconds: float, receive) -> None:

@@ -1,0 +1,596 @@
+"""OpenAI's Responses API (`POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}`) as a dialect:
+parsed into a Chat Completions body for routing and for chat-only upstreams, rendered back as a
+Response object or its event stream.
+
+What is translated: `instructions` (a system message), `input` (a string, or items: `message`
+with input_text/output_text parts and roles user/assistant/system/developer, `function_call`,
+`function_call_output`), flat `function` tools, `tool_choice` (auto, none, required, a named
+function, allowed_tools), `parallel_tool_calls`, `text.format` (json_object, json_schema ->
+response_format), `max_output_tokens`, `temperature`, `top_p`, `stop`, `metadata`, `user`.
+Accepted and ignored: `reasoning`, `include`, `client_metadata`, `truncation`, `service_tier`,
+`prompt_cache_retention`, `safety_identifier`, `reasoning` items in `input` (Codex sends its own
+back); `prompt_cache_key` names the session. Dropped and named in x-switchyard-dropped-tools:
+tools no chat upstream can run (hosted web_search, file_search, ..., Codex's `namespace`).
+Refused with a 400: images, files and audio in the input, item references, stored prompts,
+conversations, background mode.
+
+`store` (default true, as OpenAI's) keeps each answer in the state store (in memory, or in Redis
+for every gateway) for `previous_response_id` and GET/DELETE, visible only to the API key that
+made it. A `previous_response_id` chain is a session: its root id is the session hint.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from switchyard import errors
+from switchyard.api.dialect import Parsed
+from switchyard.api.errors import error_body
+from switchyard.state.base import RESPONSE_TTL, StateStore
+
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+UNSUPPORTED_PARTS = frozenset({"input_image", "input_file", "input_audio", "image_url", "file"})
+# Items of hosted tools' calls (and their outputs) a client may send back from an earlier OpenAI
+# turn: nothing a chat upstream can use, and dropping them loses no instruction.
+SKIPPED_ITEMS = frozenset({
+    "reasoning", "web_search_call", "file_search_call", "computer_call", "computer_call_output",
+    "code_interpreter_call", "image_generation_call", "local_shell_call", "local_shell_call_output",
+    "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output", "mcp_call",
+    "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "custom_tool_call",
+    "custom_tool_call_output", "tool_search_call", "compaction", "compaction_trigger",
+})
+REFUSED = {
+    "conversation": "conversations are not supported here; send previous_response_id or the whole input",
+    "prompt": "stored prompts (prompt) are not supported here; send instructions and input",
+}
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex
+
+
+@dataclass(slots=True)
+class ResponsesCtx:
+    """What a Responses request carries past parsing: its id, what to echo, what to store."""
+
+    id: str
+    created: int
+    store: bool
+    echo: dict  # request fields a Response object repeats (instructions, tools, tool_choice, ...)
+    input_messages: list[dict]  # this request's input as chat messages (instructions left out)
+    previous: str | None = None  # previous_response_id
+    history: list[dict] = field(default_factory=list)  # the chain's chat messages before this input
+    root: str = ""  # the chain's first response id (this one's own when it starts a chain)
+
+
+def _bad(message: str, param: str | None = None) -> errors.BadRequest:
+    return errors.BadRequest(message, param)
+
+
+def _text_of(content: Any, where: str) -> str:
+    """Message content (a string or parts) -> its text; non-text parts are a 400."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(f"{where} must be a string or an array of content parts", where)
+    texts = []
+    for j, part in enumerate(content):
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS and isinstance(part.get("text"), str):  # type: ignore[union-attr]
+            texts.append(part["text"])  # type: ignore[index]
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):  # type: ignore[union-attr]
+            texts.append(part["refusal"])  # type: ignore[index]
+        elif kind in UNSUPPORTED_PARTS:
+            raise _bad(f"{where}[{j}]: {kind} parts are not supported by this gateway (its upstreams take "
+                       "text only); send the content as input_text", f"{where}[{j}].type")
+        else:
+            raise _bad(f"{where}[{j}]: unsupported content part type {kind!r}; use input_text", f"{where}[{j}].type")
+    # Several text parts read as one text (vLLM's chat templates join them with a newline too).
+    return texts[0] if len(texts) == 1 else "\n".join(texts)
+
+
+def input_messages(items: Any, where: str = "input") -> list[dict]:
+    """Responses input items (or a Response's output items) -> chat messages, in order; function
+    calls that follow an assistant turn join it, as chat wants them."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise _bad(f"'{where}' must be a string or an array of input items", where)
+    out: list[dict] = []
+    for i, item in enumerate(items):
+        at = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            raise _bad(f"{at} must be an object", at)
+        kind = item.get("type")
+        if kind == "message" or (kind is None and "role" in item):
+            role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
+            if role is None:
+                raise _bad(f"{at}.role must be one of user, assistant, system, developer; got {item.get('role')!r}",
+                           f"{at}.role")
+            out.append({"role": role, "content": _text_of(item.get("content"), f"{at}.content")})
+        elif kind == "function_call":
+            call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments", "")
+            if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(args, str):
+                raise _bad(f"{at}: a function_call needs call_id, name and arguments (strings)", at)
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":  # one chat turn: its text, then its calls
+                last.setdefault("tool_calls", []).append(call)
+                if last.get("content") == "":
+                    last["content"] = None
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            call_id, output = item.get("call_id"), item.get("output")
+            if not isinstance(call_id, str):
+                raise _bad(f"{at}.call_id is required", f"{at}.call_id")
+            out.append({"role": "tool", "tool_call_id": call_id, "content": _text_of(output, f"{at}.output")})
+        elif kind in SKIPPED_ITEMS:
+            continue
+        elif kind == "item_reference":
+            raise _bad(f"{at}: item references are not supported here; send the item itself", f"{at}.type")
+        else:
+            raise _bad(f"{at}: unsupported input item type {kind!r}", f"{at}.type")
+    return out
+
+
+def _tools(tools: Any) -> tuple[list[dict], list[dict], list[str]]:
+    """(chat tools, the Responses function tools kept, names of the tools dropped)."""
+    if tools is None:
+        return [], [], []
+    if not isinstance(tools, list):
+        raise _bad("'tools' must be an array", "tools")
+    chat, kept, dropped = [], [], []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict):
+            raise _bad(f"tools[{i}] must be an object", f"tools[{i}]")
+        if t.get("type") != "function":
+            kind = str(t.get("type"))
+            name = t.get("name")
+            dropped.append(f"{kind}:{name}" if isinstance(name, str) and name else kind)
+            continue
+        name = t.get("name")
+        if not isinstance(name, str) or not name:
+            raise _bad(f"tools[{i}].name is required", f"tools[{i}].name")
+        fn: dict[str, Any] = {"name": name}
+        if isinstance(t.get("description"), str):
+            fn["description"] = t["description"]
+        fn["parameters"] = t["parameters"] if isinstance(t.get("parameters"), dict) else {
+            "type": "object", "properties": {}}
+        if isinstance(t.get("strict"), bool):
+            fn["strict"] = t["strict"]
+        chat.append({"type": "function", "function": fn})
+        kept.append(t)
+    return chat, kept, dropped
+
+
+def _tool_choice(choice: Any, chat_tools: list[dict]) -> tuple[Any, list[dict]]:
+    """(the chat tool_choice, the tools left: allowed_tools narrows them)."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice, chat_tools
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind == "function" and isinstance(choice.get("name"), str):
+            return {"type": "function", "function": {"name": choice["name"]}}, chat_tools
+        if kind == "allowed_tools" and isinstance(choice.get("tools"), list):
+            names = {t.get("name") for t in choice["tools"] if isinstance(t, dict)}
+            mode = choice.get("mode", "auto")
+            if mode not in ("auto", "required"):
+                raise _bad("tool_choice.mode must be auto or required", "tool_choice.mode")
+            return mode, [t for t in chat_tools if t["function"]["name"] in names]
+        raise _bad(f"tool_choice {kind!r} names a hosted tool this gateway cannot run; use auto, none, required "
+                   "or a function", "tool_choice")
+    raise _bad("tool_choice must be auto, none, required or an object", "tool_choice")
+
+
+def _response_format(text: Any) -> dict | None:
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise _bad("'text' must be an object", "text")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        assert isinstance(fmt, dict)
+        if not isinstance(fmt.get("schema"), dict):
+            raise _bad("text.format.schema must be a JSON Schema object", "text.format.schema")
+        js: dict[str, Any] = {"name": fmt.get("name") if isinstance(fmt.get("name"), str) else "response",
+                              "schema": fmt["schema"]}
+        for k in ("strict", "description"):
+            if k in fmt:
+                js[k] = fmt[k]
+        return {"type": "json_schema", "json_schema": js}
+    raise _bad(f"text.format.type must be text, json_object or json_schema; got {kind!r}", "text.format.type")
+
+
+def _number(body: dict, name: str) -> float | int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise _bad(f"'{name}' must be a number", name)
+    return v
+
+
+def usage_of(chat_usage: Any) -> dict | None:
+    """Chat usage -> Responses usage (None when the upstream reported none)."""
+    if not isinstance(chat_usage, dict):
+        return None
+    p = chat_usage.get("prompt_tokens") or 0
+    c = chat_usage.get("completion_tokens") or 0
+    details = chat_usage.get("prompt_tokens_details")
+    cached = (details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    return {"input_tokens": p, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": c, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": p + c}
+
+
+def response_object(ctx: ResponsesCtx, model: str, status: str, output: list[dict], usage: dict | None,
+                    incomplete: bool = False, error: dict | None = None) -> dict:
+    """A Response object, every field the openai SDK reads."""
+    done = status in ("completed", "incomplete", "failed")
+    return {
+        "id": ctx.id, "object": "response", "created_at": ctx.created, "status": status, "background": False,
+        "completed_at": int(time.time()) if status == "completed" else None, "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "model": model, "output": output if done else [], "usage": usage if done else None, **ctx.echo,
+    }
+
+
+def message_item(item_id: str, text: str, status: str) -> dict:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text or
+            status != "in_progress" else []}
+
+
+def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
+            "arguments": arguments}
+
+
+class ResponsesDialect:
+    api = "responses"
+    native_path = "/responses"
+
+    def __init__(self, state: StateStore | None = None, ttl: float = RESPONSE_TTL) -> None:
+        self.state = state
+        self.ttl = ttl
+
+    # --- request ------------------------------------------------------------------------
+
+    def parse(self, body: Any, headers: Mapping[str, str]) -> Parsed:
+        if not isinstance(body, dict):
+            raise _bad("the request body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise _bad("you must provide a model parameter", "model")
+        stream = body.get("stream", False)
+        if stream is not None and not isinstance(stream, bool):
+            raise _bad("'stream' must be a boolean", "stream")
+        for k, why in REFUSED.items():
+            if body.get(k) is not None:
+                raise _bad(why, k)
+        if body.get("background") is True:
+            raise _bad("background responses are not supported here; stream instead", "background")
+        instructions = body.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise _bad("'instructions' must be a string", "instructions")
+        previous = body.get("previous_response_id")
+        if previous is not None and (not isinstance(previous, str) or not previous):
+            raise _bad("'previous_response_id' must be a response id", "previous_response_id")
+        if "input" not in body and previous is None:
+            raise _bad("'input' is a required property", "input")
+        inp = input_messages(body.get("input", []))
+        tools, kept, dropped = _tools(body.get("tools"))
+        choice, tools = _tool_choice(body.get("tool_choice"), tools)
+        msgs = ([{"role": "system", "content": instructions}] if instructions else []) + inp
+        if not msgs and previous is None:
+            raise _bad("'input' must contain at least one item", "input")
+        chat: dict[str, Any] = {"model": model, "messages": msgs}
+        if stream:
+            chat["stream"] = True
+        if tools:
+            chat["tools"] = tools
+            if choice is not None:
+                chat["tool_choice"] = choice
+            if isinstance(body.get("parallel_tool_calls"), bool):
+                chat["parallel_tool_calls"] = body["parallel_tool_calls"]
+        elif choice == "none":
+            chat["tool_choice"] = "none"
+        fmt = _response_format(body.get("text"))
+        if fmt is not None:
+            chat["response_format"] = fmt
+        mot = body.get("max_output_tokens")
+        if mot is not None:
+            if isinstance(mot, bool) or not isinstance(mot, int) or mot < 1:
+                raise _bad("'max_output_tokens' must be a whole number >= 1", "max_output_tokens")
+            chat["max_tokens"] = mot
+        for k in ("temperature", "top_p"):
+            v = _number(body, k)
+            if v is not None:
+                chat[k] = v
+        stop = body.get("stop")
+        if isinstance(stop, str | list):
+            chat["stop"] = stop
+        meta = body.get("metadata")
+        if meta is not None and not isinstance(meta, dict):
+            raise _bad("'metadata' must be an object", "metadata")
+        if meta:
+            chat["metadata"] = meta
+        user = body.get("user")
+        if isinstance(user, str) and user:
+            chat["user"] = user
+        text_cfg = body.get("text") if isinstance(body.get("text"), dict) else {}
+        echo = {
+            "instructions": instructions, "max_output_tokens": mot, "max_tool_calls": None,
+            "metadata": meta or {}, "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+            "previous_response_id": previous, "reasoning": {"effort": None, "summary": None},
+            "service_tier": "default", "store": body.get("store") is not False,
+            "temperature": chat.get("temperature", 1.0), "text": {"format": text_cfg.get("format") or {"type": "text"}},
+            "tool_choice": body.get("tool_choice") or "auto", "tools": kept, "top_p": chat.get("top_p", 1.0),
+            "truncation": "disabled", "user": user if isinstance(user, str) else None,
+        }
+        rid = _new_id("resp_")
+        ctx = ResponsesCtx(rid, int(time.time()), body.get("store") is not False, echo, inp, previous, root=rid)
+        hint = body.get("prompt_cache_key")
+        return Parsed("responses", chat, body, stream is True, hint if isinstance(hint, str) and hint else None,
+                      dropped, ctx)
+
+    async def prepare(self, parsed: Parsed, caller: str, native: bool = False) -> None:
+        """previous_response_id: the chain's messages go before this input; its root is the session.
+        `native`: a pool of the request's policy serves Responses itself, so an id this gateway never
+        stored may be that upstream's own (it is passed on rather than refused)."""
+        ctx: ResponsesCtx = parsed.ctx
+        if ctx.previous is None:
+            return
+        raw = await self.state.get_response(caller, ctx.previous) if self.state is not None else None
+        if raw is None:
+            if native:
+                parsed.session_hint = ctx.previous
+                return
+            raise errors.NotFound(f"Previous response with id '{ctx.previous}' not found.", "previous_response_id",
+                                  code="previous_response_not_found")
+        rec = orjson.loads(raw)
+        ctx.history = rec["messages"]
+        ctx.root = rec.get("root") or ctx.previous
+        parsed.session_hint = ctx.root
+        msgs = parsed.chat["messages"]
+        n_sys = 1 if msgs and msgs[0]["role"] == "system" and parsed.native.get("instructions") else 0
+        parsed.chat["messages"] = msgs[:n_sys] + ctx.history + msgs[n_sys:]
+
+    # --- answer -------------------------------------------------------------------------
+
+    def render(self, chat_answer: dict, parsed: Parsed) -> dict:
+        ctx: ResponsesCtx = parsed.ctx
+        choice = chat_answer["choices"][0]
+        msg = choice.get("message") or {}
+        output: list[dict] = []
+        text = msg.get("content")
+        if isinstance(text, str) and text:
+            output.append(message_item(_new_id("msg_"), text, "completed"))
+        for tc in msg.get("tool_calls") or ():
+            fn = tc.get("function") or {}
+            output.append(call_item(_new_id("fc_"), tc.get("id") or _new_id("call_"), fn.get("name", ""),
+                                    fn.get("arguments") or "", "completed"))
+        incomplete = choice.get("finish_reason") == "length"
+        return response_object(ctx, chat_answer.get("model") or parsed.chat["model"],
+                               "incomplete" if incomplete else "completed", output,
+                               usage_of(chat_answer.get("usage")), incomplete)
+
+    def translator(self, parsed: Parsed) -> ResponsesStream:
+        return ResponsesStream(parsed.ctx, parsed.chat["model"])
+
+    def error_body(self, status: int, kind: str, message: str, param: str | None, code: str | None) -> bytes:
+        return error_body(message, kind, param, code)
+
+    # --- store --------------------------------------------------------------------------
+
+    async def keep(self, parsed: Parsed, caller: str, response: dict) -> None:
+        ctx: ResponsesCtx = parsed.ctx
+        if not ctx.store or self.state is None or response.get("status") == "failed":
+            return
+        messages = ctx.history + ctx.input_messages + input_messages(response.get("output") or [], "output")
+        record = orjson.dumps({"root": ctx.root, "messages": messages, "response": response})
+        await self.state.put_response(caller, ctx.id, record, self.ttl)
+
+    async def retrieve(self, caller: str, response_id: str) -> bytes | None:
+        """The stored Response object (JSON), None when this caller has none of that id."""
+        raw = await self.state.get_response(caller, response_id) if self.state is not None else None
+        if raw is None:
+            return None
+        return orjson.dumps(orjson.loads(raw)["response"])
+
+    async def delete(self, caller: str, response_id: str) -> bool:
+        return self.state is not None and await self.state.delete_response(caller, response_id)
+
+
+def _event(kind: str, seq: int, payload: dict) -> bytes:
+    payload["type"] = kind
+    payload["sequence_number"] = seq
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+class ResponsesStream:
+    """Chat Completions SSE (split anywhere) -> the Responses event stream, as OpenAI sends it:
+    response.created, response.in_progress, then per output item .output_item.added, (text)
+    .content_part.added, .output_text.delta..., .output_text.done, .content_part.done, (call)
+    .function_call_arguments.delta..., .function_call_arguments.done, and .output_item.done, then
+    response.completed (or response.incomplete at max_output_tokens). `result` holds the final
+    Response object once closed."""
+
+    def __init__(self, ctx: ResponsesCtx, model: str) -> None:
+        self.ctx = ctx
+        self.model = model
+        self.seq = 0
+        self.buf = b""
+        self.started = False
+        self.items: list[dict] = []  # output items, final form, by output_index
+        self.text_at: int | None = None  # output index of the open message item
+        self.text: list[str] = []
+        self.calls: dict[int, int] = {}  # the chat tool call index -> its output index
+        self.args: dict[int, list[str]] = {}  # output index -> argument pieces
+        self.finish: str | None = None
+        self.usage: Any = None
+        self.failed = False
+        self.result: dict | None = None
+
+    def _ev(self, kind: str, payload: dict) -> bytes:
+        out = _event(kind, self.seq, payload)
+        self.seq += 1
+        return out
+
+    def _start(self) -> bytes:
+        self.started = True
+        r = response_object(self.ctx, self.model, "in_progress", [], None)
+        return self._ev("response.created", {"response": r}) + self._ev("response.in_progress", {"response": r})
+
+    def feed(self, data: bytes) -> bytes:
+        out = [] if self.started else [self._start()]
+        if self.failed:
+            return b"".join(out)
+        buf = self.buf + data if self.buf else data
+        start = 0
+        while True:
+            nl = buf.find(b"\n", start)
+            if nl < 0:
+                break
+            line = buf[start:nl].strip()
+            start = nl + 1
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload and payload != b"[DONE]":
+                    out.append(self._chunk(payload))
+                    if self.failed:
+                        break
+        self.buf = buf[start:]
+        return b"".join(out)
+
+    def _chunk(self, payload: bytes) -> bytes:
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return b""
+        if not isinstance(obj, dict):
+            return b""
+        if "error" in obj:  # an upstream (or a gateway before us) reporting a failure mid-stream
+            err = obj["error"]
+            msg = err.get("message") if isinstance(err, dict) else None
+            return self.error(msg if isinstance(msg, str) else "the upstream failed mid-stream")
+        if isinstance(obj.get("model"), str):
+            self.model = obj["model"]
+        if obj.get("usage"):
+            self.usage = obj["usage"]
+        out = []
+        for ch in obj.get("choices") or ():
+            if not isinstance(ch, dict) or ch.get("index", 0) != 0:
+                continue
+            delta = ch.get("delta") or {}
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                out.append(self._text(text))
+            for tc in delta.get("tool_calls") or ():
+                out.append(self._call(tc))
+            if ch.get("finish_reason"):
+                self.finish = ch["finish_reason"]
+        return b"".join(out)
+
+    def _text(self, text: str) -> bytes:
+        out = b""
+        if self.text_at is None:
+            self.text_at = len(self.items)
+            item = message_item(_new_id("msg_"), "", "in_progress")
+            self.items.append(item)
+            out += self._ev("response.output_item.added", {"output_index": self.text_at, "item": item})
+            out += self._ev("response.content_part.added", {
+                "item_id": item["id"], "output_index": self.text_at, "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}})
+        self.text.append(text)
+        return out + self._ev("response.output_text.delta", {
+            "item_id": self.items[self.text_at]["id"], "output_index": self.text_at, "content_index": 0,
+            "delta": text, "logprobs": []})
+
+    def _close_text(self) -> bytes:
+        if self.text_at is None:
+            return b""
+        i, self.text_at = self.text_at, None
+        text = "".join(self.text)
+        item = message_item(self.items[i]["id"], text, "completed")
+        self.items[i] = item
+        part = item["content"][0]
+        return (self._ev("response.output_text.done", {"item_id": item["id"], "output_index": i, "content_index": 0,
+                                                        "text": text, "logprobs": []})
+                + self._ev("response.content_part.done", {"item_id": item["id"], "output_index": i,
+                                                           "content_index": 0, "part": part})
+                + self._ev("response.output_item.done", {"output_index": i, "item": item}))
+
+    def _call(self, tc: Any) -> bytes:
+        if not isinstance(tc, dict):
+            return b""
+        k = tc.get("index", 0)
+        fn = tc.get("function") or {}
+        out = b""
+        at = self.calls.get(k)
+        if at is None:
+            out += self._close_text()  # a message item ends where the calls begin
+            at = self.calls[k] = len(self.items)
+            item = call_item(_new_id("fc_"), tc.get("id") or _new_id("call_"), fn.get("name") or "", "",
+                             "in_progress")
+            self.items.append(item)
+            self.args[at] = []
+            out += self._ev("response.output_item.added", {"output_index": at, "item": item})
+        elif fn.get("name"):  # a name sent in pieces
+            self.items[at]["name"] += fn["name"]
+        piece = fn.get("arguments")
+        if isinstance(piece, str) and piece:
+            self.args[at].append(piece)
+            out += self._ev("response.function_call_arguments.delta", {
+                "item_id": self.items[at]["id"], "output_index": at, "delta": piece})
+        return out
+
+    def close(self) -> bytes:
+        if self.failed:
+            return b""
+        out = [] if self.started else [self._start()]
+        if self.buf.strip():  # a last event without its blank line
+            self.buf += b"\n"
+            out.append(self.feed(b""))
+        out.append(self._close_text())
+        for at in sorted(self.args):
+            old = self.items[at]
+            args = "".join(self.args[at])
+            item = call_item(old["id"], old["call_id"], old["name"], args, "completed")
+            self.items[at] = item
+            out.append(self._ev("response.function_call_arguments.done", {
+                "item_id": item["id"], "output_index": at, "name": item["name"], "arguments": args}))
+            out.append(self._ev("response.output_item.done", {"output_index": at, "item": item}))
+        incomplete = self.finish == "length"
+        status = "incomplete" if incomplete else "completed"
+        self.result = response_object(self.ctx, self.model, status, self.items, usage_of(self.usage), incomplete)
+        out.append(self._ev("response.incomplete" if incomplete else "response.completed", {"response": self.result}))
+        return b"".join(out)
+
+    def error(self, message: str) -> bytes:
+        """OpenAI's error event, then response.failed: the SDK raises, Codex reports it (and retries)."""
+        if self.failed:
+            return b""
+        out = b"" if self.started else self._start()
+        self.failed = True
+        failed = response_object(self.ctx, self.model, "failed", self.items, usage_of(self.usage),
+                                 error={"code": "server_error", "message": message})
+        return (out + self._ev("error", {"code": "upstream_error", "message": message, "param": None})
+                + self._ev("response.failed", {"response": failed}))

@@ -1,0 +1,237 @@
+"""POST/GET/DELETE /v1/responses through a real gateway process in front of test upstreams, with
+the official openai SDK as the client: what the chat upstream receives, what the client gets back,
+stored responses and their chains, errors in OpenAI's envelope, and pass-through to a pool that
+serves the Responses API itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import openai
+import orjson
+import pytest
+from procs import ROOT, http_post, start_gateway, start_upstream
+
+
+def client(c, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=c.url + "/v1", api_key="unused", max_retries=0, **kw)
+
+
+def seen(c, replica: str) -> dict:
+    return c.upstream_state(replica)["last_body"]
+
+
+def test_create_translates_to_chat_and_back(fresh):
+    raw = client(fresh).responses.with_raw_response.create(
+        model="auto", instructions="Be brief.", input="hello", max_output_tokens=20, temperature=0.3,
+        metadata={"team": "a"}, reasoning={"summary": "auto"}, include=["reasoning.encrypted_content"])
+    r = raw.parse()
+    assert raw.headers["x-switchyard-pool"] == "small" and raw.headers["x-switchyard-rule"] == "default"
+    assert r.object == "response" and r.status == "completed" and r.id.startswith("resp_")
+    assert r.output_text.endswith("echoes: hello")
+    assert r.usage.input_tokens == 10 and r.usage.output_tokens == 5 and r.usage.total_tokens == 15
+    assert r.instructions == "Be brief." and r.max_output_tokens == 20 and r.metadata == {"team": "a"}
+    body = seen(fresh, raw.headers["x-switchyard-replica"])
+    assert body["model"] == "small-model"
+    assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
+    assert body["max_tokens"] == 20 and body["temperature"] == 0.3 and body["metadata"] == {"team": "a"}
+    assert "reasoning" not in body and "include" not in body and "input" not in body
+
+
+def test_stream_events_in_order_and_deltas_add_up(fresh):
+    events = []
+    with client(fresh).responses.stream(model="auto", input="hi") as s:
+        for ev in s:
+            events.append(ev)
+        final = s.get_final_response()
+    types = [e.type for e in events]
+    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == final.output_text == "tok0 tok1 tok2 tok3 tok4 "
+    assert final.usage is not None and final.usage.total_tokens == 15  # the gateway asked for the stream's usage
+
+
+def test_forced_function_call_then_its_output_answers(fresh):
+    for name in ("s0", "s1"):
+        fresh.control(name, tool_call={"name": "get_weather", "arguments": {"city": "Paris"}})
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather in a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    c = client(fresh)
+    raw = c.responses.with_raw_response.create(model="auto", input="weather in Paris?", tools=tools,
+                                               tool_choice={"type": "function", "name": "get_weather"})
+    r = raw.parse()
+    call = next(o for o in r.output if o.type == "function_call")
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"} and call.call_id
+    body = seen(fresh, raw.headers["x-switchyard-replica"])
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert body["tools"][0]["function"]["name"] == "get_weather"
+    for name in ("s0", "s1"):
+        fresh.control(name, tool_call=None)
+    raw2 = c.responses.with_raw_response.create(
+        model="auto", previous_response_id=r.id, tools=tools, tool_choice="required",
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18C and sunny"}])
+    assert raw2.parse().output_text
+    body = seen(fresh, raw2.headers["x-switchyard-replica"])
+    assert body["tool_choice"] == "required"
+    assert body["messages"] == [
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": "get_weather", "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "18C and sunny"},
+    ]
+
+
+def test_store_retrieve_delete_and_unknown_ids(fresh):
+    c = client(fresh)
+    first = c.responses.create(model="auto", input="one")
+    assert c.responses.retrieve(first.id).output_text == first.output_text
+    second = c.responses.create(model="auto", input="two", previous_response_id=first.id, instructions="New rules.")
+    assert c.responses.retrieve(second.id).previous_response_id == first.id
+    c.responses.delete(second.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        c.responses.retrieve(second.id)
+    assert e.value.body["message"] == f"Response with id '{second.id}' not found."
+    with pytest.raises(openai.NotFoundError) as e:
+        c.responses.create(model="auto", input="x", previous_response_id="resp_never")
+    assert e.value.body["message"] == "Previous response with id 'resp_never' not found."
+    assert e.value.body["param"] == "previous_response_id"
+    unstored = c.responses.create(model="auto", input="private", store=False)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(unstored.id)
+
+
+def test_a_chain_is_one_session(tmp_path):
+    """session.pin: replica keeps a previous_response_id chain on the replica its first turn used."""
+    ups = {n: start_upstream(tmp_path, n) for n in ("a", "b")}
+    pol = tmp_path / "pin.yaml"
+    pol.write_text(f"""
+version: 1
+name: pin
+pools:
+  p:
+    model: m
+    strategy: round_robin
+    replicas: [{{url: '{ups['a'][1]}/v1', name: a}}, {{url: '{ups['b'][1]}/v1', name: b}}]
+session: {{pin: replica}}
+routes: [{{name: default, pool: p}}]
+""")
+    gw, url = start_gateway(tmp_path, [pol])
+    try:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        prev = c.responses.create(model="auto", input="start").id
+        replicas = []
+        for i in range(4):  # round_robin alone would alternate between a and b
+            raw = c.responses.with_raw_response.create(model="auto", input=f"turn {i}", previous_response_id=prev)
+            prev = raw.parse().id
+            replicas.append(raw.headers["x-switchyard-replica"])
+        # Every chained turn carries the chain's root id as its session: pinned from the second turn on.
+        assert len(set(replicas)) == 1, replicas
+    finally:
+        gw.stop()
+        for p, _ in ups.values():
+            p.stop()
+
+
+def test_hosted_tools_are_dropped_and_named(fresh):
+    raw = client(fresh).responses.with_raw_response.create(
+        model="auto", input="search the web",
+        tools=[{"type": "web_search"},
+               {"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {}}}])
+    assert raw.headers["x-switchyard-dropped-tools"] == "web_search"
+    body = seen(fresh, raw.headers["x-switchyard-replica"])
+    assert [t["function"]["name"] for t in body["tools"]] == ["exec_command"]
+    assert [t.type for t in raw.parse().tools] == ["function"]
+
+
+def test_errors_are_openai_envelopes(fresh):
+    c = client(fresh)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="auto", input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": "https://example.com/cat.png"}]}])
+    assert "input_image" in e.value.body["message"] and e.value.body["type"] == "invalid_request_error"
+    assert e.value.body["param"] == "input[0].content[0].type"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.responses.create(model="no-such-model", input="x")
+    assert e.value.body["param"] == "model"
+    status, raw = http_post(fresh.url + "/v1/responses", b"{not json")
+    assert status == 400 and set(orjson.loads(raw)["error"]) == {"message", "type", "param", "code"}
+    for name in ("s0", "s1", "l0"):  # an upstream's own 4xx comes back in the same envelope
+        fresh.control(name, fail=422, fail_message="bad sampling settings")
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        c.responses.create(model="auto", input="x")
+    assert e.value.body["message"] == "bad sampling settings"
+
+
+def test_responses_visible_only_to_the_key_that_made_them(tmp_path):
+    up, uurl = start_upstream(tmp_path, "u")
+    pol = tmp_path / "p.yaml"
+    pol.write_text(f"version: 1\nname: p\npools:\n  small:\n    model: m\n    replicas: [{{url: '{uurl}/v1'}}]\n"
+                   "routes: [{name: default, pool: small}]\n")
+    keys = tmp_path / "keys.json"
+    made = [subprocess.run([sys.executable, "-m", "switchyard.cli", "keys", "create", "--name", n, "--keys-file",
+                            str(keys)], capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()[0]
+            for n in ("alice", "bob")]
+    gw, url = start_gateway(tmp_path, [pol], "--auth", "--keys-file", str(keys))
+    try:
+        alice, bob = (openai.OpenAI(base_url=url + "/v1", api_key=k, max_retries=0) for k in made)
+        r = alice.responses.create(model="auto", input="mine")
+        assert alice.responses.retrieve(r.id).id == r.id
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(r.id)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.create(model="auto", input="x", previous_response_id=r.id)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.delete(r.id)
+        assert httpx.get(url + f"/v1/responses/{r.id}", timeout=5).status_code == 401
+        alice.responses.delete(r.id)
+    finally:
+        gw.stop()
+        up.stop()
+
+
+def test_pass_through_to_a_pool_that_speaks_responses(tmp_path):
+    native, nurl = start_upstream(tmp_path, "native")  # it serves /v1/responses too
+    chat, curl = start_upstream(tmp_path, "chat")
+    pol = tmp_path / "pt.yaml"
+    pol.write_text(f"""
+version: 1
+name: pt
+pools:
+  native:
+    model: native-model
+    api: [chat, responses]
+    replicas: [{{url: '{nurl}/v1', name: native}}]
+  chatonly:
+    model: chat-model
+    replicas: [{{url: '{curl}/v1', name: chat}}]
+routes:
+  - {{name: default, pool: native}}
+fallback: {{native: [chatonly]}}
+""")
+    gw, url = start_gateway(tmp_path, [pol])
+    try:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        body = {"model": "auto", "input": "hi", "reasoning": {"effort": "low"}, "store": False}
+        r = httpx.post(url + "/v1/responses", json=body, timeout=10)
+        assert r.status_code == 200 and r.headers["x-switchyard-pool"] == "native"
+        got = httpx.get(nurl + "/_state", timeout=5).json()
+        assert got["last_path"] == "/v1/responses"
+        assert got["last_body"] == {**body, "model": "native-model"}  # untranslated, model rewritten
+        assert r.json()["object"] == "response" and r.json()["id"].startswith("resp_native")
+        with c.responses.stream(model="auto", input="streamed") as s:
+            assert s.get_final_response().output_text == "native streamed"
+        # The native pool down: the fallback pool gets the request translated to chat.
+        http_post(nurl + "/_control", orjson.dumps({"fail": 503}))
+        raw = c.responses.with_raw_response.create(model="auto", input="fall back")
+        assert raw.headers["x-switchyard-pool"] == "chatonly" and raw.parse().output_text.endswith("fall back")
+    finally:
+        gw.stop()
+        native.stop()
+        chat.stop()
