@@ -26,7 +26,7 @@ from switchyard import errors
 from switchyard.api import errors as http_errors
 from switchyard.api.guard import EdgeGuard, GuardConfig
 from switchyard.api.proxy import FastPath, Proxy
-from switchyard.api.responses import ResponsesDialect
+from switchyard.api.safe_headers import SafeHeaders
 from switchyard.gateway.auth import Auth, check_admin
 from switchyard.gateway.gateway import Gateway
 from switchyard.gateway.keys import KeyStore
@@ -37,7 +37,7 @@ from switchyard.pools.health import HealthChecker
 from switchyard.pools.load import LoadPoller
 from switchyard.pools.replica import Replica
 from switchyard.pools.sync import StateSync
-from switchyard.state.base import RESPONSE_TTL, StateStore
+from switchyard.state.base import StateStore
 from switchyard.state.memory import MemoryStore
 
 if TYPE_CHECKING:  # OpenTelemetry's SDK loads only when tracing is on
@@ -65,7 +65,10 @@ class GatewayConfig:
     check_host: bool = True  # open mode: refuse Host names that are not loopback (off: --insecure-open)
     classifier_dirs: tuple[str, ...] = ()  # folders besides the policy's and the shipped one for ONNX models
     ui_session_ttl: float = 8 * 3600.0  # seconds a UI login lasts (the server forgets the token then)
-    responses_ttl: float = RESPONSE_TTL  # seconds a stored Responses answer lives (store: true)
+    max_upstream_body: int = 32 * 1024 * 1024  # largest non-stream upstream answer (502 beyond it)
+    allow_env: tuple[str, ...] = ()  # ${NAME}s a policy may expand besides SWITCHYARD_* (fnmatch patterns)
+    record_max_bytes: int = 256 * 1024 * 1024  # --record: rotate the trace past this size
+    record_keep: int = 3  # --record: rotated files kept (trace.jsonl.1 .. .N)
 
     @property
     def open_mode(self) -> bool:
@@ -77,7 +80,8 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
     """Build the app. Policies load here, so a bad policy fails before the server starts.
     `tracing` (gateway/tracing.py, built by the caller only when tracing is on) traces requests."""
     metrics = Metrics()
-    gateway = Gateway(state or MemoryStore(), metrics, config.classifier_dirs)
+    gateway = Gateway(state or MemoryStore(), metrics, config.classifier_dirs, config.allow_env)
+    gateway.dispatcher.max_body = config.max_upstream_body
     gateway.load(config.policies)
     metrics.attach_live(gateway.all_pools, lambda: (gateway.state.kind, gateway.state.healthy()))
     sync = StateSync(gateway.registry, gateway.state, config.sync_interval)
@@ -87,8 +91,7 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
         sync.sources.append(auth.limiter)
     rt = Runtime(gateway, metrics, sync, auth)
     rt.tracer = tracing
-    responses = ResponsesDialect(gateway.state, config.responses_ttl)
-    proxy = Proxy(rt, {"/v1/responses": responses})
+    proxy = Proxy(rt)
 
     checker = HealthChecker(
         lambda: [
@@ -113,7 +116,7 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
         if config.record:
             from switchyard.gateway.recorder import TraceRecorder
 
-            rt.recorder = TraceRecorder(config.record)
+            rt.recorder = TraceRecorder(config.record, config.record_max_bytes, config.record_keep)
         if config.health_checks:
             checker.start()
         poller.start()
@@ -147,6 +150,7 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
     app.add_middleware(EdgeGuard, config=GuardConfig(
         max_body_bytes=config.max_body_bytes, body_timeout=config.body_timeout,
         open_mode=config.open_mode, check_host=config.check_host, allowed_hosts=frozenset(config.allowed_hosts)))
+    app.add_middleware(SafeHeaders)  # nosniff on every answer, no control byte in a header value
     app.state.runtime = rt
     app.state.gateway = gateway
 
@@ -169,27 +173,6 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return Response(http_errors.error_body(f"internal error: {type(exc).__name__}", "server_error"), 500,
                         media_type=JSON)
-
-    async def caller_of(request: Request) -> str:
-        """Whose stored responses a request may see: its API key's id ("" in open mode)."""
-        if auth is None:
-            return ""
-        return (await auth.authenticate(request.headers)).id
-
-    def no_response(rid: str) -> Response:
-        return Response(http_errors.error_body(f"Response with id '{rid}' not found.", "invalid_request_error",
-                                               "response_id"), 404, media_type=JSON)
-
-    @app.get("/v1/responses/{rid}")
-    async def get_response(rid: str, request: Request) -> Response:
-        raw = await responses.retrieve(await caller_of(request), rid)
-        return no_response(rid) if raw is None else Response(raw, media_type=JSON)
-
-    @app.delete("/v1/responses/{rid}")
-    async def delete_response(rid: str, request: Request) -> Response:
-        if not await responses.delete(await caller_of(request), rid):
-            return no_response(rid)
-        return Response(orjson.dumps({"id": rid, "object": "response", "deleted": True}), media_type=JSON)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

@@ -26,6 +26,15 @@ def serve(
     watch: Annotated[bool, typer.Option(help="Reload policy files when they change")] = True,
     health_checks: Annotated[bool, typer.Option(help="Check replicas' /health in the background")] = True,
     max_body_mb: Annotated[float, typer.Option(help="Largest request body accepted, MB")] = 16.0,
+    max_body_containers: Annotated[int, typer.Option(
+        help="JSON arrays and objects one request body may hold (counted before parsing; 400 beyond)")] = 100_000,
+    max_body_items: Annotated[int, typer.Option(
+        help="JSON values (array elements, object members) one request body may hold")] = 500_000,
+    max_messages: Annotated[int, typer.Option(help="Messages one request may carry")] = 10_000,
+    max_content_parts: Annotated[int, typer.Option(help="Content parts one request may carry, all messages")] = 50_000,
+    max_tools: Annotated[int, typer.Option(help="Tools one request may declare")] = 1_000,
+    max_event_mb: Annotated[float, typer.Option(
+        help="Largest SSE event taken from an upstream stream, MB (beyond it the stream ends with an error)")] = 1.0,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every request line (query strings left out)")] = False,
     auth: Annotated[bool, typer.Option(help="Require 'Authorization: Bearer KEY' (keys: switchyard keys)")] = False,
@@ -70,6 +79,18 @@ def serve(
              "http/protobuf to OTEL_EXPORTER_OTLP_ENDPOINT by default). Default: on when "
              "OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_TRACES_EXPORTER is set; "
              "OTEL_SDK_DISABLED=true turns it off. Needs the otel extra")] = None,
+    max_upstream_body: Annotated[str, typer.Option(
+        help="Largest non-stream answer taken from an upstream (bytes, or 512K / 32M / 1G); beyond it the "
+             "client gets a 502 in its API's shape")] = "32M",
+    allow_env: Annotated[list[str] | None, typer.Option(
+        help="Environment variables a policy's ${NAME} may expand besides SWITCHYARD_* (a name or a "
+             "pattern such as OPENAI_*; repeatable, or comma-separated)")] = None,
+    record_max_bytes: Annotated[str, typer.Option(
+        help="--record: rotate the trace when it reaches this size (bytes, or 64M / 1G)")] = "256M",
+    record_keep: Annotated[int, typer.Option(help="--record: rotated traces kept (FILE.1 .. FILE.N)")] = 3,
+    trusted_proxy: Annotated[list[str] | None, typer.Option(
+        help="Address or network (10.0.0.0/8) of a reverse proxy whose X-Forwarded-For / -Proto the gateway "
+             "believes (repeatable); default none: the client is the socket's peer")] = None,
     config: Annotated[Path | None, typer.Option(
         help="Gateway config YAML: any of these options by name (redis: URL, port: 8000, policy: [...]); "
              "options on the command line win")] = None,
@@ -101,6 +122,17 @@ def serve(
     if o["ui_session_ttl"] <= 0:
         typer.echo("--ui-session-ttl must be more than 0 seconds", err=True)
         raise typer.Exit(2)
+    try:
+        max_upstream_body = parse_size(o["max_upstream_body"])
+        record_max_bytes = parse_size(o["record_max_bytes"])
+    except ValueError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    if o["record_keep"] < 0:
+        typer.echo("--record-keep must be 0 or more", err=True)
+        raise typer.Exit(2)
+    allow_env = tuple(v.strip() for item in o["allow_env"] or () for v in str(item).split(",") if v.strip())
+    trusted = [v.strip() for item in o["trusted_proxy"] or () for v in str(item).split(",") if v.strip()]
     loopback = is_loopback(host_name(o["host"]))
     if not o["auth"] and not loopback and not o["insecure_open"]:
         typer.echo(f"refusing to serve {o['host']} without API keys: anyone who reaches it could use every pool "
@@ -113,12 +145,19 @@ def serve(
         admin_key=key or None, ui=o["ui"], reports_dir=str(o["reports"]) if o["reports"] else None,
         body_timeout=o["body_timeout"], allowed_hosts=tuple(o["allowed_host"] or ()),
         check_host=not o["insecure_open"], classifier_dirs=tuple(str(d) for d in o["classifier_dir"] or ()),
-        ui_session_ttl=o["ui_session_ttl"],
+        ui_session_ttl=o["ui_session_ttl"], max_upstream_body=max_upstream_body, allow_env=allow_env,
+        record_max_bytes=record_max_bytes, record_keep=o["record_keep"],
     )
     if o["auth"]:
         from switchyard.gateway.keys import open_keystore
 
         gw_config.keystore = open_keystore(o["keys_file"], o["redis"])
+    from switchyard.api.body import BodyLimits
+
+    gw_config.body_limits = BodyLimits(
+        max_containers=o["max_body_containers"], max_items=o["max_body_items"], max_messages=o["max_messages"],
+        max_parts=o["max_content_parts"], max_tools=o["max_tools"])
+    gw_config.max_event_bytes = max(1, int(o["max_event_mb"] * 1024 * 1024))
     tracing = None
     if tracing_wanted(o["otel"], os.environ):
         try:
@@ -166,8 +205,24 @@ def serve(
         app, limits, rt.metrics.client_stalls.inc, host=o["host"], port=o["port"], loop="uvloop",
         log_level=o["log_level"].lower(), access_log=o["access_log"], timeout_graceful_shutdown=30, lifespan="on",
         ssl_certfile=str(o["ssl_certfile"]) if tls else None, ssl_keyfile=str(o["ssl_keyfile"]) if tls else None,
+        # X-Forwarded-For / -Proto only from the proxies named: uvicorn's default believes loopback,
+        # which lets any local process pick the client address the UI's login throttle keys on.
+        proxy_headers=bool(trusted), forwarded_allow_ips=trusted or None,
     )
     DrainingServer(uv, rt, o["drain_grace"]).run()
+
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3}
+
+
+def parse_size(text: str | int) -> int:
+    """'32M', '512kb', '1G', '4096' -> bytes (binary units); ValueError naming what was wrong."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    if m is None or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
+        raise ValueError(f"not a size: {text!r} (bytes, or a number with K, M or G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
 def tracing_wanted(flag: bool | None, env: Mapping[str, str]) -> bool:

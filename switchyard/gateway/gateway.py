@@ -21,6 +21,7 @@ from switchyard.classify.features import Features
 from switchyard.errors import ClassifierLoadError, PolicyError, PolicyIssue
 from switchyard.gateway import routing
 from switchyard.policy.classifier import build_classifier
+from switchyard.policy.envrefs import EnvAllow, EnvNotAllowed, file_line_of
 from switchyard.policy.rules import CompiledPolicy, RouteDecision, compile_policy
 from switchyard.policy.schema import PolicySpec
 from switchyard.policy.store import PolicyStore
@@ -66,10 +67,11 @@ class _NoEvents:
 
 class Gateway:
     def __init__(self, state: StateStore, events: DispatchEvents | None = None,
-                 classifier_dirs: Sequence[str | Path] = ()) -> None:
+                 classifier_dirs: Sequence[str | Path] = (), allow_env: Sequence[str] = ()) -> None:
         self.state = state
         self.classifier_dirs = [Path(d) for d in classifier_dirs]  # besides the policy's and the shipped one
-        self.registry = ReplicaRegistry()
+        self.env = EnvAllow(tuple(allow_env))  # the ${NAME}s policies may expand (policy/envrefs.py)
+        self.registry = ReplicaRegistry(self.env)
         self.dispatcher = Dispatcher(events or _NoEvents(), state)
         self.store: PolicyStore[LoadedPolicy] | None = None
         self._models: dict[str, Target] = {}
@@ -86,6 +88,8 @@ class Gateway:
         compiled = compile_policy(spec, str(path))
         try:
             pools = {name: self.registry.build_pool(name, ps) for name, ps in spec.pools.items()}
+        except EnvNotAllowed as e:
+            raise PolicyError([PolicyIssue(str(path), file_line_of(path, e.name), str(e))]) from None
         except ValueError as e:
             raise PolicyError([PolicyIssue(str(path), 1, str(e))]) from None
         return LoadedPolicy(spec, compiled, path, pools, self.build_classifier(spec, path, pools))

@@ -12,7 +12,7 @@ from switchyard.errors import PolicyError, PolicyIssue
 from switchyard.policy.rules import compile_policy
 from switchyard.policy.schema import PolicySpec, reference_problems
 
-__all__ = ["PolicyError", "PolicyIssue", "load_policy", "parse_policy", "policy_files"]
+__all__ = ["PolicyError", "PolicyIssue", "compose_bounded", "load_policy", "parse_policy", "policy_files"]
 
 MAX_POLICY_BYTES = 1 << 20
 
@@ -36,6 +36,16 @@ def _line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dic
 MAX_NODES = 50_000  # a real policy has a few hundred; 7 levels of nested aliases make millions
 
 
+MAX_SEPARATORS = 2 * MAX_NODES  # commas and lines: a cheap bound checked before composing
+
+
+def _too_many_separators(text: str) -> int | None:
+    """Commas and lines, when there are more than any policy has (no YAML is composed to know it:
+    a flow list of 200,000 items would otherwise be composed up to the node limit first)."""
+    n = text.count(",") + text.count("\n")
+    return n if n > MAX_SEPARATORS else None
+
+
 class _TooManyNodes(Exception):
     def __init__(self, line: int) -> None:
         self.line = line
@@ -56,6 +66,21 @@ class _BoundedLoader(yaml.SafeLoader):
         if self._composed > MAX_NODES:
             raise _TooManyNodes(self.peek_event().start_mark.line + 1)
         return super().compose_node(parent, index)
+
+
+def compose_bounded(text: str, file: str = "<policy>") -> yaml.Node | None:
+    """The YAML node tree of a text, composed under the loader's node limit (PolicyError past it):
+    for whatever reads a policy's text besides the loader (the UI's secret redaction)."""
+    if _too_many_separators(text) is not None:
+        raise PolicyError([PolicyIssue(file, 1, f"the document holds more than {MAX_NODES:,} YAML nodes")])
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_node()
+    except _TooManyNodes as e:
+        raise PolicyError([PolicyIssue(file, e.line, f"the document holds more than {MAX_NODES:,} YAML nodes")]) \
+            from None
+    finally:
+        loader.dispose()
 
 
 def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
@@ -115,6 +140,11 @@ def parse_policy(text: str, file: str = "<policy>", default_name: str | None = N
     """Parse and validate policy text; raise PolicyError with every issue found."""
     if len(text.encode("utf-8", "replace")) > MAX_POLICY_BYTES:
         raise PolicyError([PolicyIssue(file, 1, f"policy file over {MAX_POLICY_BYTES} bytes")])
+    seps = _too_many_separators(text)
+    if seps is not None:
+        raise PolicyError([PolicyIssue(file, 1, (
+            f"the document has {seps:,} commas and lines; a policy may hold at most {MAX_NODES:,} YAML nodes "
+            f"and {MAX_SEPARATORS:,} commas and lines"))])
     try:
         loader = _BoundedLoader(text)
         try:

@@ -21,6 +21,18 @@ from switchyard import errors
 from switchyard.policy.rules import RouteDecision
 from switchyard.pools import fit
 from switchyard.pools.affinity import prefix_key
+from switchyard.pools.answers import (
+    DEFAULT_MAX_BODY,
+    BodyTooLarge,
+    ScrubbedStream,
+    content_type,
+    error_of,
+    read_capped,
+    scrubber_for,
+    shown_type,
+    stream_error_of,
+    undecodable,
+)
 from switchyard.pools.pool import NoCapacity, NoHealthyReplica, Pool, release
 from switchyard.pools.replica import Replica
 from switchyard.state.base import CircuitRecord, StateStore
@@ -34,6 +46,8 @@ RETRIABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 # detail goes to the log under that id.
 HIDDEN_STATUS = frozenset({401, 403})
 MAX_ERROR_BODY = 64 * 1024
+# Failures every replica would repeat: refused credentials, an answer over the size limit.
+NO_RETRY_CODES = frozenset({"upstream_auth_failed", "upstream_answer_too_large"})
 
 
 @dataclass(eq=False)
@@ -131,9 +145,10 @@ class DispatchEvents(Protocol):
 
 
 class Dispatcher:
-    def __init__(self, events: DispatchEvents, state: StateStore):
+    def __init__(self, events: DispatchEvents, state: StateStore, max_body: int = DEFAULT_MAX_BODY):
         self.events = events
         self.state = state
+        self.max_body = max_body  # largest non-stream answer taken from an upstream (--max-upstream-body)
 
     async def send(
         self, pools: Mapping[str, Pool], decision: RouteDecision, body: dict, path: str, stream: bool,
@@ -205,7 +220,7 @@ class Dispatcher:
                     answer.usage_added = add_usage and not sent_native
                     answer.native = sent_native
                     return answer
-                if isinstance(failure, errors.UpstreamTimeout) or (failure and failure.code == "upstream_auth_failed"):
+                if isinstance(failure, errors.UpstreamTimeout) or (failure and failure.code in NO_RETRY_CODES):
                     # The upstream took the request and did not answer in time: trying again
                     # elsewhere would double the client's wait; retries are for quick failures.
                     # Refused credentials would be refused by every replica alike.
@@ -243,12 +258,21 @@ class Dispatcher:
         t_sent = time.perf_counter()
         resp: aiohttp.ClientResponse | None = None
         try:
+            sent = headers or pool.upstream_headers
+            # Redirects are never followed: a 307 would re-send the body (and our key) anywhere.
             resp = await replica.client().post(
-                replica.url + path, data=payload, headers=headers or pool.upstream_headers, timeout=pool.timeout
+                replica.url + path, data=payload, headers=sent, timeout=pool.timeout, allow_redirects=False,
+                auth=replica.auth,
             )
             status = resp.status
+            scrub = scrubber_for(sent, replica.auth)
+            if 300 <= status < 400:
+                resp.close()
+                return None, self._failed(pool, replica, f"HTTP {status} (redirects are not followed)",
+                                          scrub.bytes(resp.headers.get("Location", "")[:200].encode()).decode(), 502)
             if status in RETRIABLE_STATUS or status in HIDDEN_STATUS or status >= 500:
-                detail = (await resp.content.read(MAX_ERROR_BODY)).decode("utf-8", "replace")[:300]
+                raw = scrub.bytes(await resp.content.read(MAX_ERROR_BODY))
+                detail = raw.decode("utf-8", "replace")[:300]
                 resp.close()
                 if status in HIDDEN_STATUS:  # the replica is up; our credentials are wrong: no retry
                     replica.breaker.on_success()
@@ -256,19 +280,50 @@ class Dispatcher:
                     return None, self._hidden(pool, replica, status, detail)
                 return None, self._failed(pool, replica, f"HTTP {status}", detail,
                                           status if status in RETRIABLE_STATUS else 502)
-            ctype = resp.headers.get("Content-Type", "application/json")
+            raw_type = resp.headers.get("Content-Type")
+            ctype = content_type(raw_type)
+            if ctype is None:  # an HTML error page, a script: never served on our origin
+                resp.close()
+                return None, self._failed(pool, replica, f"HTTP {status} with Content-Type {shown_type(raw_type)!r}",
+                                          "", 502)
+            enc = undecodable(resp)
+            if enc is not None:
+                resp.close()
+                return None, self._failed(pool, replica, f"HTTP {status} with Content-Encoding {enc!r}", "", 502)
             if stream and status == 200:
                 first = await resp.content.readany()
                 if not first:
                     resp.close()
                     return None, self._failed(pool, replica, "empty stream", "", 502)
+                err = stream_error_of(first)
+                if err is not None:  # an error dressed as an answer: retry, fall back, count it
+                    resp.close()
+                    return None, self._failed(pool, replica, "HTTP 200 whose stream is an error",
+                                              scrub.bytes(err.encode()).decode(), 502)
                 t_first = time.perf_counter()
                 replica.observe_latency((t_first - t_sent) * 1000)
                 replica.requests += 1
+                upstream: aiohttp.ClientResponse = resp
+                if scrub:
+                    first = scrub.bytes(first)
+                    upstream = ScrubbedStream(resp, scrub)  # type: ignore[assignment]
                 return Answer(pool.name, replica, status, ctype, t_sent, t_first, attempts,
-                              stream=resp, first=first), None
-            data = await resp.read()
+                              stream=upstream, first=first), None
+            try:
+                data = await read_capped(resp, self.max_body)
+            except BodyTooLarge as e:
+                resp.close()
+                failed = self._failed(pool, replica, f"answer over the limit of {e.limit:,} bytes "
+                                      "(--max-upstream-body)", "", 502)
+                failed.code = "upstream_answer_too_large"
+                return None, failed
             resp.release()
+            if scrub:
+                data = scrub.bytes(data)
+            if status < 300:
+                err = error_of(data)
+                if err is not None:
+                    return None, self._failed(pool, replica, f"HTTP {status} whose body is an error", err, 502)
             t_first = time.perf_counter()
             replica.requests += 1
             if status < 500:

@@ -14,6 +14,8 @@ from switchyard.pools.replica import Replica
 
 log = logging.getLogger("switchyard.health")
 
+MAX_HEALTH_BYTES = 64 * 1024  # a health answer is a few bytes; the rest is never read
+
 
 async def check(replica: Replica, timeout: float) -> tuple[bool, str]:
     session = replica.client()
@@ -24,12 +26,14 @@ async def check(replica: Replica, timeout: float) -> tuple[bool, str]:
         if not url.startswith("http"):
             url = replica.root + url
         try:
-            async with session.get(url, timeout=to) as resp:
-                await resp.read()
+            # Never followed: a redirect could send the probe (and the replica's credentials) anywhere.
+            async with session.get(url, timeout=to, allow_redirects=False, auth=replica.auth) as resp:
+                await resp.content.read(MAX_HEALTH_BYTES)
                 if resp.status == 200:
                     replica.health_path = url
                     return True, ""
-                last = f"GET {url} -> {resp.status}"
+                last = f"GET {url} -> {resp.status}" + (" (redirects are not followed)"
+                                                        if 300 <= resp.status < 400 else "")
                 if resp.status not in (404, 405):
                     return False, last  # the server says it is not ready: believe it
         except (aiohttp.ClientError, TimeoutError, OSError) as e:

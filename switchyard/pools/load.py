@@ -76,9 +76,11 @@ def parse_metrics(text: str) -> Counts | None:
 async def read_load(replica: Replica, spec: LoadSpec) -> Counts:
     """GET the replica's metrics page; ValueError (with the reason) when it says nothing usable."""
     url = replica.root + spec.path
-    async with replica.client().get(url, timeout=aiohttp.ClientTimeout(total=spec.timeout)) as resp:
+    async with replica.client().get(url, timeout=aiohttp.ClientTimeout(total=spec.timeout), allow_redirects=False,
+                                    auth=replica.auth) as resp:
         if resp.status != 200:
-            raise ValueError(f"GET {url} -> {resp.status}")
+            raise ValueError(f"GET {url} -> {resp.status}" + (" (redirects are not followed)"
+                                                              if 300 <= resp.status < 400 else ""))
         raw = await resp.content.read(MAX_METRICS_BYTES)
     counts = parse_metrics(raw.decode("utf-8", "replace"))
     if counts is None:

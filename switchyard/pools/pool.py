@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from switchyard.policy.envrefs import REF, EnvAllow
 from switchyard.policy.schema import PoolSpec, ReplicaSpec
 from switchyard.pools.balancer import Strategy, make_strategy
-from switchyard.pools.replica import CircuitBreaker, Replica, default_name
+from switchyard.pools.replica import CircuitBreaker, Replica, make_replica, public_url
 
 
 class NoHealthyReplica(Exception):
@@ -36,6 +37,7 @@ class Pool:
     replicas: list[Replica]
     strategy: Strategy
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    env: EnvAllow = field(default_factory=EnvAllow)  # the ${NAME}s its api_key may expand
     timeout: aiohttp.ClientTimeout = field(init=False)
     upstream_headers: dict[str, str] = field(init=False)
 
@@ -44,7 +46,7 @@ class Pool:
             total=self.spec.timeout, sock_connect=self.spec.connect_timeout
         )
         self.upstream_headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
-        key = expand_env(self.spec.api_key, f"pool {self.name!r}: api_key") if self.spec.api_key else None
+        key = expand_env(self.spec.api_key, f"pool {self.name!r}: api_key", self.env) if self.spec.api_key else None
         if key:
             self.upstream_headers["Authorization"] = f"Bearer {key}"
 
@@ -132,11 +134,10 @@ class Pool:
         }
 
 
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def expand_env(value: str, what: str) -> str:
-    """'${NAME}' (anywhere in the value) -> that environment variable; ValueError if it is unset."""
+def expand_env(value: str, what: str, allow: EnvAllow | None = None) -> str:
+    """'${NAME}' (anywhere in the value) -> that environment variable; ValueError if it is unset,
+    EnvNotAllowed (a ValueError) if the operator did not allow policies to read it."""
+    (allow or EnvAllow()).check(value, what)
 
     def sub(m: re.Match[str]) -> str:
         got = os.environ.get(m.group(1))
@@ -144,7 +145,7 @@ def expand_env(value: str, what: str) -> str:
             raise ValueError(f"{what}: the environment variable {m.group(1)} is not set")
         return got
 
-    return _ENV.sub(sub, value)
+    return REF.sub(sub, value)
 
 
 def release(replica: Replica) -> None:
@@ -160,21 +161,21 @@ class ReplicaRegistry:
     """Replicas by URL, shared by every pool and policy that names them and kept across reloads,
     so in-flight counts, circuit state and connections survive a policy edit."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: EnvAllow | None = None) -> None:
+        self.env = env or EnvAllow()
         self.by_url: dict[str, Replica] = {}
         self._closing: set[asyncio.Task[None]] = set()  # held so that aclose can wait for them
 
     def get(self, spec: ReplicaSpec, pool: PoolSpec) -> Replica:
-        r = self.by_url.get(spec.url)
+        # Keyed by the URL without userinfo (what sync shares and admin shows); an edit that
+        # changes only the credentials keeps the replica and takes its new ones.
+        r = self.by_url.get(public_url(spec.url))
         if r is None:
-            r = Replica(
-                url=spec.url,
-                name=spec.name or default_name(spec.url),
-                breaker=CircuitBreaker(pool.circuit.failures, pool.circuit.cooldown),
-                health_path=pool.health.path,
-            )
-            self.by_url[spec.url] = r
+            r = make_replica(spec.url, spec.name, CircuitBreaker(pool.circuit.failures, pool.circuit.cooldown),
+                             pool.health.path)
+            self.by_url[r.url] = r
         else:
+            r.auth = make_replica(spec.url, None, r.breaker, None).auth
             r.breaker.failures_to_open = pool.circuit.failures
             r.breaker.cooldown = pool.circuit.cooldown
             if spec.name:
@@ -188,8 +189,8 @@ class ReplicaRegistry:
                 "policy; run `switchyard plan --emit DIR` and serve the policy it writes"
             )
         replicas = [self.get(rs, spec) for rs in spec.replicas]
-        weights = {rs.url: rs.weight for rs in spec.replicas}
-        return Pool(name, spec, replicas, make_strategy(spec.strategy, weights, spec.load))
+        weights = {public_url(rs.url): rs.weight for rs in spec.replicas}  # as Replica.url: no userinfo
+        return Pool(name, spec, replicas, make_strategy(spec.strategy, weights, spec.load), env=self.env)
 
     def attach(self, pools: list[Pool]) -> None:
         """Point each replica at the pools that use it now (after a policy set changed)."""

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
 
@@ -107,6 +107,10 @@ class Replica:
     health_path: str | None = None
     # Context window per model id, as the replica reports it (pools/fit.py; None: not read yet).
     windows: dict[str, int] | None = None
+    # Credentials of a URL written `http://user:pw@host/v1`: `url` never holds them (it is shown in
+    # /v1/route, /health, logs and state keys); they go upstream as Basic auth on every request
+    # (passed per request, so that an edit of the credentials alone takes effect at once).
+    auth: aiohttp.BasicAuth | None = None
     # Set while no pool uses it (a policy edit dropped it): called when its last request ends, so
     # a replica busy at the edit still has its connection pool closed (ReplicaRegistry.prune).
     on_idle: Callable[[Replica], None] | None = None
@@ -154,9 +158,14 @@ class Replica:
             )
             self.session = aiohttp.ClientSession(
                 connector=connector,
-                auto_decompress=False,
+                # We ask for identity; an upstream that compresses anyway is decoded here, so the
+                # client gets bytes that match the headers it gets, and usage can be read.
+                auto_decompress=True,
                 skip_auto_headers=("User-Agent",),
                 timeout=aiohttp.ClientTimeout(total=None),
+                # One session serves every tenant: a Set-Cookie from the upstream must never ride
+                # along on another caller's request.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self.session
 
@@ -191,7 +200,28 @@ class Replica:
         return out
 
 
-def default_name(url: str) -> str:
+def split_credentials(url: str) -> tuple[str, aiohttp.BasicAuth | None]:
+    """The URL without its userinfo, and that userinfo as Basic auth (None when it has none)."""
     parts = urlsplit(url)
-    return parts.netloc or url
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=hostport)), aiohttp.BasicAuth(unquote(user), unquote(password))
+
+
+def public_url(url: str) -> str:
+    """A URL as it may be shown: without userinfo, ever."""
+    return split_credentials(url)[0]
+
+
+def default_name(url: str) -> str:
+    parts = urlsplit(public_url(url))
+    return parts.netloc or public_url(url)
+
+
+def make_replica(url: str, name: str | None, breaker: CircuitBreaker, health_path: str | None) -> Replica:
+    """A replica for a policy's URL: credentials taken out of the URL (and so out of its name)."""
+    clean, auth = split_credentials(url)
+    return Replica(url=clean, name=name or default_name(clean), breaker=breaker, health_path=health_path, auth=auth)
 

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ from switchyard.classify.features import extract
 from switchyard.errors import PolicyError, PolicyIssue
 from switchyard.gateway import routing
 from switchyard.gateway.gateway import Gateway, LoadedPolicy
-from switchyard.policy.loader import parse_policy
+from switchyard.policy.envrefs import EnvNotAllowed, line_of
+from switchyard.policy.loader import compose_bounded, parse_policy
 from switchyard.policy.rules import KNOWN_KEYS, CompiledPolicy, compile_policy
 from switchyard.policy.schema import PolicySpec
 from switchyard.policy.store import PARSE_DEADLINE_S
@@ -44,41 +46,85 @@ class _Edited:
 REDACTED = "<redacted>"
 
 
-def _secret_spans(text: str) -> list[tuple[str, int, int, str]]:
-    """(pool, start, end, value) of each literal `pools.NAME.api_key` in a policy's text. A
-    '${VARIABLE}' reference is no secret and is left alone."""
+_MERGE = "tag:yaml.org,2002:merge"
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^/@:]*):([^/@]*)@")
+
+
+def _entries(node: yaml.MappingNode, seen: set[int]) -> Iterator[tuple[yaml.Node, yaml.Node]]:
+    """A mapping's key/value pairs, those it takes through YAML merge keys (`<<: {...}` or
+    `<<: [*a, *b]`) included: a key set through a merge is set all the same."""
+    for k, v in node.value:
+        if k.tag == _MERGE or getattr(k, "value", None) == "<<":
+            for m in (v.value if isinstance(v, yaml.SequenceNode) else [v]):
+                if isinstance(m, yaml.MappingNode) and id(m) not in seen:
+                    seen.add(id(m))
+                    yield from _entries(m, seen)
+        else:
+            yield k, v
+
+
+def _redacted_url(url: str) -> str | None:
+    """A replica URL with its password replaced by REDACTED; None when it has no password."""
+    m = _USERINFO.match(url)
+    return None if m is None or not m.group(2) else f"{m.group(1)}:{REDACTED}@" + url[m.end():]
+
+
+def _secret_spans(text: str) -> list[tuple[str, str, int, int, str]]:
+    """(kind, what, start, end, value) of each secret in a policy's text: a literal
+    `pools.NAME.api_key` (kind "key", what: the pool's name) and a replica URL's password (kind
+    "url", what: the URL as redacted), merge keys followed. A '${VARIABLE}' reference is no
+    secret and is left alone. Composed under the loader's node limit: a text past it has no
+    spans (and fails validation anyway)."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+        root = compose_bounded(text)
+    except (yaml.YAMLError, PolicyError, RecursionError, ValueError):
         return []
-    spans = []
+    spans: dict[int, tuple[str, str, int, int, str]] = {}  # by start: an anchored value counts once
+
+    def add(kind: str, what: str, node: yaml.ScalarNode) -> None:
+        spans.setdefault(node.start_mark.index, (kind, what, node.start_mark.index, node.end_mark.index, node.value))
+
     if isinstance(root, yaml.MappingNode):
-        for k, pools in root.value:
+        for k, pools in _entries(root, set()):
             if getattr(k, "value", None) != "pools" or not isinstance(pools, yaml.MappingNode):
                 continue
-            for pk, pool in pools.value:
+            for pk, pool in _entries(pools, set()):
                 if not isinstance(pool, yaml.MappingNode):
                     continue
-                for ak, av in pool.value:
-                    if getattr(ak, "value", None) == "api_key" and isinstance(av, yaml.ScalarNode) \
-                            and av.value and not av.value.startswith("${"):
-                        spans.append((str(pk.value), av.start_mark.index, av.end_mark.index, av.value))
-    return spans
+                for ak, av in _entries(pool, set()):
+                    key = getattr(ak, "value", None)
+                    if key == "api_key" and isinstance(av, yaml.ScalarNode) and av.value \
+                            and not av.value.startswith("${"):
+                        add("key", str(pk.value), av)
+                    elif key == "replicas" and isinstance(av, yaml.SequenceNode):
+                        for rep in av.value:
+                            if not isinstance(rep, yaml.MappingNode):
+                                continue
+                            for uk, uv in _entries(rep, set()):
+                                if getattr(uk, "value", None) == "url" and isinstance(uv, yaml.ScalarNode):
+                                    shown = _redacted_url(uv.value)
+                                    if shown is not None:
+                                        add("url", shown, uv)
+    return sorted(spans.values(), key=lambda s: s[2])
 
 
 def redact_secrets(text: str) -> str:
-    """The policy text as the UI may show it: literal upstream keys replaced by REDACTED."""
-    for _, start, end, _ in reversed(_secret_spans(text)):
-        text = text[:start] + f'"{REDACTED}"' + text[end:]
+    """The policy text as the UI may show it: literal upstream keys and URL passwords replaced by REDACTED."""
+    for kind, what, start, end, _ in reversed(_secret_spans(text)):
+        text = text[:start] + json.dumps(REDACTED if kind == "key" else what) + text[end:]
     return text
 
 
 def restore_secrets(text: str, running: str) -> str:
-    """An edit sent back from the UI: each REDACTED key takes the running file's key of that pool."""
-    old = {pool: value for pool, _, _, value in _secret_spans(running)}
-    for pool, start, end, value in reversed(_secret_spans(text)):
-        if value == REDACTED and pool in old:
-            text = text[:start] + json.dumps(old[pool]) + text[end:]
+    """An edit sent back from the UI: each REDACTED key takes the running file's key of that pool,
+    each redacted URL the running file's URL it stands for."""
+    if REDACTED not in text:  # nothing to put back: compose nothing
+        return text
+    old = {(kind, what): value for kind, what, _, _, value in _secret_spans(running)}
+    for kind, what, start, end, value in reversed(_secret_spans(text)):
+        redacted = value == REDACTED if kind == "key" else value == what
+        if redacted and (kind, what) in old:
+            text = text[:start] + json.dumps(old[(kind, what)]) + text[end:]
     return text
 
 
@@ -126,6 +172,12 @@ class PolicyEditor:
                 issues.append(PolicyIssue(str(path), _key_line(lines, pname), (
                     f"pool {pname!r} lists a replica count ({ps.replicas}), not URLs: this is a planning "
                     "policy; run `switchyard plan --emit DIR` and serve the policy it writes")))
+        for pname, ps in spec.pools.items():  # a ${NAME} the operator did not allow: refused when served
+            if ps.api_key:
+                try:
+                    self.gateway.env.check(ps.api_key, f"pool {pname!r}: api_key")
+                except EnvNotAllowed as e:
+                    issues.append(PolicyIssue(str(path), line_of(text, e.name), str(e)))
         new_name = spec.name or path.stem
         if new_name != name and self.find(new_name) is not None:
             issues.append(PolicyIssue(str(path), _key_line(lines, "name"),
@@ -192,7 +244,13 @@ class PolicyEditor:
             if lp is None:
                 return 404, {"ok": False, "issues": [{"line": 0, "reason": f"no running policy named {name!r}"}]}
             old = lp.path.read_text(encoding="utf-8")
-            text = await asyncio.to_thread(restore_secrets, text, old)
+            # The same node limit and deadline as validation, before anything composes the text.
+            try:
+                text = await asyncio.wait_for(asyncio.to_thread(restore_secrets, text, old), PARSE_DEADLINE_S)
+            except TimeoutError:
+                return 422, {"ok": False, "policy": name, "issues": [{"line": 1, "reason": (
+                    f"took longer than {PARSE_DEADLINE_S:g}s to read")}], "message": "not applied: the running "
+                    "policy stays"}
             spec, issues = await self.validate(name, text)
             if spec is None:
                 return 422, {"ok": False, "policy": name, "issues": issue_dicts(issues),

@@ -385,7 +385,7 @@ def test_ui_sessions_expire_on_the_server(tmp_path):
     up, url = start_upstream(tmp_path, "u")
     pol = write(tmp_path, policy_text(url))
     key = "adm-" + "e" * 40
-    gw, gurl = start_gateway(tmp_path, [pol], "--admin-key", key, "--ui-session-ttl", "1")
+    gw, gurl = start_gateway(tmp_path, [pol], "--admin-key", key, "--ui-session-ttl", "1", "--trusted-proxy", "127.0.0.1")
     try:
         with httpx.Client(base_url=gurl, timeout=5, trust_env=False) as c:
             r = c.post("/ui/api/login", json={"key": key})
@@ -402,7 +402,7 @@ def test_ui_sessions_expire_on_the_server(tmp_path):
             assert c.get("/ui/api/session").json() == {"auth": "admin", "ok": False}
             c.cookies.clear()
             assert c.get("/ui/api/live", headers={"Authorization": f"Bearer {key}"}).status_code == 200
-            # Behind a TLS proxy on this host (uvicorn trusts X-Forwarded-Proto from loopback only).
+            # Behind a TLS proxy on this host (named with --trusted-proxy: none is trusted by default).
             r = c.post("/ui/api/login", json={"key": key}, headers={"X-Forwarded-Proto": "https"})
             assert r.status_code == 200 and "; secure" in r.headers["set-cookie"].lower()
     finally:
