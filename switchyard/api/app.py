@@ -26,6 +26,7 @@ from switchyard import errors
 from switchyard.api import errors as http_errors
 from switchyard.api.guard import EdgeGuard, GuardConfig
 from switchyard.api.proxy import FastPath, Proxy
+from switchyard.api.responses import ResponsesDialect
 from switchyard.api.safe_headers import SafeHeaders
 from switchyard.gateway.auth import Auth, check_admin
 from switchyard.gateway.gateway import Gateway
@@ -37,7 +38,7 @@ from switchyard.pools.health import HealthChecker
 from switchyard.pools.load import LoadPoller
 from switchyard.pools.replica import Replica
 from switchyard.pools.sync import StateSync
-from switchyard.state.base import StateStore
+from switchyard.state.base import RESPONSE_TTL, StateStore
 from switchyard.state.memory import MemoryStore
 
 if TYPE_CHECKING:  # OpenTelemetry's SDK loads only when tracing is on
@@ -69,6 +70,7 @@ class GatewayConfig:
     allow_env: tuple[str, ...] = ()  # ${NAME}s a policy may expand besides SWITCHYARD_* (fnmatch patterns)
     record_max_bytes: int = 256 * 1024 * 1024  # --record: rotate the trace past this size
     record_keep: int = 3  # --record: rotated files kept (trace.jsonl.1 .. .N)
+    responses_ttl: float = RESPONSE_TTL  # seconds a stored Responses answer lives (store: true)
 
     @property
     def open_mode(self) -> bool:
@@ -91,7 +93,8 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
         sync.sources.append(auth.limiter)
     rt = Runtime(gateway, metrics, sync, auth)
     rt.tracer = tracing
-    proxy = Proxy(rt)
+    responses = ResponsesDialect(gateway.state, config.responses_ttl)
+    proxy = Proxy(rt, {"/v1/responses": responses})
 
     checker = HealthChecker(
         lambda: [
@@ -173,6 +176,27 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return Response(http_errors.error_body(f"internal error: {type(exc).__name__}", "server_error"), 500,
                         media_type=JSON)
+
+    async def caller_of(request: Request) -> str:
+        """Whose stored responses a request may see: its API key's id ("" in open mode)."""
+        if auth is None:
+            return ""
+        return (await auth.authenticate(request.headers)).id
+
+    def no_response(rid: str) -> Response:
+        return Response(http_errors.error_body(f"Response with id '{rid}' not found.", "invalid_request_error",
+                                               "response_id"), 404, media_type=JSON)
+
+    @app.get("/v1/responses/{rid}")
+    async def get_response(rid: str, request: Request) -> Response:
+        raw = await responses.retrieve(await caller_of(request), rid)
+        return no_response(rid) if raw is None else Response(raw, media_type=JSON)
+
+    @app.delete("/v1/responses/{rid}")
+    async def delete_response(rid: str, request: Request) -> Response:
+        if not await responses.delete(await caller_of(request), rid):
+            return no_response(rid)
+        return Response(orjson.dumps({"id": rid, "object": "response", "deleted": True}), media_type=JSON)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
