@@ -204,7 +204,7 @@ def test_count_tokens_input_needs_no_max_tokens():
 
 def chat_answer(text: str = "", calls: list[tuple[str, str, str]] = (), finish: str = "stop",
                 prompt: int = 20, completion: int = 5, cached: int = 0, stop_reason: Any = None,
-                cid: str = "chatcmpl-abc123") -> tuple[dict, bytes]:
+                cid: str = "chatcmpl-abc123", arg_piece: int = 4) -> tuple[dict, bytes]:
     usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
              "prompt_tokens_details": {"cached_tokens": cached}}
     msg: dict[str, Any] = {"role": "assistant", "content": text or None}
@@ -226,8 +226,8 @@ def chat_answer(text: str = "", calls: list[tuple[str, str, str]] = (), finish: 
     for idx, (i, n, a) in enumerate(calls):
         sse.append(chunk({"tool_calls": [{"index": idx, "id": i, "type": "function",
                                           "function": {"name": n, "arguments": ""}}]}))
-        for k in range(0, len(a), 4):
-            sse.append(chunk({"tool_calls": [{"index": idx, "function": {"arguments": a[k:k + 4]}}]}))
+        for k in range(0, len(a), arg_piece):
+            sse.append(chunk({"tool_calls": [{"index": idx, "function": {"arguments": a[k:k + arg_piece]}}]}))
     extra = {"stop_reason": stop_reason} if stop_reason is not None else {}
     sse.append(chunk({}, finish, **extra))
     sse.append(b"data: " + orjson.dumps({"id": cid, "choices": [], "usage": usage}) + b"\n\n")
@@ -375,6 +375,30 @@ def test_an_upstream_error_chunk_becomes_an_error_event():
     out = translate(first_two + err, [])
     assert out.count(b"event: error") == 1 and b"message_stop" not in out
     assert b"the engine failed: CUDA error" in out
+
+
+def test_crlf_events_split_at_every_byte_and_a_long_event_in_tiny_pieces():
+    sse = ANSWERS["tool_only"][1]
+    whole = translate(sse, [])
+    crlf = sse.replace(b"\n", b"\r\n")
+    for k in range(1, len(crlf)):
+        assert translate(crlf, [k]) == whole, k
+    # One ~200 KB event (a long tool argument) arriving 7 bytes at a time: the same answer.
+    big = "x" * 200_000
+    body, sse = chat_answer("", [("call_big", "Write", json.dumps({"content": big}))], "tool_calls",
+                            arg_piece=1 << 20)
+    t = MESSAGES.translator(parse({**REQ, "stream": True}))
+    out = b"".join(t.feed(sse[i:i + 7]) for i in range(0, len(sse), 7)) + t.close()
+    assert out == translate(sse, [])
+    deltas = [json.loads(line[6:]) for line in out.decode().splitlines() if "input_json_delta" in line]
+    assert [json.loads(d["delta"]["partial_json"]) for d in deltas] == [{"content": big}]
+
+
+def test_comments_event_names_and_multiline_data_are_read_as_sse():
+    body, sse = chat_answer("ok")
+    first, rest = sse.split(b"\n\n", 1)
+    odd = b": keep-alive\n\nevent: chunk\nid: 1\n" + first + b"\n\n" + rest
+    assert translate(odd, []) == translate(sse, [])
 
 
 def test_a_stream_without_done_or_usage_still_closes():
