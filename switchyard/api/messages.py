@@ -32,7 +32,6 @@ from switchyard.errors import BadRequest
 
 BILLING_PREFIX = "x-anthropic-billing-header:"
 IGNORED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
-CUSTOM_TOOL = frozenset({"custom", None})
 SESSION_HEADER = "x-claude-code-session-id"
 
 
@@ -42,7 +41,7 @@ def _bad(message: str) -> BadRequest:
     return BadRequest(message)
 
 
-def _text_of_blocks(blocks: list[Any], where: str, allow: frozenset[str] = frozenset()) -> list[str]:
+def _text_of_blocks(blocks: list[Any], where: str) -> list[str]:
     """The texts of a list of text blocks (a system prompt, a tool_result's content)."""
     out = []
     for j, b in enumerate(blocks):
@@ -54,7 +53,7 @@ def _text_of_blocks(blocks: list[Any], where: str, allow: frozenset[str] = froze
             if not isinstance(text, str):
                 raise _bad(f"{where}.{j}.text: Field required")
             out.append(text)
-        elif t not in allow:
+        else:
             raise _unsupported(t, f"{where}.{j}")
     return out
 
@@ -149,7 +148,7 @@ def _messages(msgs: Any) -> list[dict]:
                 calls.append(_tool_call(b, bw))
             elif t == "tool_result" and role == "user":
                 results.append(_tool_result(b, bw))
-            elif t in IGNORED_BLOCKS and role == "assistant":
+            elif isinstance(t, str) and t in IGNORED_BLOCKS and role == "assistant":
                 continue
             else:
                 raise _unsupported(t, bw)
@@ -177,7 +176,7 @@ def _tools(tools: Any, dropped: list[str]) -> list[dict]:
         if not isinstance(t, dict):
             raise _bad(f"tools.{i}: Input should be an object")
         name, kind = t.get("name"), t.get("type")
-        if kind not in CUSTOM_TOOL:  # a server tool: Anthropic runs it; no upstream of ours can
+        if kind is not None and kind != "custom":  # a server tool: Anthropic runs it; no upstream of ours can
             dropped.append(name if isinstance(name, str) and name else str(kind))
             continue
         if not isinstance(name, str) or not name:

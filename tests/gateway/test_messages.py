@@ -468,3 +468,69 @@ def test_errors_in_anthropic_shape_read_by_the_sdk(status, kind, message, param,
         sdk_client(handler).messages.create(**REQ)
     assert e.value.status_code == want_status
     assert e.value.body["error"]["type"] == want[0]
+
+
+# --- never a crash: every field of a realistic body (and answer) swapped for each JSON kind -------
+
+ODD = [None, True, 0, -1, 1.5, "", "s", [], [1], ["s"], {}, {"type": "text"}, {"type": "image"}, [{}], [None]]
+
+
+def _paths(value: Any, path: tuple = ()) -> list[tuple]:
+    out = [path]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _paths(v, (*path, i))
+    return out
+
+
+def _swapped(value: Any, path: tuple, new: Any) -> Any:
+    if not path:
+        return new
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    copy[path[0]] = _swapped(value[path[0]], path[1:], new)
+    return copy
+
+
+def test_any_field_of_any_kind_parses_or_is_a_400():
+    body = claude_code_body(messages=[
+        *claude_code_body()["messages"],
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "is_error": False,
+                                      "content": [{"type": "text", "text": "a.txt"}]}]}],
+        tool_choice={"type": "tool", "name": "Bash", "disable_parallel_tool_use": True}, stop_sequences=["X"],
+        temperature=0.5, top_p=0.9, top_k=5)
+    parse(body)
+    tried = 0
+    for path in _paths(body)[1:]:
+        for new in ODD:
+            b = _swapped(body, path, new)
+            try:
+                p = parse(b)
+            except BadRequest:
+                continue
+            orjson.dumps(p.chat)  # what goes upstream always encodes
+            tried += 1
+    assert tried > 100
+
+
+def test_any_answer_field_of_any_kind_renders_and_streams():
+    p = parse({**REQ, "stream": True})
+    answer, sse = ANSWERS["tools"]
+    for path in _paths(answer)[1:]:
+        for new in ODD:
+            m = mr.render(_swapped(answer, path, new), p)
+            assert m["type"] == "message" and isinstance(m["content"], list)
+    events = sse.split(b"\n\n")[:-1]
+    for i, ev in enumerate(events):
+        obj = orjson.loads(ev[6:]) if ev != b"data: [DONE]" else None
+        for path in _paths(obj)[1:] if obj is not None else []:
+            for new in ODD:
+                bad = b"data: " + orjson.dumps(_swapped(obj, path, new))
+                stream = b"\n\n".join([*events[:i], bad, *events[i + 1:]]) + b"\n\n"
+                t = MESSAGES.translator(p)
+                out = t.feed(stream) + t.close()
+                assert out.endswith(b'{"type":"message_stop"}\n\n') or b"event: error" in out
