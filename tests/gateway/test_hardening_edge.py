@@ -203,3 +203,269 @@ def test_a_close_delimited_stream_cut_midway_ends_with_an_error_event(edge):
     after = httpx.get(gurl + "/metrics", trust_env=False).text
     assert metric(after, "switchyard_requests_total", code="502") == \
         metric(before, "switchyard_requests_total", code="502") + 1
+
+
+# --- 1. bound work, not only bytes -----------------------------------------------------------
+
+
+def _msgs(n: int) -> list[dict]:
+    return [{"role": "user", "content": "x"}] * n
+
+
+WORST_BODIES = {
+    # name: (body, the limit the 400 names)
+    "5M empty arrays (15 MB)": (b'{"model":"auto","messages":[{"role":"user","content":"x"}],"x":['
+                                + b"[]," * 4_999_999 + b"[]]}", "--max-body-containers"),
+    "400k messages (12 MB)": (orjson.dumps({"model": "auto", "messages": _msgs(400_000)}), "--max-body-containers"),
+    "5M-deep nesting (10 MB)": (b'{"model":"auto","messages":[{"role":"user","content":"x"}],"x":'
+                                + b"[" * 5_000_000 + b"]" * 5_000_000 + b"}", "--max-body-containers"),
+    "4M strings (16 MB)": (orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": ["a"] * 3_900_000}]}),
+                           "--max-body-items"),
+    "12k messages": (orjson.dumps({"model": "auto", "messages": _msgs(12_000)}), "--max-messages"),
+    "60k content parts": (orjson.dumps({"model": "auto", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "x"}] * 60_000}]}), "--max-content-parts"),
+    "1,500 tools": (orjson.dumps({"model": "auto", "messages": _msgs(1), "tools": [
+        {"type": "function", "function": {"name": f"t{i}"}} for i in range(1500)]}), "--max-tools"),
+    "300-deep nesting": (b'{"model":"auto","messages":[{"role":"user","content":"x"}],"x":'
+                         + b"[" * 300 + b"]" * 300 + b"}", "nested deeper than 200"),
+}
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The well-behaved test upstream and an open-mode gateway."""
+    from procs import start_upstream
+
+    tmp = tmp_path_factory.mktemp("plain")
+    up, url = start_upstream(tmp, "u")
+    pol = tmp / "p.yaml"
+    pol.write_text(policy(url))
+    gw, gurl = start_gateway(tmp, [pol])
+    yield url, gurl, gw
+    gw.stop()
+    up.stop()
+
+
+@pytest.mark.parametrize("name", list(WORST_BODIES))
+def test_the_worst_bodies_are_refused_without_freezing_the_loop(plain, name):
+    url, gurl, gw = plain
+    raw, limit = WORST_BODIES[name]
+    with live(gurl) as probe, httpx.Client(trust_env=False, timeout=60) as c:
+        t0 = time.perf_counter()
+        r = c.post(gurl + "/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"})
+        took = time.perf_counter() - t0
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert limit in err["message"] and err["type"] == "invalid_request_error", err
+    assert probe.worst < LIVE_MS, (name, probe.worst, took)
+
+
+def test_large_bodies_within_the_limits_still_go_through(plain):
+    url, gurl, gw = plain
+    # 10 MB of one string, and 2 MB of code whose 300k brackets sit inside strings (the counting's
+    # bound is over the limit, the exact count is not): both served, the loop free meanwhile.
+    big = {"model": "auto", "messages": [{"role": "user", "content": "y" * 10_000_000}]}
+    code = {"model": "auto", "messages": [{"role": "user", "content": "f(a[i], {k: v}) " * 150_000}]}
+    for body in (big, code):
+        with live(gurl) as probe:
+            r = httpx.post(gurl + "/v1/chat/completions", content=orjson.dumps(body),
+                           headers={"Content-Type": "application/json"}, timeout=60, trust_env=False)
+        assert r.status_code == 200, r.text[:300]
+        assert probe.worst < LIVE_MS, probe.worst
+
+
+# --- keys: 3, 4, 10, 13 -------------------------------------------------------------------------
+
+ADMIN = "sk-admin-edge-test"
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    """Two policies that both have a pool `small` (premium loaded first), a slow streaming upstream
+    for each, and keys limited in policy, pool, rpm and tpm, on one gateway with --auth."""
+    import asyncio
+
+    from switchyard.gateway.keys import FileKeyStore, make_key
+
+    tmp = tmp_path_factory.mktemp("keyed")
+    up_p, url_p = start_edge_upstream(tmp, "premium-up")
+    up_c, url_c = start_edge_upstream(tmp, "cheap-up")
+    up_j, url_j = start_edge_upstream(tmp, "judge-up")  # an llm classifier's pool: it counts the calls
+    control(url_j, mode="json", body=orjson.dumps({
+        "id": "j", "object": "chat.completion", "model": "judge",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "simple"}, "finish_reason": "stop"}],
+    }).decode())
+    slow = [_chunk(f"w{i} ") for i in range(20)] + ["data: [DONE]\n\n"]
+    for u, who in ((url_p, "premium"), (url_c, "cheap")):
+        control(u, mode="stream", framing="chunked", events=[_chunk(who + " ")] + slow, delay_ms=40)
+    (tmp / "a-premium.yaml").write_text(
+        "version: 1\nname: premium\npools:\n"
+        f"  small:\n    model: premium-small\n    replicas: [{{url: '{url_p}/v1'}}]\n"
+        f"  large:\n    model: premium-large\n    replicas: [{{url: '{url_p}/v1'}}]\n"
+        "routes:\n  - {name: default, pool: large}\n")
+    (tmp / "b-cheap.yaml").write_text(
+        "version: 1\nname: cheap\npools:\n"
+        f"  small:\n    model: cheap-small\n    replicas: [{{url: '{url_c}/v1'}}]\n"
+        "routes:\n  - {name: default, pool: small}\n")
+    (tmp / "c-graded.yaml").write_text(
+        "version: 1\nname: graded\nclassifier: {kind: llm, pool: judge, timeout: 5s}\npools:\n"
+        f"  judge:\n    model: judge\n    replicas: [{{url: '{url_j}/v1'}}]\n"
+        f"  small:\n    model: graded-small\n    replicas: [{{url: '{url_c}/v1'}}]\n"
+        "routes:\n  - {name: default, pool: small}\n")
+    keys_file = tmp / "keys.json"
+    specs = {"cheap-small": (["cheap"], ["small"], None, None), "tpm": (None, None, None, 1000),
+             "rpm3": (["graded"], None, 3, None), "open": (None, None, None, None)}
+    keys: dict[str, str] = {}
+
+    async def put_all() -> None:
+        store = FileKeyStore(keys_file)
+        for name, (pol, pools, rpm, tpm) in specs.items():
+            key, rec = make_key(name, pol, pools, rpm, tpm)
+            keys[name] = key
+            await store.put(rec)
+        await store.aclose()
+
+    asyncio.run(put_all())
+    gw, gurl = start_gateway(tmp, [tmp / "a-premium.yaml", tmp / "b-cheap.yaml", tmp / "c-graded.yaml"],
+                             "--auth", "--keys-file", str(keys_file), "--admin-key", ADMIN)
+    yield gurl, keys, (url_p, url_c, url_j)
+    gw.stop()
+    for up in (up_p, up_c, up_j):
+        up.stop()
+
+
+def _stream_text(gurl: str, key: str, body: dict) -> tuple[int, dict, str]:
+    with httpx.stream("POST", gurl + "/v1/chat/completions", json={**body, "stream": True}, timeout=30,
+                      headers={"Authorization": f"Bearer {key}"}, trust_env=False) as r:
+        return r.status_code, dict(r.headers), "".join(r.iter_text())
+
+
+def _wait_minute_clear() -> None:
+    if time.time() % 60 > 50:  # the windows are whole minutes: start a test well inside one
+        time.sleep(60 - time.time() % 60 + 0.2)
+
+
+def test_a_pool_name_resolves_within_the_keys_own_policies(keyed):
+    gurl, keys, _ = keyed
+    k = keys["cheap-small"]
+    # `small` names premium's pool first (premium loads first); this key is limited to `cheap`:
+    # it is cheap's small that serves it, never premium's.
+    st, h, text = _stream_text(gurl, k, {"model": "small", "messages": BODY["messages"]})
+    assert st == 200 and h["x-switchyard-policy"] == "cheap" and h["x-switchyard-pool"] == "small", h
+    assert "cheap " in text and "premium" not in text
+    for model in ("premium-small", "premium-large", "large", "premium"):  # the other policy's names
+        st, _, text = _stream_text(gurl, k, {"model": model, "messages": BODY["messages"]})
+        assert st == 403 and "permission_error" in text, (model, st, text)
+    st, h, _ = _stream_text(gurl, k, {"model": "auto", "messages": BODY["messages"]})  # its own first policy
+    assert st == 200 and h["x-switchyard-policy"] == "cheap"
+    # An open key still gets the first policy's pool, as the name has always meant.
+    st, h, text = _stream_text(gurl, keys["open"], {"model": "small", "messages": BODY["messages"]})
+    assert st == 200 and h["x-switchyard-policy"] == "premium" and "premium " in text
+
+
+def test_models_and_route_show_a_key_what_it_may_use(keyed, plain):
+    gurl, keys, (url_p, url_c, _) = keyed
+    auth = {"Authorization": f"Bearer {keys['cheap-small']}"}
+    ids = {m["id"]: m["switchyard"] for m in
+           httpx.get(gurl + "/v1/models", headers=auth, trust_env=False).json()["data"]}
+    assert set(ids) == {"auto", "cheap", "small", "cheap-small"}, ids
+    assert all(m["policy"] == "cheap" for m in ids.values())
+    everything = httpx.get(gurl + "/v1/models", headers={"Authorization": f"Bearer {keys['open']}"},
+                           trust_env=False).json()["data"]
+    assert {"premium", "premium-large", "large", "graded"} <= {m["id"] for m in everything}
+    # /v1/route: the decision, but replica URLs, health and in-flight counts only for the operator.
+    r = httpx.post(gurl + "/v1/route", json={"model": "small", "messages": BODY["messages"]}, headers=auth,
+                   trust_env=False)
+    assert r.status_code == 200 and r.json()["policy"] == "cheap"
+    assert "replicas" not in r.json() and url_c.split("//")[1] not in r.text
+    # Open mode without an admin key (loopback only): the operator is whoever is there, as for /health.
+    up_url, open_gurl, _ = plain
+    r = httpx.post(open_gurl + "/v1/route", json=BODY, trust_env=False)
+    assert r.status_code == 200 and r.json()["replicas"][0]["url"] == up_url + "/v1", r.json()
+
+
+def test_route_counts_against_rpm_and_refusals_cost_no_classifier_call(keyed):
+    gurl, keys, (_, _, judge) = keyed
+    _wait_minute_clear()
+
+    def judged() -> int:
+        return httpx.get(judge + "/_state", trust_env=False).json()["served"]
+
+    k = {"Authorization": f"Bearer {keys['rpm3']}", "x-session-id": "s1"}
+    body = {"model": "graded", "messages": BODY["messages"]}
+    n0 = judged()
+    codes = [httpx.post(gurl + "/v1/route", json=body, headers=k, trust_env=False).status_code for _ in range(3)]
+    assert codes == [200, 200, 200] and judged() == n0 + 3  # each dry run asked the llm classifier
+    r = httpx.post(gurl + "/v1/route", json=body, headers=k, trust_env=False)
+    assert r.status_code == 429 and r.json()["error"]["type"] == "requests", r.text  # /v1/route is counted
+    r = httpx.post(gurl + "/v1/chat/completions", json=body, headers=k, trust_env=False)
+    assert r.status_code == 429
+    # A key refused for its policy: 403 before any classifier call (and any session write) too.
+    r = httpx.post(gurl + "/v1/chat/completions", json=body,
+                   headers={"Authorization": f"Bearer {keys['cheap-small']}"}, trust_env=False)
+    assert r.status_code == 403
+    assert judged() == n0 + 3  # the refused requests cost the upstream nothing
+
+
+# --- 3. tpm: reserved at admission, charged from the parsed body, settled at the end -----------
+
+
+def _tokens(gurl: str, key_name: str) -> float:
+    text = httpx.get(gurl + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}, trust_env=False).text
+    return metric(text, "switchyard_key_tokens_total", key=key_name)
+
+
+def test_concurrent_streams_cannot_overspend_the_tpm(keyed):
+    gurl, keys, _ = keyed
+    _wait_minute_clear()
+    import asyncio
+
+    async def one(c: httpx.AsyncClient) -> int:
+        async with c.stream("POST", gurl + "/v1/chat/completions",
+                            json={"model": "cheap", "messages": BODY["messages"], "stream": True, "max_tokens": 100},
+                            headers={"Authorization": f"Bearer {keys['tpm']}"}) as r:
+            async for _ in r.aiter_bytes():
+                pass
+            return r.status_code
+
+    async def all20() -> list[int]:
+        async with httpx.AsyncClient(trust_env=False, timeout=30) as c:
+            return await asyncio.gather(*(one(c) for _ in range(20)))
+
+    before = _tokens(gurl, "tpm")
+    codes = asyncio.run(all20())
+    spent = _tokens(gurl, "tpm") - before
+    # Each reserves its prompt and max_tokens (~102): about nine fit in 1000 at once; the rest 429.
+    # Before, all 20 ran (each saw the window empty) and spent 20x what each did.
+    assert codes.count(200) <= 10 and codes.count(429) >= 10, codes
+    assert spent <= 1000, spent
+    r = httpx.post(gurl + "/v1/chat/completions", json={"model": "cheap", "messages": BODY["messages"]},
+                   headers={"Authorization": f"Bearer {keys['tpm']}"}, trust_env=False)
+    assert r.status_code in (200, 429)
+
+
+def test_a_chunked_body_is_charged_its_prompt_and_a_hang_up_settles(keyed):
+    gurl, keys, _ = keyed
+    # 6,000 characters: a prompt of 1,500 tokens, sent without a Content-Length.
+    prompt = "z" * 6000
+    raw = orjson.dumps({"model": "cheap", "messages": [{"role": "user", "content": prompt}], "stream": True})
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: Transfer-Encoding: chunked
+        for i in range(0, len(raw), 1000):
+            yield raw[i:i + 1000]
+
+    before = _tokens(gurl, "open")
+    with httpx.stream("POST", gurl + "/v1/chat/completions", content=chunks(), timeout=30, trust_env=False,
+                      headers={"Authorization": f"Bearer {keys['open']}", "Content-Type": "application/json"}) as r:
+        assert r.status_code == 200 and "content-length" not in r.request.headers
+        got = 0
+        for b in r.iter_raw():  # hang up after the first events
+            got += b.count(b"data:")
+            if got >= 2:
+                break
+    deadline = time.time() + 5
+    while _tokens(gurl, "open") == before and time.time() < deadline:
+        time.sleep(0.05)
+    charged = _tokens(gurl, "open") - before
+    # The prompt from the parsed body (was 0: no Content-Length), and one token an event that went by.
+    assert 1500 <= charged <= 1500 + 22, charged
