@@ -24,6 +24,7 @@ from starlette.responses import Response
 
 from switchyard import errors
 from switchyard.api import errors as http_errors
+from switchyard.api.body import DEFAULT_LIMITS, BodyLimits
 from switchyard.api.guard import EdgeGuard, GuardConfig
 from switchyard.api.proxy import FastPath, Proxy
 from switchyard.api.responses import ResponsesDialect
@@ -33,6 +34,7 @@ from switchyard.gateway.gateway import Gateway
 from switchyard.gateway.keys import KeyStore
 from switchyard.gateway.metrics import Metrics
 from switchyard.gateway.runtime import Runtime
+from switchyard.gateway.usage import MAX_EVENT_BYTES
 from switchyard.policy.schema import LoadSpec
 from switchyard.pools.health import HealthChecker
 from switchyard.pools.load import LoadPoller
@@ -53,6 +55,8 @@ JSON = "application/json"
 class GatewayConfig:
     policies: list[str | Path]
     max_body_bytes: int = 16 * 1024 * 1024
+    body_limits: BodyLimits = DEFAULT_LIMITS  # the work one request body may cost (api/body.py)
+    max_event_bytes: int = MAX_EVENT_BYTES  # one upstream SSE event at most
     watch: bool = True
     health_checks: bool = True
     record: str | None = None
@@ -95,6 +99,7 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
     rt.tracer = tracing
     responses = ResponsesDialect(gateway.state, config.responses_ttl)
     proxy = Proxy(rt, {"/v1/responses": responses})
+    proxy.limits, proxy.max_event_bytes = config.body_limits, config.max_event_bytes
 
     checker = HealthChecker(
         lambda: [
@@ -200,9 +205,8 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        if auth is not None:
-            await auth.authenticate(request.headers)
-        return proxy.models()
+        key = await auth.authenticate(request.headers) if auth is not None else None
+        return proxy.models(key)  # a key sees what it may use
 
     def details_allowed(request: Request) -> bool:
         """Pools, replica URLs, errors and key names are for the operator: the admin key holder,
@@ -210,6 +214,9 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
         if config.admin_key:
             return check_admin(request.headers, config.admin_key)
         return config.open_mode
+
+    proxy.show_details = lambda headers: (check_admin(headers, config.admin_key) if config.admin_key
+                                          else config.open_mode)
 
     @app.get("/health")
     async def health(request: Request) -> Response:

@@ -26,6 +26,15 @@ def serve(
     watch: Annotated[bool, typer.Option(help="Reload policy files when they change")] = True,
     health_checks: Annotated[bool, typer.Option(help="Check replicas' /health in the background")] = True,
     max_body_mb: Annotated[float, typer.Option(help="Largest request body accepted, MB")] = 16.0,
+    max_body_containers: Annotated[int, typer.Option(
+        help="JSON arrays and objects one request body may hold (counted before parsing; 400 beyond)")] = 100_000,
+    max_body_items: Annotated[int, typer.Option(
+        help="JSON values (array elements, object members) one request body may hold")] = 500_000,
+    max_messages: Annotated[int, typer.Option(help="Messages one request may carry")] = 10_000,
+    max_content_parts: Annotated[int, typer.Option(help="Content parts one request may carry, all messages")] = 50_000,
+    max_tools: Annotated[int, typer.Option(help="Tools one request may declare")] = 1_000,
+    max_event_mb: Annotated[float, typer.Option(
+        help="Largest SSE event taken from an upstream stream, MB (beyond it the stream ends with an error)")] = 1.0,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every request line (query strings left out)")] = False,
     auth: Annotated[bool, typer.Option(help="Require 'Authorization: Bearer KEY' (keys: switchyard keys)")] = False,
@@ -143,6 +152,12 @@ def serve(
         from switchyard.gateway.keys import open_keystore
 
         gw_config.keystore = open_keystore(o["keys_file"], o["redis"])
+    from switchyard.api.body import BodyLimits
+
+    gw_config.body_limits = BodyLimits(
+        max_containers=o["max_body_containers"], max_items=o["max_body_items"], max_messages=o["max_messages"],
+        max_parts=o["max_content_parts"], max_tools=o["max_tools"])
+    gw_config.max_event_bytes = max(1, int(o["max_event_mb"] * 1024 * 1024))
     tracing = None
     if tracing_wanted(o["otel"], os.environ):
         try:

@@ -25,17 +25,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from switchyard import errors
 from switchyard.api import errors as http_errors
+from switchyard.api.body import DEFAULT_LIMITS, BodyLimits, bounded, check_request, json_depth, parse_json
 from switchyard.api.chat import CHAT, COMPLETIONS
 from switchyard.api.dialect import Dialect, Parsed, StreamTranslator, chat_path
 from switchyard.api.openai import decision_headers
 from switchyard.api.relay import StreamRelay
-from switchyard.classify.features import extract
+from switchyard.classify.features import Features, extract
+from switchyard.gateway.auth import may_use, resolve_for
 from switchyard.gateway.gateway import LoadedPolicy, Target
 from switchyard.gateway.keys import KeyRecord
+from switchyard.gateway.limits import Reservation, reserve_estimate
 from switchyard.gateway.requests import kind_of, validate
 from switchyard.gateway.routing import Routed, session_id_of
 from switchyard.gateway.runtime import Runtime
-from switchyard.gateway.usage import UsageTap, parse_usage
+from switchyard.gateway.usage import MAX_EVENT_BYTES, UsageTap, parse_usage
 from switchyard.policy.rules import RouteDecision
 from switchyard.policy.schema import PriceSpec
 from switchyard.pools.dispatch import Answer, AttemptTrace, ForwardedTraceContext, NativeRequest
@@ -45,53 +48,49 @@ if TYPE_CHECKING:  # imported by api/app.py only when tracing is on
 
 JSON = "application/json"
 SSE = "text/event-stream"
-MAX_JSON_DEPTH = 200  # orjson encodes at most 254 levels
+__all__ = ["FastPath", "Proxy", "json_depth", "parse_json"]  # parse_json: the UI's JSON bodies take it too
 
 
-def json_depth(value: Any) -> int:
-    """How deeply arrays and objects nest in a parsed JSON value (iterative: no recursion limit)."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict):
-            v = v.values()
-        elif not isinstance(v, list):
-            continue
-        deepest = max(deepest, d)
-        stack.extend((x, d + 1) for x in v if isinstance(x, dict | list))
-    return deepest
+@dataclasses.dataclass(slots=True)
+class Admission:
+    """A key's admission of one request (gateway/auth.py): its token reservation, settled once
+    when the request ends, however it ends."""
 
+    key: KeyRecord | None = None
+    reservation: Reservation | None = None
+    prompt_tokens: int = 0  # counted from the parsed body (a chunked body has no Content-Length)
 
-def parse_json(raw: bytes) -> Any:
-    """A request body as JSON, for every route that reads one (the proxy's and the UI's): a 400
-    for what does not parse, and for what nests deeper than MAX_JSON_DEPTH."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise errors.BadRequest(f"could not parse the JSON body: {e}") from None
-    # Deeper than the encoder takes, the body could not be sent upstream or answered (a 500 on
-    # re-encoding): refuse it now. A body with fewer brackets than the limit cannot be that deep,
-    # so most never get walked.
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth(body) > MAX_JSON_DEPTH:
-        raise errors.BadRequest(f"the JSON body is nested deeper than {MAX_JSON_DEPTH} levels")
-    return body
+    def settle(self, rt: Runtime, tokens: int, estimated: bool) -> None:
+        if self.key is not None and rt.auth is not None:
+            rt.auth.settle(self.key, self.reservation, tokens, estimated)
+            self.key = None  # once
 
 
 class Proxy:
-    def __init__(self, rt: Runtime, dialects: Mapping[str, Dialect] | None = None) -> None:
+    def __init__(self, rt: Runtime, dialects: Mapping[str, Dialect] | None = None,
+                 limits: BodyLimits = DEFAULT_LIMITS, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.rt = rt
         self.dialects = dict(dialects or {})  # POST path -> dialect, besides chat and completions
+        self.limits = limits  # the work one body may cost (api/body.py)
+        self.max_event_bytes = max_event_bytes  # one upstream SSE event at most
+        # Replica URLs, health, errors and in-flight counts in /v1/route: the operator's (api/app.py
+        # sets it as /health decides; without it, nobody's).
+        self.show_details: Callable[[Mapping[str, str]], bool] = lambda headers: False
 
-    async def read_json(self, request: Request) -> Any:
-        """The body as JSON. Its size and pace are bounded before it gets here (api/guard.py)."""
+    async def read_raw(self, request: Request) -> bytes:
+        """The body's bytes. Its size and pace are bounded before it gets here (api/guard.py)."""
         raw = await request.body()
         if not raw:
             raise errors.BadRequest("the request body is empty; send a JSON object")
-        return parse_json(raw)
+        return raw
 
-    def target(self, model: str) -> Target:
-        t = self.rt.gateway.resolve(model)
+    async def read_json(self, request: Request) -> Any:
+        """The body as JSON, its work bounded (api/body.py), off the loop when it is large."""
+        limits = self.limits
+        return await bounded(await self.read_raw(request), lambda r: parse_json(r, limits), limits)
+
+    def target(self, model: str, key: KeyRecord | None = None) -> Target:
+        t = resolve_for(self.rt.gateway, model, key)
         if t is None:
             raise errors.NotFound(
                 f"the model {model!r} does not exist here; GET /v1/models lists policies, pools and upstream models",
@@ -100,17 +99,30 @@ class Proxy:
         return t
 
     async def decide(self, request: Request, dialect: Dialect, key: KeyRecord | None,
-                     trace: RequestTrace | None = None) -> tuple[Parsed, Target, Routed]:
-        parsed = dialect.parse(await self.read_json(request), request.headers)
+                     trace: RequestTrace | None = None, adm: Admission | None = None) -> tuple[Parsed, Target, Routed]:
+        headers, limits = request.headers, self.limits
+
+        def parse(raw: bytes) -> tuple[Parsed, Features]:  # everything proportional to the body, in one place
+            parsed = dialect.parse(parse_json(raw, limits), headers)
+            check_request(parsed.chat, limits)
+            return parsed, extract(parsed.chat, headers, text_cues=False)
+
+        parsed, features = await bounded(await self.read_raw(request), parse, limits)
         body = parsed.chat
-        target = self.target(body["model"])
+        target = self.target(body["model"], key)
+        if key is not None and adm is not None:  # before any classifier call or session write
+            assert self.rt.auth is not None
+            adm.prompt_tokens = features.prompt_tokens
+            adm.reservation = self.rt.auth.admit_key(
+                key, body["model"], target,
+                reserve_estimate(features.prompt_tokens, body.get("max_completion_tokens") or body.get("max_tokens")))
+            adm.key = key
         prepare = getattr(dialect, "prepare", None)  # a stateful API (Responses) loads what it refers to
         if prepare is not None:
             pools = target.policy.spec.pools
             native = any(parsed.api in pools[p].api for p in ((target.pool,) if target.pool else pools))
             await prepare(parsed, key.id if key else "", native)
         sid = session_id_of(body, request.headers, parsed.session_hint)
-        features = extract(body, request.headers, text_cues=False)
         if trace is None:
             routed = await self.rt.gateway.route(target, features, body, sid, key.id if key else "")
         else:
@@ -131,23 +143,28 @@ class Proxy:
         t0 = time.perf_counter()
         key = None
         err_shape = None if dialect is CHAT or dialect is COMPLETIONS else dialect.error_body
+        adm = Admission()
         try:
             if rt.auth is not None:
                 key = await rt.auth.authenticate(request.headers)
-            parsed, target, routed = await self.decide(request, dialect, key, trace)
+            parsed, target, routed = await self.decide(request, dialect, key, trace, adm)
             body = parsed.chat
             decision = routed.decision
             if key is not None:
                 assert rt.auth is not None
-                rt.auth.admit(key, body["model"], decision.policy, decision.pool, decision.rule == "direct")
+                rt.auth.check_pool(key, body["model"], decision.pool)  # admitted already; the pool is routing's
                 if key.pools is not None and decision.fallbacks:  # no fallback into a pool the key may not use
                     decision = dataclasses.replace(
                         decision, fallbacks=tuple(p for p in decision.fallbacks if p in key.pools))
         except errors.RequestError as e:
+            adm.settle(rt, 0, True)
             rt.metrics.rejected.labels(str(http_errors.status_of(e))).inc()
             if trace is not None:
                 trace.failed(http_errors.status_of(e), e.message)
             return http_errors.response(e, None, err_shape)
+        except BaseException:
+            adm.settle(rt, 0, True)
+            raise
         lp = target.policy
         if rt.recorder is not None:
             rt.recorder.record(body, decision.session_id, routed.trace())
@@ -184,11 +201,13 @@ class Proxy:
             if not left:
                 raise
             me.uncancel()  # type: ignore[union-attr]
+            adm.settle(rt, adm.prompt_tokens, True)  # the prompt went upstream
             rt.metrics.rejected.labels("499").inc()
             if trace is not None:
                 trace.failed(499, "the client left before the upstream answered")
             return Response(status_code=499)
         except errors.RequestError as e:
+            adm.settle(rt, 0, True)
             dt = time.perf_counter() - t0
             status = http_errors.status_of(e)
             rt.finished(decision, decision.pool, "-", status, dt, dt)
@@ -199,21 +218,23 @@ class Proxy:
             watcher.cancel()
         try:
             return await self._respond(answer, decision, lp, headers, t0, t_routed, key, request, trace,
-                                       None if answer.native or err_shape is None else (dialect, parsed))
+                                       None if answer.native or err_shape is None else (dialect, parsed), adm)
         except BaseException:
             if answer.stream is not None:  # never leak a replica slot or an open upstream stream
                 answer.finish("client_gone", "", rt.gateway.state)
+            adm.settle(rt, adm.prompt_tokens, True)
             raise
 
     async def _respond(self, answer: Answer, decision: RouteDecision, lp: LoadedPolicy, headers: dict[str, str],
                        t0: float, t_routed: float, key: KeyRecord | None, request: Request,
-                       trace: RequestTrace | None, translate: tuple[Dialect, Parsed] | None) -> Response:
+                       trace: RequestTrace | None, translate: tuple[Dialect, Parsed] | None,
+                       adm: Admission | None = None) -> Response:
         """The upstream's answer to the client: as it came, or (`translate`: a chat answer to a client
         of another API) rendered in the client's API."""
         rt = self.rt
         if trace is not None:
             trace.mark_relay(answer.t_first)
-        auth = rt.auth if key is not None else None
+        adm = adm if adm is not None else Admission()
         if answer.pool != decision.pool:
             headers["x-switchyard-pool"] = answer.pool
             headers["x-switchyard-fallback-from"] = decision.pool
@@ -236,11 +257,12 @@ class Proxy:
             rt.finished(decision, answer.pool, answer.replica.name, answer.status, now - t0, overhead, usage, cost)
             if trace is not None:
                 trace.answered(answer.pool, answer.replica.name, answer.status, answer.attempts, usage, cost)
-            if auth is not None and key is not None and answer.status < 400:
-                if usage is None:
-                    auth.account(key, _prompt_estimate(request), True)
-                else:
-                    auth.account(key, usage.total, False)
+            if answer.status >= 400:
+                adm.settle(rt, 0, True)
+            elif usage is None:
+                adm.settle(rt, adm.prompt_tokens, True)
+            else:
+                adm.settle(rt, usage.total, False)
             if translate is not None:
                 return await self._rendered(answer, translate[0], translate[1], key, headers)
             return Response(answer.body, answer.status, headers=headers, media_type=answer.content_type)
@@ -253,7 +275,7 @@ class Proxy:
         raw_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
         # Tokens come from the stream's tail (its usage), without parsing events; the usage event
         # the gateway asked for on the client's behalf is taken out (a translator reads it instead).
-        tap = UsageTap(answer.stream, answer.usage_added and translate is None)
+        tap = UsageTap(answer.stream, answer.usage_added and translate is None, self.max_event_bytes)
         first = tap.feed(answer.first)
         source: Any = tap
         error_event = http_errors.sse_error_event
@@ -272,11 +294,10 @@ class Proxy:
             answer.finish(outcome, reason, rt.gateway.state)
             usage = tap.usage()
             cost = None if usage is None or price is None else price.cost(usage.prompt, usage.completion, usage.cached)
-            if auth is not None and key is not None:
-                if usage is None:
-                    auth.account(key, tap.estimate(_prompt_estimate(request)), True)
-                else:
-                    auth.account(key, usage.total, False)
+            if usage is None:  # the prompt and one token an event, however far the stream got
+                adm.settle(rt, tap.estimate(adm.prompt_tokens), True)
+            else:
+                adm.settle(rt, usage.total, False)
             code = answer.status if outcome == "ok" else (499 if outcome == "client_gone" else 502)
             rt.finished(decision, answer.pool, answer.replica.name, code, time.perf_counter() - t0, overhead,
                         usage, cost)
@@ -323,34 +344,50 @@ class Proxy:
 
     async def route_only(self, request: Request) -> Response:
         rt = self.rt
-        try:
-            key = await rt.auth.authenticate(request.headers) if rt.auth is not None else None
-            body = await self.read_json(request)
+        headers, limits = request.headers, self.limits
+
+        def parse(raw: bytes) -> tuple[dict, Features]:
+            body = parse_json(raw, limits)
             if isinstance(body, dict) and "model" not in body:
                 body = {**body, "model": "auto"}
             body = validate(body, kind_of(body))
-            target = self.target(body["model"])
-            features = extract(body, request.headers)
+            check_request(body, limits)
+            return body, extract(body, headers)
+
+        try:
+            key = await rt.auth.authenticate(headers) if rt.auth is not None else None
+            body, features = await bounded(await self.read_raw(request), parse, limits)
+            target = self.target(body["model"], key)
+            if key is not None and rt.auth is not None:  # a dry run is a request: rpm counts it
+                rt.auth.admit_key(key, body["model"], target)
             # A dry run: it reads the session's state but never writes it.
-            routed = await rt.gateway.route(target, features, body, session_id_of(body, request.headers),
+            routed = await rt.gateway.route(target, features, body, session_id_of(body, headers),
                                             key.id if key else "", commit=False)
             if key is not None and rt.auth is not None:
-                d = routed.decision
-                rt.auth.check(key, body["model"], d.policy, d.pool, d.rule == "direct")
+                rt.auth.check_pool(key, body["model"], routed.decision.pool)
         except errors.RequestError as e:
             return http_errors.response(e)
         lp = target.policy
         out = routed.trace()
         pool = lp.pools[routed.decision.pool]
         out["upstream_model"] = pool.model
-        out["replicas"] = [r.snapshot() for r in pool.replicas]
+        if self.show_details(headers):  # replica URLs, health, errors, in-flight: the operator's
+            out["replicas"] = [r.snapshot() for r in pool.replicas]
         out["features"] = features.summary()
         return Response(orjson.dumps(out), 200, headers=decision_headers(routed.decision), media_type=JSON)
 
-    def models(self) -> Response:
+    def models(self, key: KeyRecord | None = None) -> Response:
+        """Every name `model` may take, or for a key only those it may use (resolved as its
+        requests are: within its own policies)."""
         data = []
         created = int(self.rt.started)
-        for name, t in self.rt.gateway.model_names():
+        gw = self.rt.gateway
+        for name, t in gw.model_names():
+            if key is not None:
+                mine = resolve_for(gw, name, key)
+                if mine is None or not may_use(key, mine.policy.name, mine.pool):
+                    continue
+                t = mine
             if t.pool is None:
                 meta = {"kind": "policy", "policy": t.policy.name}
             elif name == t.pool:
@@ -450,14 +487,6 @@ def _error_in(dialect: Dialect, status: int, body: bytes) -> bytes:
 def _price_header(p: PriceSpec) -> str:
     cached = p.prompt if p.cached is None else p.cached
     return f"prompt={p.prompt:g}; completion={p.completion:g}; cached={cached:g}; unit=USD per 1M tokens"
-
-
-def _prompt_estimate(request: Request) -> int:
-    """Prompt tokens when the upstream reports no usage: about 4 bytes of request body per token."""
-    try:
-        return int(request.headers.get("content-length") or 0) // 4
-    except ValueError:
-        return 0
 
 
 async def _client_gone(request: Request) -> None:
