@@ -13,6 +13,19 @@ backtracking-regex policies through the UI, and slow clients (silent, trickling,
 bodies, clients that stop reading a stream). Every input is sent alone (sequentially), so a
 refusal's time is its own, on a machine that may be loaded: read the slowest as an upper bound.
 A background probe of /health/live shows whether the event loop ever stalled.
+
+Issue 28's kinds: work bombs (bodies of millions of empty arrays, 400k messages), and upstream
+misbehaviour through a pool `bad` whose replica is tests/bad_upstream.py (a URL with credentials,
+a pool key set through a YAML merge key): redirects, HTML and control bytes in Content-Type,
+gzip, echoed keys, 200s that are errors, answers of 256 MB, Set-Cookie, an SSE event that never
+ends, a stream cut without framing, a big answer without usage, and policy edits through the UI
+(${ENV} of a variable nobody allowed, 200k YAML nodes). Each upstream probe has an oracle: what
+a correct gateway does (a 502 in the API's shape, no leak, no followed redirect); the run counts
+the wrong answers.
+
+    python bench/hardening.py --tree /tmp/before --out bench/results/hardening_before.json
+                                                 # the gateway of another checkout (the bench's
+                                                 # own probes and upstreams from this one)
 """
 
 from __future__ import annotations
@@ -39,7 +52,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from procs import start_gateway, start_upstream  # noqa: E402 - the tests' process helpers
+from procs import Proc, free_port, start_gateway, start_upstream  # noqa: E402 - the tests' process helpers
 
 
 def _load_fuzz() -> Any:
@@ -64,6 +77,7 @@ class Outcome:
     status: int | str  # an HTTP status, or what happened instead: POLICY_REFUSED, closed, cut, hang, error
     ms: float
     peak_raise_kb: int  # how much the gateway's VmHWM rose by the time this input was answered
+    t_end: float = 0.0  # perf_counter when it was answered (which input was in flight when the loop stalled)
 
 
 @dataclass
@@ -76,7 +90,7 @@ class Tally:
     def add(self, kind: str, label: str, status: int | str, ms: float) -> None:
         with self.lock:
             hwm = mem_kb(self.pid).get("VmHWM", self.hwm)
-            self.outcomes.append(Outcome(kind, label, status, ms, max(0, hwm - self.hwm)))
+            self.outcomes.append(Outcome(kind, label, status, ms, max(0, hwm - self.hwm), time.perf_counter()))
             self.hwm = max(self.hwm, hwm)
 
 
@@ -409,7 +423,292 @@ def slow_clients(t: Tally, port: int, upstream: str, n: int) -> dict[str, Any]:
     return {"upstream_cancelled": state["cancelled"] - before, "upstream_inflight_after": state["inflight"]}
 
 
+# --- issue 28: work bombs and upstream misbehaviour -------------------------------------------
+
+POOL_KEY = "sk-probe-pool-key-0123456789abcdef"
+URL_SECRET = "pw-probe-secret-42"
+
+
+def work_bombs(t: Tally, c: httpx.Client, scale: float) -> None:
+    """Bodies cheap in bytes and dear in work (finding 1): each should be a quick 400."""
+    head = b'{"model": "auto", "messages": [{"role": "user", "content": "hi"}], "metadata": {"x": ['
+    for n in (1_000_000, 5_000_000):
+        body = head + b",".join([b"[]"] * n) + b"]}}"
+        json_post(t, c, "work bomb", f"{n:,} empty arrays ({len(body) >> 20} MB)", "/v1/chat/completions", body)
+    for n in (100_000, 400_000):
+        msgs = b",".join([b'{"role":"user","content":"x"}'] * n)
+        json_post(t, c, "work bomb", f"{n:,} messages", "/v1/chat/completions",
+                  b'{"model": "auto", "messages": [' + msgs + b"]}")
+    parts = b",".join([b'{"type":"text","text":"x"}'] * 400_000)
+    json_post(t, c, "work bomb", "400,000 content parts", "/v1/chat/completions",
+              b'{"model": "auto", "messages": [{"role": "user", "content": [' + parts + b"]}]}")
+    tools = b",".join(b'{"type":"function","function":{"name":"f%d","parameters":{}}}' % i for i in range(50_000))
+    json_post(t, c, "work bomb", "50,000 tools", "/v1/chat/completions",
+              b'{"model": "auto", "messages": [{"role": "user", "content": "x"}], "tools": [' + tools + b"]}")
+
+
+@dataclass
+class Probe:
+    kind: str
+    label: str
+    steer: dict[str, Any]  # the bad upstream's behaviour (tests/bad_upstream.py /_control)
+    check: Callable[[httpx.Response | None, dict[str, Any]], str | None]  # -> what was wrong, or None
+    stream: bool = False
+
+
+def _ok_502(r: httpx.Response | None, ctx: dict[str, Any]) -> str | None:
+    if r is None:
+        return "the connection was dropped"
+    if r.status_code < 500:
+        return f"relayed as {r.status_code}, not an upstream error"
+    try:
+        r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return "the error is not in the API's shape"
+    return None
+
+
+def _no_secret(r: httpx.Response | None, ctx: dict[str, Any]) -> str | None:
+    if r is None:
+        return "the connection was dropped"
+    text = r.text + json.dumps(dict(r.headers))
+    for s in (POOL_KEY, URL_SECRET):
+        if s in text:
+            return f"{s[:12]}... relayed to the client"
+    return None
+
+
+def _safe_type(r: httpx.Response | None, ctx: dict[str, Any]) -> str | None:
+    if r is None:
+        return "the connection was dropped"
+    ctype = r.headers.get("content-type", "")
+    if not ctype.startswith(("application/json", "text/event-stream", "text/plain")):
+        return f"relayed with Content-Type {ctype!r}"
+    if r.headers.get("x-content-type-options") != "nosniff":
+        return "no x-content-type-options: nosniff"
+    return None
+
+
+def _decoded(r: httpx.Response | None, ctx: dict[str, Any]) -> str | None:
+    if r is None:
+        return "the connection was dropped"
+    if r.status_code != 200:
+        return f"status {r.status_code}"
+    try:
+        r.json()
+    except ValueError:
+        return "the body is not JSON (gzip bytes without their Content-Encoding)"
+    return None
+
+
+def _not_followed(r: httpx.Response | None, ctx: dict[str, Any]) -> str | None:
+    if ctx["stolen"]:
+        return "the redirect was followed (the body re-sent to its target)"
+    return _ok_502(r, ctx)
+
+
+def _bounded(r: httpx.Response | None, ctx: dict[str, Any]) -> str | None:
+    if ctx["rss_raise_mb"] > 100:
+        return f"gateway RSS rose {ctx['rss_raise_mb']:.0f} MB"
+    return _ok_502(r, ctx)
+
+
+def _stream_ends_in_error(r: httpx.Response | None, ctx: dict[str, Any]) -> str | None:
+    if r is None:
+        return "the connection was dropped without an error event"
+    if r.status_code >= 500:
+        return _ok_502(r, ctx)
+    body = ctx.get("stream_text", "")
+    if "[DONE]" in body and "error" not in body:
+        return None if ctx.get("expect_done") else "a cut stream ended as if complete"
+    if '"error"' not in body:
+        return "the stream ended without an error event (looks complete to the client)"
+    if ctx["rss_raise_mb"] > 100:
+        return f"gateway RSS rose {ctx['rss_raise_mb']:.0f} MB"
+    return None
+
+
+def _quick(limit_ms: float) -> Callable[[httpx.Response | None, dict[str, Any]], str | None]:
+    def check(r: httpx.Response | None, ctx: dict[str, Any]) -> str | None:
+        if r is None:
+            return "the connection was dropped"
+        if ctx["ms"] > limit_ms:
+            return f"took {ctx['ms']:.0f} ms"
+        return None
+    return check
+
+
+def _all(*checks: Callable[[httpx.Response | None, dict[str, Any]], str | None]):
+    def check(r: httpx.Response | None, ctx: dict[str, Any]) -> str | None:
+        return next((p for c in checks if (p := c(r, ctx)) is not None), None)
+    return check
+
+
+JSON_H = [["Content-Type", "application/json"]]
+SSE_H = [["Content-Type", "text/event-stream"]]
+ANSWER = ('{{"id":"x","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant",'
+          '"content":"{}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":3,"completion_tokens":1,'
+          '"total_tokens":4}}}}')
+
+
+def upstream_probes() -> list[Probe]:
+    probes = [Probe("upstream: redirect", f"{code} to /stolen", {
+        "status": code, "headers": [["Location", "/stolen"], ["Content-Type", "application/json"]], "body": "{}"},
+        _not_followed) for code in (301, 302, 307, 308)]
+    probes += [
+        Probe("upstream: content type", "200 text/html <script>", {
+            "headers": [["Content-Type", "text/html"]], "body": "<script>alert(1)</script>"}, _safe_type),
+        Probe("upstream: content type", "404 text/html", {
+            "status": 404, "headers": [["Content-Type", "text/html"]], "body": "<h1>no</h1>"}, _safe_type),
+        Probe("upstream: content type", "200 application/javascript", {
+            "headers": [["Content-Type", "application/javascript"]], "body": "alert(1)"}, _safe_type),
+        Probe("upstream: content type", "DEL byte in Content-Type", {
+            "headers": [["Content-Type", "application/json\x7f"]]}, _safe_type),
+        Probe("upstream: content type", "control bytes in Content-Type", {
+            "headers": [["Content-Type", "application/json; x=\x01\x1b"]]}, _safe_type),
+        Probe("upstream: gzip", "gzip answer", {"gzip": True}, _decoded),
+        Probe("upstream: echoed key", "400 echoing Authorization", {"status": 400, "echo_auth": True}, _no_secret),
+        Probe("upstream: echoed key", "422 echoing Authorization", {"status": 422, "echo_auth": True}, _no_secret),
+        Probe("upstream: echoed key", "200 whose text holds the key", {
+            "body": ANSWER.format("key " + POOL_KEY)}, _no_secret),
+        Probe("upstream: echoed key", "stream whose text holds the key", {
+            "headers": SSE_H, "body": 'data: {"choices":[{"index":0,"delta":{"content":"' + POOL_KEY
+            + '"}}]}\n\ndata: [DONE]\n\n'}, _no_secret, stream=True),
+        Probe("upstream: 200 error", "200 {error}", {
+            "body": '{"error": {"message": "overloaded", "type": "server_error"}}'}, _ok_502),
+        Probe("upstream: 200 error", "200 Anthropic-style error", {
+            "body": '{"type": "error", "error": {"type": "overloaded_error", "message": "x"}}'}, _ok_502),
+        Probe("upstream: 200 error", "stream whose first event is an error", {
+            "headers": SSE_H, "body": 'data: {"error": {"message": "overloaded"}}\n\n'}, _ok_502, stream=True),
+        Probe("upstream: huge answer", "256 MB JSON answer", {"pad_bytes": 256 << 20}, _bounded),
+        Probe("upstream: endless event", "64 MB SSE event without an end", {
+            "headers": SSE_H, "pad_bytes": 64 << 20}, _stream_ends_in_error, stream=True),
+        Probe("upstream: cut stream", "stream without framing cut after 2 events", {
+            "headers": SSE_H, "close_framing": True, "cut_at": 160,
+            "body": 'data: {"choices":[{"index":0,"delta":{"content":"one"}}]}\n\n' * 4 + "data: [DONE]\n\n"},
+            _stream_ends_in_error, stream=True),
+        Probe("upstream: big answer, no usage", "128 KB answer without usage", {
+            "body": '{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",'
+                    '"content":"' + "{" * (128 * 1024) + '"},"finish_reason":"stop"}]}'}, _quick(2000)),
+        Probe("upstream: big answer, no usage", "128 KB of nested objects, no usage", {
+            "body": '{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"x"}}],"pad":['
+                    + ",".join(['{"a":{"b":{}}}'] * 9000) + "]}"}, _quick(2000)),
+    ]
+    return probes
+
+
+def start_bad_upstream(tmp: Path) -> tuple[Proc, str]:
+    port = free_port()
+    proc = Proc([sys.executable, str(ROOT / "tests" / "bad_upstream.py"), "--port", str(port)],
+                f"http://127.0.0.1:{port}/health", tmp / "bad-upstream.log")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def upstream_misbehaviour(t: Tally, c: httpx.Client, bad: str, policy: str) -> dict[str, Any]:
+    """Each probe: steer the bad upstream, send one request to pool `bad`, judge the answer."""
+    wrong: list[dict[str, Any]] = []
+    by_kind: Counter = Counter()
+
+    def steer(**cfg: Any) -> None:
+        httpx.post(bad + "/_control", json=cfg, timeout=5, trust_env=False).raise_for_status()
+
+    def bad_state() -> dict[str, Any]:
+        return httpx.get(bad + "/_state", timeout=5, trust_env=False).json()
+
+    body = {"model": "bad", "messages": [{"role": "user", "content": "hi"}]}
+    for p in upstream_probes():
+        steer(**p.steer)
+        stolen0 = bad_state()["stolen"]
+        rss0 = mem_kb(t.pid)["VmRSS"]
+        ctx: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        r: httpx.Response | None
+        try:
+            if p.stream:
+                with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as resp:
+                    chunks = []
+                    for chunk in resp.iter_bytes():
+                        if sum(map(len, chunks)) < 1 << 20:
+                            chunks.append(chunk)
+                    resp._content = b"".join(chunks)  # at most the first MB, for .text and .json()
+                    r = resp
+                    ctx["stream_text"] = resp._content.decode("utf-8", "replace")
+            else:
+                r = c.post("/v1/chat/completions", json=body, timeout=60)
+        except (httpx.RemoteProtocolError, httpx.ReadError):
+            r = None
+        except httpx.TimeoutException:
+            r = None
+            ctx["hang"] = True
+        ms = (time.perf_counter() - t0) * 1000
+        ctx.update(ms=ms, stolen=bad_state()["stolen"] - stolen0,
+                   rss_raise_mb=(mem_kb(t.pid)["VmRSS"] - rss0) / 1024)
+        problem = p.check(r, ctx)
+        status: int | str = r.status_code if r is not None else ("hang" if ctx.get("hang") else "closed")
+        t.add(p.kind, p.label, status, ms)
+        by_kind[p.kind] += 1
+        if problem is not None:
+            wrong.append({"kind": p.kind, "input": p.label, "status": status, "wrong": problem})
+    steer()
+    # Cookies: one tenant's Set-Cookie must not ride along on the next request.
+    steer(headers=[*JSON_H, ["Set-Cookie", "tenant=alice; Path=/"]])
+    t0 = time.perf_counter()
+    r1 = c.post("/v1/chat/completions", json=body, headers={"x-session-id": "alice"})
+    steer()
+    c.post("/v1/chat/completions", json=body, headers={"x-session-id": "bob"})
+    t.add("upstream: cookie", "Set-Cookie then another tenant", r1.status_code, (time.perf_counter() - t0) * 1000)
+    if "cookie" in bad_state()["last_headers"]:
+        wrong.append({"kind": "upstream: cookie", "input": "Set-Cookie then another tenant", "status": r1.status_code,
+                      "wrong": "the upstream's cookie was sent with another tenant's request"})
+    # Credentials of the replica URL and the pool key, wherever the gateway shows replicas.
+    for label, resp in (("x-switchyard-* headers", r1), ("/v1/route", c.post("/v1/route", json=body)),
+                        ("/health", c.get("/health")), ("/metrics", c.get("/metrics")),
+                        ("/ui/api/policies", c.get("/ui/api/policies"))):
+        t.add("upstream: credentials shown", label, resp.status_code, 0.0)
+        problem = _no_secret(resp, {})
+        if problem is None and "agent:" in resp.text + json.dumps(dict(resp.headers)) and label != "/ui/api/policies":
+            problem = "the URL's user name is shown"
+        if problem is not None:
+            wrong.append({"kind": "upstream: credentials shown", "input": label, "status": resp.status_code,
+                          "wrong": problem})
+    # Policy edits: a ${NAME} nobody allowed, and 200k YAML nodes, through the UI's apply.
+    env_text = policy.replace("    model: m\n", "    model: m\n    api_key: '${HOME}'\n", 1)
+    t0 = time.perf_counter()
+    r = c.post("/ui/api/policies/apply", json={"name": "p", "text": env_text}, timeout=30)
+    t.add("UI: ${ENV}", "apply with api_key ${HOME}", r.status_code, (time.perf_counter() - t0) * 1000)
+    if r.status_code == 200:
+        wrong.append({"kind": "UI: ${ENV}", "input": "apply with api_key ${HOME}", "status": 200,
+                      "wrong": "applied: the gateway's $HOME would go to the pool's upstream"})
+        c.post("/ui/api/policies/apply", json={"name": "p", "text": policy}, timeout=30)
+    flat = "version: 1\nx: [" + ",".join("1" for _ in range(200_000)) + "]\n"
+    t0 = time.perf_counter()
+    r = c.post("/ui/api/policies/apply", json={"name": "p", "text": flat}, timeout=60)
+    ms = (time.perf_counter() - t0) * 1000
+    t.add("UI: apply", "200,000 YAML nodes", r.status_code, ms)
+    if ms > 5000:
+        wrong.append({"kind": "UI: apply", "input": "200,000 YAML nodes", "status": r.status_code,
+                      "wrong": f"took {ms / 1000:.1f} s"})
+    return {"tried": sum(by_kind.values()) + 7, "wrong": wrong}
+
+
 # --- the run ----------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def git_head(tree: Path) -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(tree), "log", "--oneline", "-1"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()[:120]
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def mem_kb(pid: int) -> dict[str, int]:
@@ -428,6 +727,7 @@ class LiveProbe(threading.Thread):
         super().__init__(daemon=True)
         self.url = url
         self.worst_ms = 0.0
+        self.worst_at = 0.0  # perf_counter when the worst probe was sent
         self.failures = 0
         self.stop = threading.Event()
 
@@ -440,7 +740,9 @@ class LiveProbe(threading.Thread):
                 except httpx.HTTPError:
                     ok = False
                 self.failures += not ok
-                self.worst_ms = max(self.worst_ms, (time.perf_counter() - t0) * 1000)
+                ms = (time.perf_counter() - t0) * 1000
+                if ms > self.worst_ms:
+                    self.worst_ms, self.worst_at = ms, t0
                 self.stop.wait(0.05)
 
 
@@ -466,6 +768,9 @@ def main() -> None:
     ap.add_argument("--slow", type=int, default=4, help="slow clients of each kind (half as many stop reading)")
     ap.add_argument("--seed", type=int, default=16)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "hardening.json")
+    ap.add_argument("--tree", type=Path, default=ROOT,
+                    help="run the gateway of this source tree (e.g. a worktree of an older commit)")
+    ap.add_argument("--label", default="", help="what the tree is, for the result file")
     args = ap.parse_args()
 
     import tempfile
@@ -473,13 +778,23 @@ def main() -> None:
     t_start = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="sy-hardening-"))
     up, upstream = start_upstream(tmp, "u")
+    bad, bad_url = start_bad_upstream(tmp)
+    bad_host = bad_url.removeprefix("http://")
+    # Pool `bad`: the misbehaving upstream, behind a URL with credentials and a key set through a
+    # merge key; its circuit never opens, so that every probe reaches it.
     policy = (f"version: 1\nname: p\npools:\n  small:\n    model: m\n    replicas: [{{url: '{upstream}/v1'}}]\n"
+              f"  bad:\n    <<: {{api_key: {POOL_KEY}}}\n    model: b\n    retries: 0\n"
+              "    circuit: {failures: 1000000, cooldown: 1}\n    health: {interval: 3600}\n"
+              f"    replicas: [{{url: 'http://agent:{URL_SECRET}@{bad_host}/v1'}}]\n"
               "session: {pin: pool}\nroutes:\n  - {name: canary, when: {header.x-canary: '1', text: 'a+b'}, "
               "pool: small}\n  - {name: default, pool: small}\n")
     pol = tmp / "p.yaml"
     pol.write_text(policy)
+    tree = args.tree.resolve()
     gw, gurl = start_gateway(tmp, [pol], "--header-timeout", "2", "--body-timeout", "2", "--client-timeout", "2",
-                             "--no-watch")
+                             "--no-watch", cwd=tree)
+    gw_module = (tree / "switchyard" / "__init__.py").exists()
+    assert gw_module, f"{tree} is not a source tree of switchyard"
     port = int(gurl.rsplit(":", 1)[1])
     pid = gw.p.pid
     t = Tally(pid)
@@ -494,6 +809,8 @@ def main() -> None:
             sampler.start()
             t0 = time.monotonic()
             handmade(t, c, port, policy, args.scale)
+            work_bombs(t, c, args.scale)
+            misbehaviour = upstream_misbehaviour(t, c, bad_url, policy)
             generated(t, c, args.scale, args.seed)
             slow = slow_clients(t, port, upstream, args.slow)
             took = time.monotonic() - t0
@@ -509,13 +826,17 @@ def main() -> None:
     finally:
         gw.stop()
         up.stop()
+        bad.stop()
 
     outs = t.outcomes
     kinds = Counter(o.kind for o in outs)
     statuses: dict[str, Counter] = defaultdict(Counter)
     for o in outs:
         statuses[o.kind][str(o.status)] += 1
-    fives = [o for o in outs if isinstance(o.status, int) and o.status >= 500]
+    # An upstream probe's 502/503/504 is the gateway saying the upstream failed (what it should):
+    # only a 500 of the gateway's own is a gateway 5xx there.
+    fives = [o for o in outs if isinstance(o.status, int) and o.status >= 500
+             and not (o.kind.startswith("upstream:") and o.status in (502, 503, 504))]
     hangs = [o for o in outs if o.status in ("hang", "error")]
     fast_refusals = sorted((o for o in outs if refused(o) and o.kind not in SLOW_KINDS), key=lambda o: -o.ms)
     slow_cut = {k: {"n": len(v), "ended_after_s": [round(min(v) / 1000, 2), round(max(v) / 1000, 2)],
@@ -524,9 +845,15 @@ def main() -> None:
     stalls = next((float(ln.split()[-1]) for ln in metrics.splitlines()
                    if ln.startswith("switchyard_client_stalls_total")), None)
     refusal_ms = [o.ms for o in fast_refusals]
+    # The input in flight when /health/live answered slowest (the loop was stalled by it, or by
+    # what the machine's other work took from the gateway's core).
+    stalled_by = next((f"[{o.kind}] {o.label[:120]}" for o in outs
+                       if o.t_end - o.ms / 1000 - 0.05 <= probe.worst_at <= o.t_end), "no input in flight")
     result = {
-        "machine": {"cpus": os.cpu_count(), "load_1m_at_start": round(os.getloadavg()[0], 2),
-                    "python": platform.python_version()},
+        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_1m_at_start": round(os.getloadavg()[0], 2),
+                    "python": platform.python_version(),
+                    "note": "shared with other work (other sessions' tests and benches ran at the same time)"},
+        "tree": {"path": str(tree), "label": args.label or git_head(tree)},
         "settings": {"scale": args.scale, "seed": args.seed, "slow_per_kind": args.slow,
                      "gateway": "open mode, --header-timeout 2 --body-timeout 2 --client-timeout 2"},
         "inputs_tried": len(outs),
@@ -542,12 +869,15 @@ def main() -> None:
                                  "'cut' = the stream ended without its [DONE]"},
         "biggest_peak_raises": [{"kb": o.peak_raise_kb, "kind": o.kind, "input": o.label[:200]}
                                 for o in sorted(outs, key=lambda o: -o.peak_raise_kb)[:5]],
+        "upstream_probes": {"tried": misbehaviour["tried"], "wrong_answers": len(misbehaviour["wrong"]),
+                            "wrong": misbehaviour["wrong"]},
         "gateway_5xx": [{"kind": o.kind, "input": o.label[:300], "status": o.status} for o in fives],
         "hangs_or_errors": [{"kind": o.kind, "input": o.label[:300], "status": o.status} for o in hangs],
         "rss_kb": {"after_warmup": mem_start["VmRSS"], "vmhwm_after_warmup": mem_start["VmHWM"],
                    "peak_sampled": sampler.peak, "peak_vmhwm": mem_end["VmHWM"],
                    "end": mem_end["VmRSS"]},
         "health_live_worst_ms": round(probe.worst_ms, 1),
+        "health_live_worst_during": stalled_by,
         "health_live_failures": probe.failures,
         "gateway_alive_after": alive and after.status_code == 200,
         "seconds": {"inputs": round(took, 1), "total": round(time.monotonic() - t_start, 1)},
@@ -570,7 +900,10 @@ def main() -> None:
           f"(VmHWM; sampled {sampler.peak / 1024:.0f} MB), {mem_end['VmRSS'] / 1024:.0f} MB at the end")
     for o in sorted(outs, key=lambda o: -o.peak_raise_kb)[:3]:
         print(f"  peak raised {o.peak_raise_kb / 1024:5.1f} MB by [{o.kind}] {o.label[:100]}")
-    print(f"/health/live worst {probe.worst_ms:.0f} ms, {probe.failures} failures")
+    print(f"upstream probes: {misbehaviour['tried']} tried, {len(misbehaviour['wrong'])} answered wrongly")
+    for w in misbehaviour["wrong"]:
+        print(f"  wrong: [{w['kind']}] {w['input']}: {w['wrong']} (status {w['status']})")
+    print(f"/health/live worst {probe.worst_ms:.0f} ms ({stalled_by}), {probe.failures} failures")
     print(f"5xx from the gateway: {len(fives)}; hangs or client errors: {len(hangs)}; alive after: "
           f"{result['gateway_alive_after']}")
     for o in (fives + hangs)[:10]:

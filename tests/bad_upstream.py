@@ -30,6 +30,8 @@ DEFAULT = {
     "gzip_header": True,  # with gzip: send the Content-Encoding header
     "pad_bytes": 0,  # send this many bytes (a JSON string's inside) in place of the body, chunked
     "echo_auth": False,  # put the request's Authorization header into the body (an upstream echoing it)
+    "close_framing": False,  # no Content-Length nor chunks: the body ends when the connection closes
+    "cut_at": None,  # with close_framing: close after this many bytes of the body (a stream that dies)
     "health_status": 200,
     "metrics_status": 200,
     "metrics_headers": [["Content-Type", "text/plain"]],
@@ -69,6 +71,12 @@ async def _answer(writer: asyncio.StreamWriter, status: int, headers: list[list[
 async def _configured(writer: asyncio.StreamWriter, req_headers: dict[str, str]) -> None:
     cfg = STATE["cfg"]
     headers = [list(h) for h in cfg["headers"]]
+    if cfg["close_framing"]:
+        body = base64.b64decode(cfg["body_b64"]) if cfg["body_b64"] else cfg["body"].encode()
+        writer.write(_head(cfg["status"], headers, "Connection: close") + body[: cfg["cut_at"]])
+        await writer.drain()
+        writer.close()
+        return
     if cfg["pad_bytes"]:
         writer.write(_head(cfg["status"], headers, "Transfer-Encoding: chunked"))
         piece = b"x" * (1 << 20)

@@ -50,11 +50,11 @@ class Proc:
     """A child process that must answer `ready_url` (any status < 500) before tests use it."""
 
     def __init__(self, cmd: list[str], ready_url: str, log: Path, env: dict | None = None, timeout: float = 30.0,
-                 ready: Callable[[int], bool] = lambda status: status < 500):
+                 ready: Callable[[int], bool] = lambda status: status < 500, cwd: Path | None = None):
         self.cmd = cmd
         self.log = log
         self._logf = log.open("w")
-        self.p = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, cwd=ROOT,
+        self.p = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, cwd=cwd or ROOT,
                                   env={**os.environ, **(env or {})}, start_new_session=True)
         deadline = time.time() + timeout
         while True:
@@ -107,11 +107,12 @@ def start_upstream(tmp: Path, name: str, port: int | None = None, *extra: str) -
 
 
 def start_gateway(tmp: Path, policies: list[Path], *extra: str, name: str = "gw",
-                  env: dict | None = None) -> tuple[Proc, str]:
+                  env: dict | None = None, cwd: Path | None = None) -> tuple[Proc, str]:
+    """`cwd`: run the gateway of another source tree (a worktree of an older commit)."""
     port = free_port()
     cmd = [sys.executable, "-m", "switchyard.cli", "serve", "--port", str(port), "--log-level", "info"]
     for p in policies:
         cmd += ["--policy", str(p)]
     scheme = "https" if "--ssl-certfile" in extra else "http"
-    proc = Proc([*cmd, *extra], f"{scheme}://127.0.0.1:{port}/health", tmp / f"{name}.log", env=env)
+    proc = Proc([*cmd, *extra], f"{scheme}://127.0.0.1:{port}/health", tmp / f"{name}.log", env=env, cwd=cwd)
     return proc, f"{scheme}://127.0.0.1:{port}"

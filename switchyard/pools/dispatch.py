@@ -260,9 +260,10 @@ class Dispatcher:
         try:
             sent = headers or pool.upstream_headers
             # Redirects are never followed: a 307 would re-send the body (and our key) anywhere.
+            # A pool's Bearer key wins over a replica URL's user:password (one Authorization header).
             resp = await replica.client().post(
                 replica.url + path, data=payload, headers=sent, timeout=pool.timeout, allow_redirects=False,
-                auth=replica.auth,
+                auth=None if "Authorization" in sent else replica.auth,
             )
             status = resp.status
             scrub = scrubber_for(sent, replica.auth)

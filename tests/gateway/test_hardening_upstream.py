@@ -510,3 +510,21 @@ def test_size_flags_refuse_nonsense(tmp_path):
                         "--max-upstream-body", "lots"], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ}, timeout=60)
     assert r.returncode == 2 and "not a size: 'lots'" in r.stderr
+
+
+def test_pool_key_and_url_credentials_together(bad):
+    """Both set: the pool's Bearer key goes upstream (one Authorization header); neither is shown.
+    Found by bench/hardening.py: aiohttp refused the pair and the gateway answered 500."""
+    tmp, url = bad
+    steer(url, status=400, echo_auth=True)
+    host = url.removeprefix("http://")
+    pol = policy(tmp, [f"http://agent:pw-both-secret@{host}/v1"], file="both.yaml",
+                 pool_extra="    api_key: sk-both-literal-key-0123456789\n")
+    proc, gurl = start_gateway(tmp, [pol], name="gw-both")
+    try:
+        r = post(gurl)
+        assert r.status_code == 400 and "sk-both-literal-key" not in r.text and "pw-both-secret" not in r.text
+        assert seen(url)["last_headers"]["authorization"] == "Bearer sk-both-literal-key-0123456789"
+    finally:
+        proc.stop()
+        steer(url)
