@@ -11,9 +11,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import orjson
@@ -21,6 +22,7 @@ import pytest
 from procs import ROOT, Proc, free_port, start_gateway
 
 LIVE_MS = 100.0  # /health/live's worst answer while a bad input is handled
+T = TypeVar("T")
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "hello"}]}
 
 
@@ -79,6 +81,18 @@ def live(url: str) -> Iterator[LiveProbe]:
     assert p.n > 0
 
 
+def during(url: str, action: Callable[[], T], tries: int = 3) -> tuple[T, float]:
+    """`action()` with /health/live probed meanwhile: (its result, the probe's worst ms). The
+    machine is shared: a run whose worst is over LIVE_MS is tried again (up to `tries` runs), so
+    a neighbour's burst does not fail the test, while a stall of the gateway's own shows every time."""
+    for _ in range(tries):
+        with live(url) as probe:
+            out = action()
+        if probe.worst < LIVE_MS:
+            break
+    return out, probe.worst
+
+
 def metric(text: str, name: str, **labels: str) -> float:
     total = 0.0
     for line in text.splitlines():
@@ -120,13 +134,16 @@ def test_an_answer_built_to_stall_usage_parsing_does_not_freeze_the_loop(edge):
             '"content":"hi"},"finish_reason":"stop"}],"usage":' + '{"a":' * n + "1" + "}" * n + "}")
     assert len(bomb) > 128_000
     control(url, mode="json", body=bomb)
-    with live(gurl) as probe:
+
+    def send() -> tuple[httpx.Response, float]:
         t0 = time.perf_counter()
-        r = httpx.post(gurl + "/v1/chat/completions", json=BODY, timeout=60, trust_env=False)
-        took = time.perf_counter() - t0
+        return httpx.post(gurl + "/v1/chat/completions", json=BODY, timeout=60, trust_env=False), \
+            time.perf_counter() - t0
+
+    (r, took), worst = during(gurl, send)
     assert r.status_code == 200 and r.content == bomb.encode()  # relayed as it came, with no usage read
     assert took < 2, took
-    assert probe.worst < LIVE_MS, probe.worst
+    assert worst < LIVE_MS, worst
 
 
 # --- 8. an SSE event that never ends --------------------------------------------------------
@@ -136,12 +153,17 @@ def test_an_endless_upstream_event_ends_the_stream_with_an_error_event(edge):
     url, gurl, gw = edge
     control(url, mode="endless_event", total_mb=128)
     before = httpx.get(gurl + "/metrics", trust_env=False).text
-    with live(gurl) as probe:
+    runs = []
+
+    def send() -> tuple[httpx.Response, bytes, float]:
+        runs.append(1)
         t0 = time.perf_counter()
         with httpx.stream("POST", gurl + "/v1/chat/completions", json={**BODY, "stream": True}, timeout=60,
                           trust_env=False) as r:
             got = b"".join(r.iter_bytes())
-        took = time.perf_counter() - t0
+        return r, got, time.perf_counter() - t0
+
+    (r, got, took), worst = during(gurl, send)
     assert r.status_code == 200
     # At most the cap (1 MB) of the event went out, then OpenAI's error event, then the end.
     assert len(got) < 1.2 * (1 << 20), len(got)
@@ -149,10 +171,10 @@ def test_an_endless_upstream_event_ends_the_stream_with_an_error_event(edge):
     err = orjson.loads(tail[6:])["error"]
     assert "larger than 1048576 bytes" in err["message"] and "--max-event-mb" in err["message"], err
     assert took < 5, took  # was: the first byte after 42-103 s
-    assert probe.worst < LIVE_MS, probe.worst
+    assert worst < LIVE_MS, worst
     after = httpx.get(gurl + "/metrics", trust_env=False).text
     assert metric(after, "switchyard_requests_total", code="502") == \
-        metric(before, "switchyard_requests_total", code="502") + 1
+        metric(before, "switchyard_requests_total", code="502") + len(runs)
 
 
 def test_a_long_event_is_relayed_as_it_comes(edge):
@@ -250,14 +272,18 @@ def plain(tmp_path_factory):
 def test_the_worst_bodies_are_refused_without_freezing_the_loop(plain, name):
     url, gurl, gw = plain
     raw, limit = WORST_BODIES[name]
-    with live(gurl) as probe, httpx.Client(trust_env=False, timeout=60) as c:
+
+    def send() -> tuple[httpx.Response, float]:
         t0 = time.perf_counter()
-        r = c.post(gurl + "/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"})
-        took = time.perf_counter() - t0
+        r = httpx.post(gurl + "/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"},
+                       timeout=60, trust_env=False)
+        return r, time.perf_counter() - t0
+
+    (r, took), worst = during(gurl, send)
     assert r.status_code == 400, r.text[:300]
     err = r.json()["error"]
     assert limit in err["message"] and err["type"] == "invalid_request_error", err
-    assert probe.worst < LIVE_MS, (name, probe.worst, took)
+    assert worst < LIVE_MS, (name, worst, took)
 
 
 def test_large_bodies_within_the_limits_still_go_through(plain):
@@ -267,11 +293,12 @@ def test_large_bodies_within_the_limits_still_go_through(plain):
     big = {"model": "auto", "messages": [{"role": "user", "content": "y" * 10_000_000}]}
     code = {"model": "auto", "messages": [{"role": "user", "content": "f(a[i], {k: v}) " * 150_000}]}
     for body in (big, code):
-        with live(gurl) as probe:
-            r = httpx.post(gurl + "/v1/chat/completions", content=orjson.dumps(body),
-                           headers={"Content-Type": "application/json"}, timeout=60, trust_env=False)
+        raw = orjson.dumps(body)
+        r, worst = during(gurl, lambda raw=raw: httpx.post(gurl + "/v1/chat/completions", content=raw, timeout=60,
+                                                           headers={"Content-Type": "application/json"},
+                                                           trust_env=False))
         assert r.status_code == 200, r.text[:300]
-        assert probe.worst < LIVE_MS, probe.worst
+        assert worst < LIVE_MS, worst
 
 
 # --- keys: 3, 4, 10, 13 -------------------------------------------------------------------------
