@@ -31,8 +31,14 @@ log = logging.getLogger("switchyard.state.memory")
 MAX_SESSIONS = 200_000
 RESPONSE_OVERHEAD = 200  # bytes an entry costs beyond its record (key, tuple, dict slots)
 
-# expiry (monotonic), confidence, turns, then five string slots: policy, pool, label, rule, replica
-_SESSION = struct.Struct("<ddI5H")
+# recency bucket (state/bounded.py), expiry (monotonic), confidence (float32: 1e-7 is below any
+# threshold a rule sets), turns, then five string slots: policy, pool, label, rule, replica. 30
+# bytes: a bytes object of 63, one 64-byte block.
+_SESSION = struct.Struct("<IdfI5H")
+_BUCKET = struct.Struct("<I")
+_HEAD = 12  # bytes of bucket and expiry: what differs between sessions of the same content
+_RECORDS = 4096
+_EXPIRY = struct.Struct("<4xd")
 _NONE = 0xFFFF  # the slot holds None
 _INLINE = 0xFFFE  # the string follows the fixed part (length-prefixed): the table is full
 _MAX_STRINGS = 0xFFF0
@@ -56,7 +62,17 @@ class _Strings:
         return i
 
 
-def _pack(strs: _Strings, rec: SessionRecord, expires: float) -> bytes:
+def _pack(strs: _Strings, rec: SessionRecord, expires: float, bucket: int) -> bytes:
+    g = strs.index.get
+    p, pl, lb, ru = g(rec.policy), g(rec.pool), g(rec.label), g(rec.rule)
+    rp = _NONE if rec.replica is None else g(rec.replica)
+    turns = rec.turns if rec.turns <= 0xFFFFFFFF else 0xFFFFFFFF
+    if p is None or pl is None or lb is None or ru is None or rp is None:  # a name not seen yet
+        return _pack_new(strs, rec, expires, bucket, turns)
+    return _SESSION.pack(bucket, expires, rec.confidence, turns, p, pl, lb, ru, rp)
+
+
+def _pack_new(strs: _Strings, rec: SessionRecord, expires: float, bucket: int, turns: int) -> bytes:
     slots = []
     tail = b""
     for s in (rec.policy, rec.pool, rec.label, rec.rule, rec.replica):
@@ -68,12 +84,20 @@ def _pack(strs: _Strings, rec: SessionRecord, expires: float) -> bytes:
             raw = s.encode()
             tail += len(raw).to_bytes(4, "little") + raw
         slots.append(i)
-    return _SESSION.pack(expires, rec.confidence, rec.turns, *slots) + tail
+    return _SESSION.pack(bucket, expires, rec.confidence, turns, *slots) + tail
 
 
 def _unpack(strs: _Strings, raw: bytes) -> SessionRecord:
-    _, conf, turns, *slots = _SESSION.unpack_from(raw)
-    names = strs.names
+    if len(raw) != _SESSION.size:
+        return _unpack_inline(strs, raw)
+    _, _, conf, turns, p, pl, lb, ru, rp = _SESSION.unpack_from(raw)
+    n = strs.names
+    return SessionRecord(n[p], n[pl], n[lb], conf, None if rp == _NONE else n[rp], n[ru], turns)
+
+
+def _unpack_inline(strs: _Strings, raw: bytes) -> SessionRecord:
+    """A record with names past the table's end written in full after the fixed part."""
+    _, _, conf, turns, *slots = _SESSION.unpack_from(raw)
     off = _SESSION.size
     vals: list[str | None] = []
     for i in slots:
@@ -84,17 +108,29 @@ def _unpack(strs: _Strings, raw: bytes) -> SessionRecord:
             vals.append(raw[off + 4:off + 4 + n].decode())
             off += 4 + n
         else:
-            vals.append(names[i])
+            vals.append(strs.names[i])
     policy, pool, label, rule, replica = vals
     return SessionRecord(policy or "", pool or "", label or "", conf, replica, rule or "", turns)
 
 
 def _expiry(raw: bytes) -> float:
-    return _SESSION.unpack_from(raw)[0]
+    return _EXPIRY.unpack_from(raw)[0]
 
 
-def _response_weight(v: tuple[float, bytes]) -> int:
-    return len(v[1]) + RESPONSE_OVERHEAD
+def _bucket(raw: bytes) -> int:
+    return _BUCKET.unpack_from(raw)[0]
+
+
+# A stored response: (recency bucket, expiry, the record). Few enough (bounded by bytes) that a tuple will do.
+Stored = tuple[int, float, bytes]
+
+
+def _response_bucket(v: Stored) -> int:
+    return v[0]
+
+
+def _response_weight(v: Stored) -> int:
+    return len(v[2]) + RESPONSE_OVERHEAD
 
 
 class MemoryStore:
@@ -106,10 +142,12 @@ class MemoryStore:
                  max_response_bytes: int = MAX_RESPONSE_BYTES, max_responses_memory: int = MAX_RESPONSES_MEMORY):
         # Per caller: a caller over its cap loses its own oldest; at the total, the caller holding
         # the most does (state/bounded.py), so one tenant's fresh ids never evict another's.
-        self._sessions: OwnedLRU[bytes] = OwnedLRU(max_sessions_per_caller or max_sessions, max_sessions)
+        self._sessions: OwnedLRU[bytes] = OwnedLRU(max_sessions_per_caller or max_sessions, max_sessions, _bucket)
         self._strs = _Strings()
-        self._responses: OwnedLRU[tuple[float, bytes]] = OwnedLRU(
-            max_responses_per_caller, max_responses_memory, _response_weight)
+        self._records: dict[bytes, SessionRecord] = {}  # packed content -> its record (a bounded cache)
+        self._puts = 0
+        self._responses: OwnedLRU[Stored] = OwnedLRU(
+            max_responses_per_caller, max_responses_memory, _response_bucket, _response_weight)
         self.max_response_bytes = min(max_response_bytes, max_responses_memory - RESPONSE_OVERHEAD)
         self._circuits: dict[str, CircuitRecord] = {}
         self._drains: dict[str, str] = {}
@@ -137,7 +175,15 @@ class MemoryStore:
         if _expiry(raw) < time.monotonic():
             self._sessions.pop(caller, session_id)
             return None
-        return _unpack(self._strs, raw)
+        # Records repeat (a policy has few pools, labels and rules): one frozen record per distinct
+        # content, rather than a new object on every read.
+        body = raw[_HEAD:]
+        rec = self._records.get(body)
+        if rec is None:
+            if len(self._records) >= _RECORDS:
+                self._records.clear()
+            rec = self._records[body] = _unpack(self._strs, raw)
+        return rec
 
     def expiry(self, session_id: str) -> float | None:
         """Seconds left before the session expires (None: unknown or gone)."""
@@ -153,14 +199,17 @@ class MemoryStore:
     def put_session_now(self, session_id: str, record: SessionRecord, ttl: float) -> None:
         now = time.monotonic()
         caller = session_caller(session_id)
-        self._sessions.put(caller, session_id, _pack(self._strs, record, now + ttl))
-        # Sweep as we go: the caller's oldest, if expired, leaves now rather than at the cap, so
-        # memory follows the live sessions (two a put keeps ahead of one new session a put).
-        for _ in range(2):
-            old = self._sessions.oldest(caller)
-            if old is None or _expiry(old[1]) >= now:
-                break
-            self._sessions.pop(caller, old[0])
+        sessions = self._sessions
+        sessions.put(caller, session_id, _pack(self._strs, record, now + ttl, sessions.bucket(caller)))
+        self._puts += 1
+        if self._puts & 7 == 0:
+            # Sweep as we go: the caller's oldest, if expired, leave now rather than at the cap, so
+            # memory follows the live sessions (16 every 8 puts keeps ahead of one new a put).
+            for _ in range(16):
+                old = sessions.oldest(caller)
+                if old is None or _expiry(old[1]) >= now:
+                    break
+                sessions.pop(caller, old[0])
 
     async def list_sessions(self, limit: int = 100) -> dict[str, SessionRecord]:
         now = time.monotonic()
@@ -182,11 +231,11 @@ class MemoryStore:
             log.warning("stored response %s not kept: %d bytes, over the %d-byte cap", response_id[:64],
                         len(record), self.max_response_bytes)
             return False
-        self._responses.put(caller, response_id, (time.monotonic() + ttl, bytes(record)))
         now = time.monotonic()
+        self._responses.put(caller, response_id, (self._responses.bucket(caller), now + ttl, bytes(record)))
         for _ in range(2):  # expired ones leave as new ones come (as sessions do)
             old = self._responses.oldest(caller)
-            if old is None or old[1][0] >= now:
+            if old is None or old[1][1] >= now:
                 break
             self._responses.pop(caller, old[0])
         return True
@@ -198,19 +247,19 @@ class MemoryStore:
         item = self._responses.get(caller, response_id)
         if item is None:
             return None
-        if item[0] < time.monotonic():
+        if item[1] < time.monotonic():
             self._responses.pop(caller, response_id)
             return None
-        return item[1]
+        return item[2]
 
     def response_expiry(self, caller: str, response_id: str) -> float | None:
         item = self._responses.get(caller, response_id)
-        left = None if item is None else item[0] - time.monotonic()
+        left = None if item is None else item[1] - time.monotonic()
         return left if left is not None and left > 0 else None
 
     async def delete_response(self, caller: str, response_id: str) -> bool:
         item = self._responses.pop(caller, response_id)
-        return item is not None and item[0] >= time.monotonic()
+        return item is not None and item[1] >= time.monotonic()
 
     def responses_held(self) -> tuple[int, int]:
         """(responses, bytes they weigh) held in memory."""

@@ -148,6 +148,13 @@ def _decode_session(raw: bytes) -> tuple[SessionRecord, float]:
     return SessionRecord(v[0], v[1], v[2], float(v[3]), v[4], v[5], int(v[6])), float(v[7])
 
 
+def _same(held: SessionRecord | None, rec: SessionRecord) -> bool:
+    """The local copy says what `rec` says (it keeps the confidence as a float32)."""
+    return held is not None and abs(held.confidence - rec.confidence) < 1e-6 and (
+        held.policy, held.pool, held.label, held.replica, held.rule, held.turns,
+    ) == (rec.policy, rec.pool, rec.label, rec.replica, rec.rule, rec.turns)
+
+
 def _encode_load(rec: LoadRecord) -> str:
     kv = "-" if rec.kv is None else repr(rec.kv)
     return f"{rec.running!r} {rec.waiting!r} {kv} {rec.base}"
@@ -450,7 +457,7 @@ class RedisStore:
     async def put_session(self, session_id: str, record: SessionRecord, ttl: float) -> None:
         left = self.local.expiry(session_id)
         if left is not None and ttl - left < min(ttl * 0.05, 30.0) \
-                and self.local.get_session_now(session_id) == record:
+                and _same(self.local.get_session_now(session_id), record):
             # Unchanged and written a moment ago: refreshing the TTL can wait (a session lives at
             # most min(5%, 30 s) less), which keeps a busy session's turns to one Redis read each.
             return

@@ -27,7 +27,7 @@ def redis_server(tmp_path_factory):
 
 
 def _rec(pool: str = "small", replica: str | None = None) -> SessionRecord:
-    return SessionRecord("default", pool, "simple", 0.875, replica, "default", 3)
+    return SessionRecord("default", pool, "simple", 0.875, replica, "default", 3)  # 0.875: exact in float32
 
 
 # --- sessions -------------------------------------------------------------------------------
@@ -70,6 +70,7 @@ def test_session_store_at_its_cap_evicts_and_stays_within_its_memory_bound() -> 
     assert st.get_session_now(first) is None and st.get_session_now(last) == rec
     # Issue #34's goal, <= 300 bytes a session, when it fills and in steady churn at the cap (where
     # the tables hold room for the ids that come and go).
+    print(f"bytes a session: {at_cap / cap:.0f} filled, {after / cap:.0f} in churn at the cap")
     assert at_cap / cap <= 300 and after / cap <= 300, (at_cap / cap, after / cap)
     assert peak <= at_cap * 1.5, (at_cap, peak)
     # Nothing the cyclic GC walks: a full collection does not grow with the sessions.
@@ -83,7 +84,8 @@ def test_expired_sessions_leave_as_new_ones_come() -> None:
     time.sleep(0.02)
     for i in range(300):
         st.put_session_now(session_key("p", f"new-{i}", "c"), _rec(), 60)
-    assert st.session_count() == 300  # every expired one swept, none of the live
+    # Every expired one swept but those sharing a recency bucket (1000 // 64 puts) with live ones.
+    assert 300 <= st.session_count() <= 300 + 1000 // 64
 
 
 def test_one_callers_fresh_sessions_never_evict_another_callers() -> None:
@@ -95,9 +97,10 @@ def test_one_callers_fresh_sessions_never_evict_another_callers() -> None:
         st.put_session_now(session_key("p", f"spam-{i}", "noisy"), _rec(), 600)
     assert st.session_owners() == {"victim": 150, "noisy": 200}
     assert all(st.get_session_now(k) == _rec() for k in victim)
-    # The noisy caller's newest are the ones it keeps: its own oldest went first.
-    assert st.get_session_now(session_key("p", "spam-49999", "noisy")) is not None
-    assert st.get_session_now(session_key("p", "spam-49799", "noisy")) is None
+    # The noisy caller's newest are the ones it keeps: its own oldest went first (in put order to
+    # within one recency bucket, 200 // 64 = 3 puts).
+    assert all(st.get_session_now(session_key("p", f"spam-{i}", "noisy")) for i in range(49_803, 50_000))
+    assert not any(st.get_session_now(session_key("p", f"spam-{i}", "noisy")) for i in range(49_797))
 
 
 def test_at_the_total_cap_the_caller_holding_most_loses_its_own() -> None:
