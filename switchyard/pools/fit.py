@@ -2,8 +2,8 @@
 
 A pool's window is its policy's `max_model_len`, else what its replicas report of themselves,
 read when a health check finds one up (`discover`): `max_model_len` in `/v1/models` (vLLM,
-SGLang, our engine), else llama-server's `/props` (the context of one slot), else its
-`/v1/models` `meta.n_ctx_train`. A pool whose window is unknown takes every request (the
+SGLang, our engine), else llama-server's `meta.n_ctx` there or its `/props` (the context of one
+slot, what one request gets), else its `meta.n_ctx_train`. A pool whose window is unknown takes every request (the
 upstream is then the judge, as before).
 
 The prompt's size is an estimate, not a tokenization (the gateway has no tokenizer of the
@@ -109,13 +109,19 @@ def parse_windows(models: Any, props: Any = None) -> dict[str, int]:
     for m in data if isinstance(data, list) else ():
         if not isinstance(m, Mapping) or not isinstance(m.get("id"), str):
             continue
-        w = m.get("max_model_len")
-        if not isinstance(w, int) or w <= 0:
-            meta = m.get("meta")
-            w = n_ctx or (meta.get("n_ctx_train") if isinstance(meta, Mapping) else None)
-        if isinstance(w, int) and not isinstance(w, bool) and w > 0:
-            out[m["id"]] = w
+        meta = m.get("meta") if isinstance(m.get("meta"), Mapping) else {}
+        for w in (m.get("max_model_len"), meta.get("n_ctx"), n_ctx, meta.get("n_ctx_train")):
+            if isinstance(w, int) and not isinstance(w, bool) and w > 0:
+                out[m["id"]] = w
+                break
     return out
+
+
+def _served_window(models: Any) -> bool:
+    """Whether a /v1/models answer says the served window (not only the model's trained one)."""
+    data = models.get("data") if isinstance(models, Mapping) else None
+    return any(isinstance(m, Mapping) and ("max_model_len" in m or isinstance(m.get("meta"), Mapping)
+                                           and "n_ctx" in m["meta"]) for m in data or ())
 
 
 async def _get_json(replica: Replica, url: str, timeout: float) -> Any:
@@ -132,8 +138,7 @@ async def discover(replica: Replica, timeout: float) -> None:
     try:
         models = await _get_json(replica, replica.url + "/models", timeout)
         props = None
-        if models is not None and not any(isinstance(m, Mapping) and "max_model_len" in m
-                                          for m in models.get("data") or ()):
+        if models is not None and not _served_window(models):  # e.g. an older llama-server: its /props
             props = await _get_json(replica, replica.root + "/props", timeout)
     except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError, AttributeError) as e:
         log.debug("replica %s: context window not read: %s", replica.name, e)

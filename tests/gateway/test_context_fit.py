@@ -173,3 +173,16 @@ def test_anthropic_clients_read_prompt_is_too_long(ctx: Ctx) -> None:
                                  {"anthropic-version": "2023-06-01"})
     assert status == 200, answer
     assert ctx.last_body("short")["max_tokens"] < SHORT
+
+
+def test_windows_as_each_server_reports_them() -> None:
+    vllm = {"object": "list", "data": [{"id": "meta-llama/Llama-3.1-8B", "object": "model", "max_model_len": 131072}]}
+    assert fit.parse_windows(vllm) == {"meta-llama/Llama-3.1-8B": 131072}
+    # llama-server: one slot's context (--ctx-size / --parallel), not the model's trained one
+    cpp = {"data": [{"id": "smollm2", "meta": {"n_ctx": 2048, "n_ctx_train": 8192}}]}
+    assert fit.parse_windows(cpp) == {"smollm2": 2048}
+    older = {"data": [{"id": "smollm2", "meta": {"n_ctx_train": 8192}}]}
+    assert fit.parse_windows(older, {"default_generation_settings": {"n_ctx": 4096}}) == {"smollm2": 4096}
+    assert fit.parse_windows(older) == {"smollm2": 8192}
+    assert fit.parse_windows({"data": [{"id": "x"}]}) == {}
+    assert fit.parse_windows({"data": "nonsense"}) == {} and fit.parse_windows(None) == {}
