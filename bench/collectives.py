@@ -21,7 +21,7 @@ def _rank(out: Path, iters: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from switchyard.engine.comm import OneShotBackend, RingBackend, latency_sweep, make_backend
+    from switchyard.engine.runner.comm import OneShotBackend, RingBackend, latency_sweep, make_backend
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from switchyard.engine import cuda_kernels as ck
-from switchyard.engine.random_weights import SHAPES
+from switchyard.engine.backends.cuda import kernels as ck
+from switchyard.engine.model.random_weights import SHAPES
 
 L2_DEFEAT_BYTES = 200e6
 

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from switchyard.engine.native import keep_workers_spinning
+from switchyard.engine.backends.cpu.native import keep_workers_spinning
 
 keep_workers_spinning()  # as `engine serve` does, before torch loads libgomp
 
@@ -41,9 +41,9 @@ def _prompt_ids(tok, i: int = 0) -> list[int]:  # type: ignore[no-untyped-def]
 def _start_engine(path: Path, dtype: str, threads: int, max_num_seqs: int, max_model_len: int,
                   **sched_kw: int):  # type: ignore[no-untyped-def]
     """The real runner and scheduler, in-process, no HTTP; returns (scheduler, its thread)."""
-    from switchyard.engine.runner import Runner, RunnerOptions
-    from switchyard.engine.scheduler import Scheduler
-    from switchyard.engine.serve import _tokenizer
+    from switchyard.engine.core.scheduler import Scheduler
+    from switchyard.engine.runner.model_runner import Runner, RunnerOptions
+    from switchyard.engine.serving.rank0 import _tokenizer
 
     runner = Runner(RunnerOptions(model_path=path, tp=1, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                   dtype=dtype, threads=threads), 0, 1)
@@ -66,8 +66,8 @@ def _start_engine(path: Path, dtype: str, threads: int, max_num_seqs: int, max_m
 
 def ours(path: Path, dtype: str, threads: int, tokens: int, batch: int):  # type: ignore[no-untyped-def]
     """Our engine, loaded and warm: (run, stop), run(n) -> (decode tok/s, TTFTs in s)."""
-    from switchyard.engine.sampling import SamplingParams
-    from switchyard.engine.scheduler import Sequence
+    from switchyard.engine.core.sampling import SamplingParams
+    from switchyard.engine.core.scheduler import Sequence
 
     sched, loop = _start_engine(path, dtype, threads, max(batch, 1), 1024)
     tok = sched.tok
@@ -106,8 +106,8 @@ def ours(path: Path, dtype: str, threads: int, tokens: int, batch: int):  # type
 def prefill_rate(sched, n: int, salt: int) -> float:  # type: ignore[no-untyped-def]
     """Prefill tok/s of one n-token prompt: n / its time to first token. `salt` makes each
     round's prompt differ from its first token on, so no cached prefix could serve it."""
-    from switchyard.engine.sampling import SamplingParams
-    from switchyard.engine.scheduler import Sequence
+    from switchyard.engine.core.sampling import SamplingParams
+    from switchyard.engine.core.scheduler import Sequence
 
     tok = sched.tok
     words = " ".join(f"{w}{salt}" for w in ("ship", "river", "stone", "lamp", "field", "glass") * 200)
@@ -130,8 +130,8 @@ def prefill_rate(sched, n: int, salt: int) -> float:  # type: ignore[no-untyped-
 def long_prompt(path: Path, dtype: str, threads: int, budget: int) -> dict[str, float]:
     """A stream decodes; a ~1,800-token prompt arrives. The stream's longest gap between tokens
     and the long prompt's TTFT, with `budget` prompt tokens prefilled a step."""
-    from switchyard.engine.sampling import SamplingParams
-    from switchyard.engine.scheduler import Sequence
+    from switchyard.engine.core.sampling import SamplingParams
+    from switchyard.engine.core.scheduler import Sequence
 
     sched, loop = _start_engine(path, dtype, threads, 4, 2048, max_num_batched_tokens=budget)
     tok = sched.tok
@@ -174,8 +174,8 @@ def transformers_ref(path: Path, threads: int, tokens: int, batch: int):  # type
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    from switchyard.engine.tokenizer import from_gguf
-    from switchyard.engine.weights import GGUFSource
+    from switchyard.engine.chat.tokenizer import from_gguf
+    from switchyard.engine.model.weights import GGUFSource
 
     cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     with torch.device("meta"):
@@ -268,7 +268,7 @@ def main() -> None:
                          "chunked (--max-num-batched-tokens 512) vs in one step")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
-    from switchyard.engine import registry
+    from switchyard.engine.serving import registry
 
     path = registry.pull("smollm2-135m")
     if a.long_prompt:
@@ -360,7 +360,7 @@ def _vs_llama_cpp(path: Path, a: argparse.Namespace) -> None:
     def ratio(num: str, den: str) -> str:
         return _ratio([r[num] / r[den] for r in rows])
 
-    from switchyard.engine import native
+    from switchyard.engine.backends.cpu import native
 
     print(f"threads {threads}, {a.tokens} new tokens, prompts of ~{prompt_len} tokens, {a.repeats} rounds (medians); "
           f"CPU: {native.cpu_model()}; our native build: {native.load()[1] or 'none (torch ops)'}; llama.cpp in {bins.root}")

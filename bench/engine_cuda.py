@@ -30,11 +30,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from switchyard.engine.comm import SingleRank  # noqa: E402
-from switchyard.engine.config import ModelConfig  # noqa: E402
-from switchyard.engine.cuda_model import CudaModel  # noqa: E402
-from switchyard.engine.random_weights import SHAPES  # noqa: E402
-from switchyard.engine.weights import Shard  # noqa: E402
+from switchyard.engine.model.config import ModelConfig  # noqa: E402
+from switchyard.engine.model.cuda_decoder import CudaModel  # noqa: E402
+from switchyard.engine.model.random_weights import SHAPES  # noqa: E402
+from switchyard.engine.model.weights import Shard  # noqa: E402
+from switchyard.engine.runner.comm import SingleRank  # noqa: E402
 
 PROMPT = 128  # decode-sweep prompt length
 

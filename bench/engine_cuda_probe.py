@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_cuda import PROMPT, copy_bandwidth, decode_rate, ttft  # noqa: E402
 
-from switchyard.engine.comm import SingleRank  # noqa: E402
-from switchyard.engine.cuda_model import CudaModel  # noqa: E402
-from switchyard.engine.random_weights import SHAPES, random_weights  # noqa: E402
-from switchyard.engine.weights import Shard  # noqa: E402
+from switchyard.engine.model.cuda_decoder import CudaModel  # noqa: E402
+from switchyard.engine.model.random_weights import SHAPES, random_weights  # noqa: E402
+from switchyard.engine.model.weights import Shard  # noqa: E402
+from switchyard.engine.runner.comm import SingleRank  # noqa: E402
 
 VARIANTS = (("torch", 4), ("fused", 1), ("fused", 2), ("fused", 4))
 
@@ -85,7 +85,7 @@ def compare(m: CudaModel, batch: int) -> float:
 
 def use_tiles(sweep: list[dict[str, Any]]) -> None:
     """Have cuda_kernels.tile_for return the sweep's fastest tile for each shape it measured."""
-    from switchyard.engine import cuda_kernels as ck
+    from switchyard.engine.backends.cuda import kernels as ck
 
     best = {(r["kernel"].replace("o_proj", "gemv").replace("down_proj", "gemv"), 1 if r["rows"] == 1 else 16,
              r["n"], r["k"]): ck.Tile(**r["best"]["tile"]) for r in sweep if "best" in r}

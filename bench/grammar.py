@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from switchyard.engine.native import keep_workers_spinning
+from switchyard.engine.backends.cpu.native import keep_workers_spinning
 
 keep_workers_spinning()  # as `engine serve` does, before torch loads libgomp
 
@@ -62,7 +62,7 @@ BODIES = {"required": {"tool_choice": "required", "parallel_tool_calls": False},
 def _tokenizer(path: Path) -> Any:
     import gguf
 
-    from switchyard.engine import tokenizer
+    from switchyard.engine.chat import tokenizer
 
     return tokenizer.from_gguf(gguf.GGUFReader(str(path)))
 
@@ -75,7 +75,7 @@ def _ms(xs: list[float]) -> str:
 
 
 def libraries(path: Path, rounds: int) -> None:
-    from switchyard.engine.structured import constraint
+    from switchyard.engine.chat.structured import constraint
 
     tok = _tokenizer(path)
     V = tok.vocab_size
@@ -171,10 +171,10 @@ def libraries(path: Path, rounds: int) -> None:
 
 
 def engine(path: Path, rounds: int, steps: int, threads: int, mask_threads: int) -> None:
-    from switchyard.engine.grammar import GrammarMasker, Grammars
-    from switchyard.engine.runner import Runner, RunnerOptions
-    from switchyard.engine.sampling import SamplingParams, sample
-    from switchyard.engine.structured import constraint
+    from switchyard.engine.chat.grammar import GrammarMasker, Grammars
+    from switchyard.engine.chat.structured import constraint
+    from switchyard.engine.core.sampling import SamplingParams, sample
+    from switchyard.engine.runner.model_runner import Runner, RunnerOptions
 
     tok = _tokenizer(path)
     runner = Runner(RunnerOptions(model_path=path, tp=1, max_num_seqs=16, max_model_len=1024, threads=threads,
@@ -243,7 +243,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="the runner's threads (0: all cores)")
     ap.add_argument("--mask-threads", type=int, default=1, help="llguidance's threads for a step's masks")
     args = ap.parse_args()
-    from switchyard.engine import registry
+    from switchyard.engine.serving import registry
 
     path = registry.pull("smollm2-135m")
     if args.part in ("both", "libraries"):

@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent_trace import Result, Turn, hit_rate, make_trace, per_turn, send  # noqa: E402
 
-from switchyard.engine.native import cpu_model  # noqa: E402
+from switchyard.engine.backends.cpu.native import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,10 +4,16 @@
   switchyard engine serve --model smollm2-135m --tp 3 --collective auto --port 8201
   torchrun --nproc-per-node 3 -m switchyard.cli engine serve --model smollm2-135m --tp 3
 
-Modules, one job each: config (model shape from GGUF/config.json, TP checks), weights (one
-rank's shard, dequantized), linear (dense or int4 projections), model (the TP decoder and its
-KV cache), comm (ring / oneshot / auto all-reduce), runner (process group, step broadcast),
-sampling, scheduler (continuous batching), tokenizer + tools (chat template, Hermes tool
-calls), protocol (OpenAI validation), server (HTTP), serve (rank 0), launch (ranks,
-supervision), registry (`models pull`), cli.
+Subpackages by role, each importing only those below it (import-linter holds it):
+
+  serving/    HTTP (http), rank 0's start-up (rank0), rank processes (launch), CLI, typed
+              options, request validation (protocol), model names (registry)
+  core/       sequences and the scheduler (decides what runs), KV blocks, the output stage
+  runner/     one rank's model runner, the Step value and its broadcast, collectives
+  model/      config, weights, projections, the ONE Llama-family decoder
+  backends/   what differs per device, behind one registry: cpu (native kernels) | cuda (Triton, graphs)
+  chat/       tokenizer and template, tools, tool-call streaming, structured output, grammar
+  errors      the engine's exception tree
+
+cli, config, launch and registry here are the old paths, kept for code outside the engine.
 """

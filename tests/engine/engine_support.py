@@ -64,7 +64,7 @@ class EngineServer:
         self.log = log
         # standalone: the engine's own entry point, which imports nothing of the gateway (a GPU
         # machine carrying only the engine's dependencies runs it).
-        entry = ["-m", "switchyard.engine.cli"] if standalone else ["-m", "switchyard.cli", "engine", "serve"]
+        entry = ["-m", "switchyard.engine.serving.cli"] if standalone else ["-m", "switchyard.cli", "engine", "serve"]
         cmd = [sys.executable, *entry, "--model", str(model), "--tp", str(tp),
                "--port", str(self.port), *(extra or [])]
         # Ready means /health answers 200: it answers 503 while the model loads.
@@ -84,7 +84,7 @@ class EngineServer:
 
 
 def smollm2_path() -> Path:
-    from switchyard.engine import registry
+    from switchyard.engine.serving import registry
 
     return registry.pull("smollm2-135m")
 

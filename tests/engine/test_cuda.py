@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from switchyard.engine.comm import SingleRank
-from switchyard.engine.cuda_graphs import BATCH_BUCKETS, DecodeGraphs, batch_bucket, len_bucket
-from switchyard.engine.cuda_model import CudaModel
-from switchyard.engine.cuda_ops import Fused, Ops, silu_mul
-from switchyard.engine.model import TPModel
-from switchyard.engine.random_weights import SMOLLM2_135M, random_weights
-from switchyard.engine.weights import Shard
+from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, DecodeGraphs, batch_bucket, len_bucket
+from switchyard.engine.backends.cuda.ops import Fused, Ops, silu_mul
+from switchyard.engine.model.cuda_decoder import CudaModel
+from switchyard.engine.model.decoder import TPModel
+from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
+from switchyard.engine.model.weights import Shard
+from switchyard.engine.runner.comm import SingleRank
 
 REL_TOL = 0.15
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
@@ -150,7 +150,7 @@ def test_fused_kernels_equal_cpu_engine(dtype: torch.dtype, tol: float) -> None:
 
 @fused
 def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest.MonkeyPatch) -> None:
-    from switchyard.engine import cuda_kernels
+    from switchyard.engine.backends.cuda import kernels as cuda_kernels
 
     w = random_weights(NARROW, seed=2)
     sh = Shard(0, 1, NARROW)
@@ -175,7 +175,7 @@ def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest
 def test_steps_past_the_fused_rows_read_the_cache_with_the_paged_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past 16 rows the projections are cuBLAS's and attention the paged kernel: made to happen
     at 3 rows here (the fused limit set to 2), prefills, joins, idle slots and all."""
-    from switchyard.engine import cuda_model
+    from switchyard.engine.model import cuda_decoder as cuda_model
 
     monkeypatch.setattr(cuda_model, "MAX_FUSED_ROWS", 2)
     ref, m = _pair(NARROW, random_weights(NARROW, seed=5), torch.float32, FUSED_DEV, decode_kernels="fused")
@@ -343,7 +343,7 @@ def test_gpu_fused_ops_compile() -> None:
 
 
 def test_inverse_cdf_sampling_matches_the_distribution() -> None:
-    from switchyard.engine.cuda_sampling import inverse_cdf
+    from switchyard.engine.core.sampling import inverse_cdf
 
     probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
     g = torch.Generator().manual_seed(7)
@@ -373,8 +373,8 @@ def _random_llama_dir(d, cfg) -> None:  # type: ignore[no-untyped-def]
 def test_gpu_runner_and_sampling(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The runner with --device cuda (what `engine serve --device cuda` runs) against the CPU runner
     on the same safetensors file; seeded sampling on the GPU logits is reproducible."""
-    from switchyard.engine.runner import Runner, RunnerOptions
-    from switchyard.engine.sampling import SamplingParams, make_generator, sample
+    from switchyard.engine.core.sampling import SamplingParams, make_generator, sample
+    from switchyard.engine.runner.model_runner import Runner, RunnerOptions
 
     _random_llama_dir(tmp_path, SMALL)
     runners = []
@@ -452,7 +452,7 @@ def test_cpu_tensor_parallel_sharding_equals_tp1(tmp_path) -> None:  # type: ign
     equals TP=1. The GPU test below runs the same harness on 2 GPUs, inside CUDA graphs."""
     cfg = dataclasses.replace(SMALL, num_layers=2)
     _random_llama_dir(tmp_path, cfg)
-    from switchyard.engine.weights import load_shard, open_source
+    from switchyard.engine.model.weights import load_shard, open_source
 
     src = open_source(tmp_path)
     one = CudaModel(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), max_slots=8,
@@ -475,8 +475,8 @@ def test_gpu_tensor_parallel_tp2_in_graphs(tmp_path, collective: str) -> None:  
     the oneshot test forced to fail serves on ring and says why."""
     import json
 
-    from switchyard.engine.comm import FORCE_FAIL_ENV
-    from switchyard.engine.weights import load_shard, open_source
+    from switchyard.engine.model.weights import load_shard, open_source
+    from switchyard.engine.runner.comm import FORCE_FAIL_ENV
 
     cfg = dataclasses.replace(SMALL, num_layers=4, num_heads=8, num_kv_heads=4, hidden_size=512,
                               intermediate_size=1536)

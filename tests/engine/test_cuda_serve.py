@@ -22,7 +22,7 @@ import pytest
 import torch
 from engine_support import EngineServer, get
 
-from switchyard.engine.random_weights import SMOLLM2_135M, random_weights
+from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 
@@ -54,7 +54,7 @@ def write_tokenizer(d: Path) -> None:
     import gguf
     from engine_support import smollm2_path
 
-    from switchyard.engine import tokenizer
+    from switchyard.engine.chat import tokenizer
 
     t = tokenizer.from_gguf(gguf.GGUFReader(str(smollm2_path())))
     (d / "tokenizer.json").write_text(t.tok.to_str())

@@ -25,9 +25,9 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_cuda import scenario
 
-    from switchyard.engine.comm import GPU_ENV, make_backend
-    from switchyard.engine.cuda_model import CudaModel
-    from switchyard.engine.weights import Shard, load_shard, open_source
+    from switchyard.engine.model.cuda_decoder import CudaModel
+    from switchyard.engine.model.weights import Shard, load_shard, open_source
+    from switchyard.engine.runner.comm import GPU_ENV, make_backend
 
     torch.set_num_threads(1)
     model_dir, out, collective = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]

@@ -55,9 +55,9 @@ CASES = {
 def test_family_matches_transformers(case: str, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from switchyard.engine.comm import SingleRank
-    from switchyard.engine.model import TPModel
-    from switchyard.engine.weights import Shard, load_shard, open_source
+    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.weights import Shard, load_shard, open_source
+    from switchyard.engine.runner.comm import SingleRank
 
     model_type, extra = CASES[case]
     d = _checkpoint(tmp_path / case, model_type, extra)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from switchyard.engine.kv_blocks import BlockPool, SeqBlocks, prefix_keys
+from switchyard.engine.core.kv_blocks import BlockPool, SeqBlocks, prefix_keys
 
 
 def _run(pool: BlockPool, tokens: list[int]) -> SeqBlocks:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from switchyard.engine import linear
-from switchyard.engine import native as nat
+from switchyard.engine.backends.cpu import native as nat
+from switchyard.engine.model import linear
 
 
 @pytest.fixture(params=[b.name for b in nat.BUILDS])
@@ -173,8 +173,8 @@ def _greedy(model, prompts: list[list[int]], n: int, trace: list | None = None) 
 @pytest.fixture(scope="module")
 def smollm2(gguf_path: Path):  # type: ignore[no-untyped-def]
     """SmolLM2's config, float32 weights and the three test prompts."""
-    from switchyard.engine.tokenizer import from_gguf
-    from switchyard.engine.weights import load_shard, open_source
+    from switchyard.engine.chat.tokenizer import from_gguf
+    from switchyard.engine.model.weights import load_shard, open_source
 
     src = open_source(gguf_path)
     tok = from_gguf(src.reader)
@@ -184,9 +184,9 @@ def smollm2(gguf_path: Path):  # type: ignore[no-untyped-def]
 
 
 def _model(smollm2, dtype: str = "float32"):  # type: ignore[no-untyped-def]
-    from switchyard.engine.comm import SingleRank
-    from switchyard.engine.model import TPModel
-    from switchyard.engine.weights import Shard
+    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.weights import Shard
+    from switchyard.engine.runner.comm import SingleRank
 
     config, weights, _, _ = smollm2
     return TPModel(config, Shard(0, 1, config), weights, SingleRank(), max_slots=3, max_len=128, dtype=dtype)
@@ -235,10 +235,10 @@ def test_native_decode_attention_equals_torch_path(build: str, kv_dtype: str) ->
     on a float32 or float16 cache."""
     import dataclasses
 
-    from switchyard.engine.comm import SingleRank
-    from switchyard.engine.model import TPModel
-    from switchyard.engine.random_weights import SMOLLM2_135M, random_weights
-    from switchyard.engine.weights import Shard
+    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
+    from switchyard.engine.model.weights import Shard
+    from switchyard.engine.runner.comm import SingleRank
 
     cfg = dataclasses.replace(SMOLLM2_135M, num_layers=2)
     w = random_weights(cfg, seed=3)
@@ -279,10 +279,10 @@ def test_scattered_blocks_and_a_shared_prefix_equal_contiguous_slots(build: str,
     prefilled both prompts whole into contiguous slots; the shared blocks are never written."""
     import dataclasses
 
-    from switchyard.engine.comm import SingleRank
-    from switchyard.engine.model import TPModel
-    from switchyard.engine.random_weights import SMOLLM2_135M, random_weights
-    from switchyard.engine.weights import Shard
+    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
+    from switchyard.engine.model.weights import Shard
+    from switchyard.engine.runner.comm import SingleRank
 
     cfg = dataclasses.replace(SMOLLM2_135M, num_layers=2)
     w = random_weights(cfg, seed=8)
@@ -325,10 +325,10 @@ def test_scattered_blocks_and_a_shared_prefix_equal_contiguous_slots(build: str,
 def test_native_attention_refuses_a_slot_outside_the_cache(build: str) -> None:
     import dataclasses
 
-    from switchyard.engine.comm import SingleRank
-    from switchyard.engine.model import TPModel
-    from switchyard.engine.random_weights import SMOLLM2_135M, random_weights
-    from switchyard.engine.weights import Shard
+    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
+    from switchyard.engine.model.weights import Shard
+    from switchyard.engine.runner.comm import SingleRank
 
     cfg = dataclasses.replace(SMOLLM2_135M, num_layers=1)
     m = TPModel(cfg, Shard(0, 1, cfg), random_weights(cfg, seed=4), SingleRank(), max_slots=2, max_len=16)
@@ -341,8 +341,8 @@ def test_row_ops_match_torch(build: str) -> None:
     """RMSNorm (with and without the residual add), SwiGLU, RoPE and the refine's gathered dot
     products: one native call each, the same values as torch's ops to float32 rounding, and
     each row independent of its batch."""
-    from switchyard.engine.native import load as load_native
-    from switchyard.engine.rowops import RowOps, rms_norm_torch, rotate_torch
+    from switchyard.engine.backends.cpu.native import load as load_native
+    from switchyard.engine.backends.cpu.rowops import RowOps, rms_norm_torch, rotate_torch
 
     g = torch.Generator().manual_seed(5)
     H, Hkv, D, max_len = 9, 3, 64, 40
@@ -387,7 +387,7 @@ def test_native_attention_other_head_shapes(build: str, heads: int, kv_heads: in
     one that ends at its table's last position, a float32 or float16 cache: the new key and
     value written into the right block (rounded to the cache's dtype), then softmax(qK)V over
     the sequence's blocks."""
-    from switchyard.engine.native import load as load_native
+    from switchyard.engine.backends.cpu.native import load as load_native
 
     lib = load_native()[0]
     g = torch.Generator().manual_seed(heads + dim + bs)
@@ -431,8 +431,8 @@ def test_native_attention_other_head_shapes(build: str, heads: int, kv_heads: in
 def test_native_top_k_orders_like_a_stable_sort(build: str) -> None:
     """The logits' top-k and the sampler's argmax: largest first, ties to the lower index (as a
     stable descending sort gives them), NaN never chosen; torch's topk where ours can't run."""
-    from switchyard.engine.native import load as load_native
-    from switchyard.engine.rowops import topk_indices
+    from switchyard.engine.backends.cpu.native import load as load_native
+    from switchyard.engine.backends.cpu.rowops import topk_indices
 
     lib = load_native()[0]
     g = torch.Generator().manual_seed(6)

@@ -79,7 +79,7 @@ def test_bad_requests_get_openai_400s(server_tp1: EngineServer) -> None:
 
 
 def test_tools_rendered_and_parsed(server_tp1: EngineServer) -> None:
-    from switchyard.engine.tools import parse_tool_calls, render_tool_messages
+    from switchyard.engine.chat.tools import parse_tool_calls, render_tool_messages
 
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                                "parameters": {"type": "object",
@@ -168,8 +168,8 @@ def test_waiting_queue_is_bounded() -> None:
     """The scheduler refuses work beyond its waiting queue (the server maps it to 429)."""
     import pytest
 
-    from switchyard.engine.sampling import SamplingParams
-    from switchyard.engine.scheduler import QueueFull, Scheduler, Sequence
+    from switchyard.engine.core.sampling import SamplingParams
+    from switchyard.engine.core.scheduler import QueueFull, Scheduler, Sequence
 
     sched = Scheduler(runner=None, tokenizer=None, max_num_seqs=1, max_model_len=64, max_waiting=2)  # type: ignore[arg-type]
     for _ in range(2):

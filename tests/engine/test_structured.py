@@ -81,8 +81,8 @@ def _valid_calls(choice: Any, names: set[str] | None = None) -> list[tuple[str, 
 
 
 def test_token_mask_native_equals_torch_and_spares_free_rows() -> None:
-    from switchyard.engine.native import load
-    from switchyard.engine.token_mask import apply_token_bitmask, apply_token_bitmask_torch
+    from switchyard.engine.backends.cpu.native import load
+    from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask, apply_token_bitmask_torch
 
     g = torch.Generator().manual_seed(0)
     for V, W in ((49152, 1536), (1000, 32), (1030, 32)):  # the last: a vocabulary padded past the mask
@@ -111,9 +111,9 @@ def test_token_mask_native_equals_torch_and_spares_free_rows() -> None:
 def test_gpu_masks_equal_the_cpu_kernel(gguf_path: Path) -> None:
     """The GPU path (torch ops on the device, the bitmask copied over) masks as the CPU kernel does,
     in float32 and bfloat16; a real grammar's masker leaves the free row alone on the GPU too."""
-    from switchyard.engine.grammar import GrammarMasker, Grammars
-    from switchyard.engine.structured import constraint
-    from switchyard.engine.token_mask import apply_token_bitmask
+    from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask
+    from switchyard.engine.chat.grammar import GrammarMasker, Grammars
+    from switchyard.engine.chat.structured import constraint
 
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 49152, generator=g)
@@ -126,7 +126,7 @@ def test_gpu_masks_equal_the_cpu_kernel(gguf_path: Path) -> None:
         assert torch.equal(torch.isinf(dev.float().cpu()), torch.isinf(ref))
     import gguf
 
-    from switchyard.engine import tokenizer
+    from switchyard.engine.chat import tokenizer
 
     tok = tokenizer.from_gguf(gguf.GGUFReader(str(gguf_path)))
     grammars = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
@@ -140,7 +140,7 @@ def test_gpu_masks_equal_the_cpu_kernel(gguf_path: Path) -> None:
 
 
 def test_call_parser_streams_what_the_whole_text_gives() -> None:
-    from switchyard.engine.tool_stream import ToolCallStream
+    from switchyard.engine.chat.tool_stream import ToolCallStream
 
     text = ('Let me check <that>.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris}", '
             '"unit": "celsius", "days": [1, {"x": "]"}]}}\n</tool_call>\n<tool_call>\n{"name": "book_trip", '
@@ -170,8 +170,8 @@ def test_call_parser_streams_what_the_whole_text_gives() -> None:
 
 
 def test_request_fields_that_are_wrong_name_their_parameter() -> None:
-    from switchyard.engine.protocol import RequestError
-    from switchyard.engine.structured import constraint
+    from switchyard.engine.chat.structured import constraint
+    from switchyard.engine.serving.protocol import RequestError
 
     cases = [({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, TOOLS, "tool_choice"),
              ({"tool_choice": "sometimes"}, TOOLS, "tool_choice"),
@@ -314,7 +314,7 @@ AUTO_TRIP = [*SHOT_PARIS, *SHOT_MADRID, {"role": "user", "content": "Book a busi
 
 def _chatml(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
     """The prompt the engine renders for a chat request (SmolLM2's template is ChatML)."""
-    from switchyard.engine.tools import render_tool_messages
+    from switchyard.engine.chat.tools import render_tool_messages
 
     return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
                    for m in render_tool_messages(messages, tools)) + "<|im_start|>assistant\n"

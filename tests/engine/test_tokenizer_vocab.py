@@ -40,7 +40,7 @@ def _cases(vocab_dir: Path, name: str) -> list[tuple[str, list[int]]]:
 def _load(vocab_dir: Path, name: str):  # type: ignore[no-untyped-def]
     from gguf import GGUFReader
 
-    from switchyard.engine.tokenizer import from_gguf
+    from switchyard.engine.chat.tokenizer import from_gguf
 
     return from_gguf(GGUFReader(str(vocab_dir / f"ggml-vocab-{name}.gguf")))
 
@@ -62,7 +62,7 @@ def test_tokenizes_as_llama_cpp(vocab_dir: Path, name: str) -> None:
 def test_sentencepiece_streams_and_adds_bos(vocab_dir: Path) -> None:
     """A Llama 2 (SentencePiece) GGUF: the prompt starts with BOS, as the file asks, and the
     streaming detokenizer gives the same text as one decode (its leading-space rule included)."""
-    from switchyard.engine.tokenizer import Detokenizer
+    from switchyard.engine.chat.tokenizer import Detokenizer
 
     tok = _load(vocab_dir, "llama-spm")
     text = "Hello world!\n  Indented, naïve café 東京 🦙 x² ≥ 0"
@@ -85,7 +85,7 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path: Path) -> None:
     it too), not split with GPT-2's regex as before."""
     from gguf import GGUFReader, GGUFWriter
 
-    from switchyard.engine.tokenizer import from_gguf
+    from switchyard.engine.chat.tokenizer import from_gguf
 
     path = tmp_path / "vocab.gguf"
     w = GGUFWriter(str(path), "llama")

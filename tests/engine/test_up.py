@@ -50,7 +50,7 @@ def test_up_end_to_end(gguf_path: Path, tmp_path: Path) -> None:
             temperature=0, max_tokens=30)
         assert "Paris" in reply.choices[0].message.content
         # The shipped replicas run the 4-bit file on int4 matmuls, on our kernel where the CPU allows.
-        from switchyard.engine.native import load as load_native
+        from switchyard.engine.backends.cpu.native import load as load_native
 
         health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{small}/health", timeout=5).read())
         assert health["dtype"] == "int4", health

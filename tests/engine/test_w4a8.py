@@ -16,7 +16,7 @@ import pytest
 import torch
 from procs import Proc
 
-from switchyard.engine import native as nat
+from switchyard.engine.backends.cpu import native as nat
 
 PROMPTS = ("What is the capital of France?", "Name three fruits.", "Count from one to five.")
 NEW = 12
@@ -57,10 +57,10 @@ def _llama_cpp_greedy(url: str, ids: list[int]) -> list[int]:
 def test_w4a8_build_decodes_as_llama_cpp(llama_server: str, gguf_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from test_native import _greedy
 
-    from switchyard.engine.comm import SingleRank
-    from switchyard.engine.model import TPModel
-    from switchyard.engine.tokenizer import from_gguf
-    from switchyard.engine.weights import Shard, load_shard, open_source
+    from switchyard.engine.chat.tokenizer import from_gguf
+    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.weights import Shard, load_shard, open_source
+    from switchyard.engine.runner.comm import SingleRank
 
     monkeypatch.setenv("SWITCHYARD_NATIVE", "avx2-w4a8")
     nat.load.cache_clear()

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from switchyard.engine.comm import OneShotBackend, RingBackend, make_backend
-from switchyard.engine.runner import STEP, STOP, Runner, RunnerOptions
+from switchyard.engine.runner.comm import OneShotBackend, RingBackend, make_backend
+from switchyard.engine.runner.model_runner import STEP, STOP, Runner, RunnerOptions
 
 PROMPTS = [[5, 17, 99, 3, 42], [7, 7, 200, 13, 1, 90, 61, 8, 250]]
 

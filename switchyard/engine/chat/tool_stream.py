@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from switchyard.engine.structured import CLOSE, OPEN
+from switchyard.engine.chat.structured import CLOSE, OPEN
 
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
 Delta = dict[str, Any]

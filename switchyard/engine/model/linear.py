@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from switchyard.engine.native import Int4Weight, build_named
-from switchyard.engine.native import load as load_native
+from switchyard.engine.backends.cpu.native import Int4Weight, build_named
+from switchyard.engine.backends.cpu.native import load as load_native
 
 GROUP = 32
 NATIVE_COLS = 16  # output columns per block of the native kernel

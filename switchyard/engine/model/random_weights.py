@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from switchyard.engine.config import ModelConfig
+from switchyard.engine.model.config import ModelConfig
 
 SMOLLM2_135M = ModelConfig(arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
                            num_heads=9, num_kv_heads=3, head_dim=64, rms_eps=1e-5, rope_theta=100000.0,

@@ -19,14 +19,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from switchyard.engine.comm import GPU_ENV, CollectiveBackend, SingleRank, make_backend
-from switchyard.engine.config import ConfigError, ModelConfig
-from switchyard.engine.cuda_model import CudaModel, rank_device
-from switchyard.engine.model import TPModel
-from switchyard.engine.native import load as load_native
-from switchyard.engine.weights import Shard, load_shard, open_source
+from switchyard.engine.backends.cpu.native import load as load_native
+from switchyard.engine.model.config import ConfigError, ModelConfig
+from switchyard.engine.model.cuda_decoder import CudaModel, rank_device
+from switchyard.engine.model.decoder import TPModel
+from switchyard.engine.model.weights import Shard, load_shard, open_source
+from switchyard.engine.runner.comm import GPU_ENV, CollectiveBackend, SingleRank, make_backend
 
-log = logging.getLogger("switchyard.engine.runner")
+log = logging.getLogger("switchyard.engine.runner.model_runner")
 
 HEARTBEAT, STEP, STOP = 0, 1, 2
 _HEADER = 5  # kind, B, T, view_slots, block table width
@@ -67,8 +67,8 @@ def resolve_dtype(requested: str, src: Any) -> str:
     int4 kernel exists; float32 otherwise."""
     if requested != "auto":
         return requested
-    from switchyard.engine.linear import int4_supported
-    from switchyard.engine.weights import GGUFSource
+    from switchyard.engine.model.linear import int4_supported
+    from switchyard.engine.model.weights import GGUFSource
 
     if isinstance(src, GGUFSource) and int4_supported():
         kinds = {t.tensor_type.name for t in src.reader.tensors if t.name.endswith("ffn_up.weight")}

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-log = logging.getLogger("switchyard.engine.cuda_ops")
+log = logging.getLogger("switchyard.engine.backends.cuda.ops")
 
 NO_COMPILE_ENV = "SWITCHYARD_NO_COMPILE"
 

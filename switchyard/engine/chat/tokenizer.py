@@ -9,7 +9,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from switchyard.engine.tools import render_tool_messages
+from switchyard.engine.chat.tools import render_tool_messages
 
 # ChatML, for models whose file carries no template.
 _CHATML = (

@@ -19,18 +19,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from switchyard.engine.grammar import GrammarError, Grammars, GrammarState
-from switchyard.engine.protocol import (
+from switchyard.engine.chat.grammar import GrammarError, Grammars, GrammarState
+from switchyard.engine.chat.structured import constraint
+from switchyard.engine.chat.tokenizer import ChatTokenizer
+from switchyard.engine.chat.tool_stream import ToolCallStream
+from switchyard.engine.core.scheduler import QueueFull, Scheduler, Sequence
+from switchyard.engine.serving.protocol import (
     RequestError,
     chat_messages,
     check_length,
     sampling_params,
     tools_of,
 )
-from switchyard.engine.scheduler import QueueFull, Scheduler, Sequence
-from switchyard.engine.structured import constraint
-from switchyard.engine.tokenizer import ChatTokenizer
-from switchyard.engine.tool_stream import ToolCallStream
 
 
 @dataclass

@@ -11,17 +11,17 @@ import time
 
 import uvicorn
 
-from switchyard.engine.kv_blocks import BlockPool
-from switchyard.engine.runner import Runner
-from switchyard.engine.scheduler import Scheduler
-from switchyard.engine.server import EngineState, build_app
+from switchyard.engine.core.kv_blocks import BlockPool
+from switchyard.engine.core.scheduler import Scheduler
+from switchyard.engine.runner.model_runner import Runner
+from switchyard.engine.serving.http import EngineState, build_app
 
-log = logging.getLogger("switchyard.engine.serve")
+log = logging.getLogger("switchyard.engine.serving.rank0")
 
 
 def _tokenizer(runner: Runner):  # type: ignore[no-untyped-def]
-    from switchyard.engine import tokenizer
-    from switchyard.engine.weights import GGUFSource
+    from switchyard.engine.chat import tokenizer
+    from switchyard.engine.model.weights import GGUFSource
 
     src = runner.source
     if isinstance(src, GGUFSource):
@@ -33,7 +33,7 @@ def _tokenizer(runner: Runner):  # type: ignore[no-untyped-def]
 def _structured_output(state: EngineState, runner: Runner) -> None:
     """Rank 0's grammar compiler for this tokenizer; without it the replica serves free text
     and refuses structured requests with a 400 that says why."""
-    from switchyard.engine.grammar import Grammars
+    from switchyard.engine.chat.grammar import Grammars
 
     assert state.tokenizer is not None and runner.config is not None
     try:
@@ -64,7 +64,7 @@ def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
             state.device = status() if status is not None else {"device": "cpu"}
             state.device["kv_cache_dtype"] = runner.kv_cache_dtype
             if runner.dtype == "int4":
-                from switchyard.engine.linear import int4_kernel
+                from switchyard.engine.model.linear import int4_kernel
 
                 state.device["int4_kernel"] = int4_kernel()
             assert runner.model is not None

@@ -24,18 +24,11 @@ import llguidance
 import llguidance.torch
 import torch
 
-from switchyard.engine.structured import Constraint
-from switchyard.engine.token_mask import apply_token_bitmask
+from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask
+from switchyard.engine.chat.structured import Constraint
+from switchyard.engine.errors import GrammarError
 
 BACKEND = f"llguidance {llguidance.__version__}" if hasattr(llguidance, "__version__") else "llguidance"
-
-
-class GrammarError(ValueError):
-    """A grammar (a schema of the request) llguidance cannot compile; `param` names its source."""
-
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class Grammars:

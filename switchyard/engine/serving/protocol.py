@@ -5,19 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from switchyard.engine.sampling import SamplingParams
+from switchyard.engine.core.sampling import SamplingParams
+from switchyard.engine.errors import RequestError
 
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
-
-
-class RequestError(Exception):
-    def __init__(self, message: str, param: str | None = None, code: str | None = None,
-                 status: int = 400, type_: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.message, self.param, self.code, self.status, self.type = message, param, code, status, type_
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float,

@@ -38,15 +38,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from switchyard.engine.comm import CollectiveBackend
-from switchyard.engine.config import ModelConfig
-from switchyard.engine.cuda_graphs import BATCH_BUCKETS, DecodeGraphs, batch_bucket, len_bucket
-from switchyard.engine.cuda_ops import Ops, rms_norm
-from switchyard.engine.model import rope_inv_freq
-from switchyard.engine.weights import Shard
+from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, DecodeGraphs, batch_bucket, len_bucket
+from switchyard.engine.backends.cuda.ops import Ops, rms_norm
+from switchyard.engine.model.config import ModelConfig
+from switchyard.engine.model.decoder import rope_inv_freq
+from switchyard.engine.model.parallel import CollectiveBackend
+from switchyard.engine.model.weights import Shard
 
 MAX_FUSED_ROWS = 16  # cuda_kernels.MAX_ROWS, without importing triton here
-log = logging.getLogger("switchyard.engine.cuda_model")
+log = logging.getLogger("switchyard.engine.model.cuda_decoder")
 COMPILED_PREFILL_TOKENS = 4096  # prefills at least this long use the fused (compiled) ops
 _REFINE = 32  # candidates per row whose logits are recomputed in float32
 # Decode attention has a padding mask; flash attention takes none. Memory-efficient
@@ -275,7 +275,7 @@ class CudaModel:
         """The attention kernel is compiled once per span bucket (its split count and chunk are
         constants): compile them all now, reading the spare block only, rather than on the step
         whose context first crosses into a bucket."""
-        from switchyard.engine import cuda_kernels as ck
+        from switchyard.engine.backends.cuda import kernels as ck
 
         q = torch.zeros(1, self.heads, self.hd, dtype=self.dtype, device=self.device)
         ctx = torch.ones(1, dtype=torch.int64, device=self.device)
@@ -345,7 +345,7 @@ class CudaModel:
         # check: gathering each row's blocks first cost an 8B step at batch 256 ~17 GB of copies.
         paged = self.decode_impl == "fused"
         if paged:
-            from switchyard.engine import cuda_kernels as ck
+            from switchyard.engine.backends.cuda import kernels as ck
         x = self._embed(ids)
         cos, sin = self.cos[pos], self.sin[pos]
         G = H // Hkv
@@ -383,7 +383,7 @@ class CudaModel:
                       tables: torch.Tensor, w_blocks: torch.Tensor, w_offs: torch.Tensor, per: int) -> Iterator[None]:
         """The same step in five Triton kernels a layer (cuda_kernels): what _decode_core runs for
         up to 16 rows on one rank."""
-        from switchyard.engine import cuda_kernels as ck
+        from switchyard.engine.backends.cuda import kernels as ck
 
         eps = self.c.rms_eps
         x = self._embed(ids)
@@ -468,7 +468,7 @@ class CudaModel:
         x = self._embed(ids)
         fused = self.decode_impl == "fused"  # the Triton RoPE and SiLU go with the decode kernels
         if fused:
-            from switchyard.engine import cuda_kernels as ck
+            from switchyard.engine.backends.cuda import kernels as ck
         else:
             cos, sin = self.cos[pos], self.sin[pos]
         h = rms_norm(x, self.layers[0].ln1, eps, self.dtype)

@@ -25,20 +25,17 @@ from typing import Any
 
 import torch
 
-from switchyard.engine.grammar import GrammarMasker, GrammarState
-from switchyard.engine.kv_blocks import BlockPool, SeqBlocks
-from switchyard.engine.runner import HEARTBEAT, STEP, STOP, Runner
-from switchyard.engine.sampling import SamplingParams, make_generator, sample, token_logprobs
-from switchyard.engine.tokenizer import ChatTokenizer, Detokenizer
+from switchyard.engine.chat.grammar import GrammarMasker, GrammarState
+from switchyard.engine.chat.tokenizer import ChatTokenizer, Detokenizer
+from switchyard.engine.core.kv_blocks import BlockPool, SeqBlocks
+from switchyard.engine.core.sampling import SamplingParams, make_generator, sample, token_logprobs
+from switchyard.engine.errors import EngineFailed, QueueFull
+from switchyard.engine.runner.model_runner import HEARTBEAT, STEP, STOP, Runner
 
-log = logging.getLogger("switchyard.engine.scheduler")
+log = logging.getLogger("switchyard.engine.core.scheduler")
 
 Event = dict[str, Any]
 _ids = itertools.count(1)
-
-
-class QueueFull(RuntimeError):
-    pass
 
 
 @dataclass
@@ -118,7 +115,7 @@ class Scheduler:
     def submit(self, seq: Sequence) -> None:
         with self._cv:
             if self.failed:
-                raise RuntimeError(f"engine failed: {self.failed}")
+                raise EngineFailed(f"engine failed: {self.failed}")
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests)")
             seq.detok = Detokenizer(self.tok)

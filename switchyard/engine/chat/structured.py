@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from switchyard.engine.protocol import RequestError
+from switchyard.engine.errors import RequestError
 
 # Compact JSON with json.dumps' separators (the form the tool prompt shows): a small model
 # given free whitespace can pad an object with newlines until its budget runs out.

@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from switchyard.engine.native import load as load_native
+from switchyard.engine.backends.cpu.native import load as load_native
 
 _BITS = torch.arange(32, dtype=torch.int32)
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from switchyard.engine.comm import CollectiveBackend
-from switchyard.engine.config import KV_CACHE_DTYPES, ModelConfig
-from switchyard.engine.linear import GROUP, Int4, make_linear
-from switchyard.engine.native import load as load_native
-from switchyard.engine.rowops import RowOps, rotate_torch
-from switchyard.engine.weights import Shard
+from switchyard.engine.backends.cpu.native import load as load_native
+from switchyard.engine.backends.cpu.rowops import RowOps, rotate_torch
+from switchyard.engine.model.config import KV_CACHE_DTYPES, ModelConfig
+from switchyard.engine.model.linear import GROUP, Int4, make_linear
+from switchyard.engine.model.parallel import CollectiveBackend
+from switchyard.engine.model.weights import Shard
 
 _REFINE = 32  # logits recomputed exactly per row when the LM head runs in bfloat16
 _LAYER_ERRORS = {1: "shape unsupported", 2: "position outside the cache", 3: "out of memory"}

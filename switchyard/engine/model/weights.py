@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from switchyard.engine.config import ConfigError, ModelConfig, from_gguf, from_hf
+from switchyard.engine.model.config import ConfigError, ModelConfig, from_gguf, from_hf
 
 _GGUF_LAYER = {
     "input_layernorm.weight": "attn_norm.weight",

@@ -11,28 +11,19 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
-log = logging.getLogger("switchyard.engine.comm")
+from switchyard.engine.model.parallel import CollectiveBackend, SingleRank
+
+__all__ = ["CollectiveBackend", "SingleRank", "make_backend"]  # the interface lives beside the decoder
+
+log = logging.getLogger("switchyard.engine.runner.comm")
 
 FORCE_FAIL_ENV = "SWITCHYARD_ONESHOT_FORCE_FAIL"
 # One-shot must never use NVLink multicast (NVLS); set before any symmetric-memory use.
 GPU_ENV = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"}
-
-
-class CollectiveBackend(Protocol):
-    name: str
-
-    def all_reduce(self, t: torch.Tensor) -> torch.Tensor: ...
-
-    def all_gather_last(self, t: torch.Tensor) -> torch.Tensor: ...
-
-    def graph_safe(self, nbytes: int) -> bool:
-        """Whether an all-reduce of nbytes may be captured in a CUDA graph."""
-        ...
 
 
 class _Base:
@@ -51,18 +42,6 @@ class _Base:
         dist.all_gather(parts, t, group=self.group)
         return torch.cat(parts, dim=-1)
 
-
-class SingleRank(_Base):
-    name = "none"
-
-    def __init__(self) -> None:
-        super().__init__(None, 1)
-
-    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        return t
-
-    def graph_safe(self, nbytes: int) -> bool:
-        return True
 
 
 class RingBackend(_Base):

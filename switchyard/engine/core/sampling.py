@@ -1,4 +1,10 @@
-"""Token choice from logits: greedy, temperature + top-p with a per-request seed, logprobs."""
+"""Token choice from logits: greedy, temperature + top-p with a per-request seed, logprobs.
+
+Sampling runs on the device that holds the logits. A request's seeded generator lives on the
+CPU (it is made before the request has a device); on a GPU the draw stays on the CPU generator
+(one uniform number, so a seed still fixes the result) and the categorical choice runs on the
+GPU by inverting the CDF, without copying the vocabulary-sized row to the host.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from switchyard.engine.cuda_sampling import draw
-from switchyard.engine.native import load as load_native
-from switchyard.engine.rowops import topk_indices
+from switchyard.engine.backends.cpu.native import load as load_native
+from switchyard.engine.backends.cpu.rowops import topk_indices
 
 
 @dataclass
@@ -66,3 +71,16 @@ def token_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, l
         return chosen, []
     vals, idx = lp.topk(top)
     return chosen, list(zip(idx.tolist(), vals.tolist(), strict=True))
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token id from a probability row (any device)."""
+    if probs.device.type == "cpu":
+        return int(torch.multinomial(probs, 1, generator=generator).item())
+    return int(inverse_cdf(probs, torch.rand(1, generator=generator, dtype=torch.float64)).item())
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The index i with cdf[i-1] <= u * total < cdf[i], computed where `probs` lives."""
+    cdf = probs.double().cumsum(-1)
+    return torch.searchsorted(cdf, u.to(probs.device) * cdf[-1], right=True).clamp_(max=probs.shape[-1] - 1)

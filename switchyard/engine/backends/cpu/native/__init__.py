@@ -30,7 +30,7 @@ from pathlib import Path
 
 from switchyard.datasets import cache_dir
 
-log = logging.getLogger("switchyard.engine.native")
+log = logging.getLogger("switchyard.engine.backends.cpu.native")
 
 COMMON_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
 

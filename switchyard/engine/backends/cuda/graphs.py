@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-log = logging.getLogger("switchyard.engine.cuda_graphs")
+log = logging.getLogger("switchyard.engine.backends.cuda.graphs")
 
 # Decode batch buckets (sequence slots). Padding a step up to the next bucket costs little
 # while decode is bound by weight reads; more buckets would cost capture time and memory.

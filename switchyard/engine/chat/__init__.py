@@ -1,0 +1,1 @@
+"""chat: the tokenizer and chat template, tool calls (tools, tool_stream), structured output (structured builds, grammar compiles and masks)."""
