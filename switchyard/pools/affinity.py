@@ -12,8 +12,8 @@ is a pure function of the replica URLs, so every gateway, with or without Redis,
 replica with no shared state; loads are the in-flight counts (ours plus, with Redis, the other
 gateways' leases).
 
-A key seen before is sticky: the gateway remembers (an LRU of the last 64k keys) which replica
-last served each key and sends it there while that replica is under a looser bound, (1 + 2
+A key seen before is sticky: the gateway remembers (the last 32k-64k keys, in two plain dicts the
+cyclic GC never walks: the newer half and the one before it) which replica last served each key and sends it there while that replica is under a looser bound, (1 + 2
 epsilon) x the mean, since moving it costs a prefill of its whole history where staying costs a
 queue slot (SGLang's router also keeps cache affinity until the imbalance passes a threshold); a
 key the bound did pass on is re-homed where it went, rather than sent back to a replica whose
@@ -37,7 +37,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -87,7 +86,11 @@ class CacheAware:
         self.epsilon = epsilon
         self.vnodes = vnodes
         self.homes = homes
-        self._home: OrderedDict[str, str] = OrderedDict()  # affinity key -> the URL that last served it
+        # affinity key -> the URL that last served it: the keys seen since the last turn-over, and those
+        # of the half before (looked up when a key is not in the newer). Plain dicts of strings stay
+        # out of the cyclic GC; an OrderedDict of 64k would be walked on every full collection.
+        self._home: dict[str, str] = {}
+        self._home_old: dict[str, str] = {}
         self._turn = 0
         self._ring_for: tuple[str, ...] = ()
         self._points: list[int] = []
@@ -111,7 +114,8 @@ class CacheAware:
         by_url = {r.url: r for r in candidates}
         total = sum(r.load for r in candidates)
         bound = math.ceil((1 + self.epsilon) * (total + 1) / len(candidates))
-        home = by_url.get(self._home.get(affinity, ""))
+        url = self._home.get(affinity)
+        home = by_url.get(url if url is not None else self._home_old.get(affinity, ""))
         # A key that was served before has its prefix cached there: moving it costs a prefill of its
         # whole history, waiting costs a queue slot, so it stays home up to (1 + 2 epsilon) x the
         # mean (SGLang's router likewise keeps cache affinity until the imbalance passes a
@@ -120,9 +124,8 @@ class CacheAware:
         chosen = home if home is not None and home.load < sticky else self._walk(by_url, affinity, bound)
         if self.homes:
             self._home[affinity] = chosen.url
-            self._home.move_to_end(affinity)
-            if len(self._home) > self.homes:
-                self._home.popitem(last=False)
+            if len(self._home) >= max(1, self.homes // 2):  # turn over: at most `homes` keys are kept
+                self._home_old, self._home = self._home, {}
         return chosen
 
     def _walk(self, by_url: dict[str, Replica], affinity: str, bound: int) -> Replica:

@@ -14,6 +14,8 @@ import uuid
 import pytest
 from statekit import RedisServer
 
+from switchyard.pools.affinity import CacheAware
+from switchyard.pools.replica import Replica
 from switchyard.state.base import SessionRecord, session_caller, session_key
 from switchyard.state.memory import MemoryStore
 from switchyard.state.redis import RedisStore
@@ -237,3 +239,24 @@ async def test_redis_outage_serves_own_responses_locally_and_pushes_them_back(tm
         if other is not None:
             await other.aclose()
         rs.stop()
+
+
+# --- the other state that grows with traffic ------------------------------------------------
+
+def test_cache_aware_homes_stay_bounded_and_out_of_the_gc() -> None:
+    reps = [Replica(f"http://r{i}:80/v1", f"r{i}") for i in range(3)]
+    s = CacheAware(homes=1000)
+    for i in range(20_000):  # a fresh prefix per request
+        s.pick(reps, f"{i:032x}")
+    assert len(s._home) + len(s._home_old) <= 1000
+    assert not gc.is_tracked(s._home) and not gc.is_tracked(s._home_old)
+    # A key that moved off its ring replica stays where it went while it is among the last ones seen.
+    ring = CacheAware(homes=0)
+    key = next(k for k in (f"sticky-{j}" for j in range(100)) if ring.pick(reps, k) is reps[0])
+    reps[0].inflight = 50
+    moved = s.pick(reps, key)
+    assert moved is not reps[0]
+    reps[0].inflight = 0
+    for i in range(400):
+        s.pick(reps, f"x{i}")
+    assert s.pick(reps, key) is moved and ring.pick(reps, key) is reps[0]
