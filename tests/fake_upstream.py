@@ -45,6 +45,7 @@ def _config(args: argparse.Namespace) -> dict:
         "last_body": None,
         "last_headers": None,
         "last_path": None,
+        "tokenize": True,  # serve POST /tokenize
     }
 
 
@@ -136,6 +137,8 @@ async def app(scope, receive, send) -> None:
     if path == "/_control" and method == "POST":
         STATE.update(orjson.loads(raw or b"{}"))
         return await _send_json(send, 200, {"ok": True})
+    if path == "/tokenize" and method == "POST" and STATE["tokenize"]:  # llama-server's: one token a word here
+        return await _send_json(send, 200, {"tokens": list(range(len(orjson.loads(raw)["content"].split())))})
     if path == "/v1/responses" and method == "POST":  # a server that speaks the Responses API itself
         return await _responses(raw, path, scope, send)
     if path not in ("/v1/chat/completions", "/v1/completions") or method != "POST":

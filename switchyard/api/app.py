@@ -26,6 +26,7 @@ from switchyard import errors
 from switchyard.api import errors as http_errors
 from switchyard.api.body import DEFAULT_LIMITS, BodyLimits
 from switchyard.api.guard import EdgeGuard, GuardConfig
+from switchyard.api.messages import MESSAGES
 from switchyard.api.proxy import FastPath, Proxy
 from switchyard.api.responses import ResponsesDialect
 from switchyard.api.safe_headers import SafeHeaders
@@ -70,11 +71,11 @@ class GatewayConfig:
     check_host: bool = True  # open mode: refuse Host names that are not loopback (off: --insecure-open)
     classifier_dirs: tuple[str, ...] = ()  # folders besides the policy's and the shipped one for ONNX models
     ui_session_ttl: float = 8 * 3600.0  # seconds a UI login lasts (the server forgets the token then)
+    responses_ttl: float = RESPONSE_TTL  # seconds a stored Responses answer lives (store: true)
     max_upstream_body: int = 32 * 1024 * 1024  # largest non-stream upstream answer (502 beyond it)
     allow_env: tuple[str, ...] = ()  # ${NAME}s a policy may expand besides SWITCHYARD_* (fnmatch patterns)
     record_max_bytes: int = 256 * 1024 * 1024  # --record: rotate the trace past this size
     record_keep: int = 3  # --record: rotated files kept (trace.jsonl.1 .. .N)
-    responses_ttl: float = RESPONSE_TTL  # seconds a stored Responses answer lives (store: true)
 
     @property
     def open_mode(self) -> bool:
@@ -98,7 +99,7 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
     rt = Runtime(gateway, metrics, sync, auth)
     rt.tracer = tracing
     responses = ResponsesDialect(gateway.state, config.responses_ttl)
-    proxy = Proxy(rt, {"/v1/responses": responses})
+    proxy = Proxy(rt, {"/v1/responses": responses, "/v1/messages": MESSAGES})
     proxy.limits, proxy.max_event_bytes = config.body_limits, config.max_event_bytes
 
     checker = HealthChecker(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import orjson
 from starlette.responses import Response
@@ -12,8 +12,18 @@ from switchyard import errors as e
 
 JSON = "application/json"
 
-# (status, type, message, param, code) -> the body of an error in one client API's shape.
-ErrorBody = Callable[[int, str, str, "str | None", "str | int | None"], bytes]
+
+class ErrorShape(Protocol):
+    """A client API's errors (api/dialect.py's Dialect): its body, and optionally its own status
+    for a gateway error (`status(status, type, code)`: Anthropic answers 529 where OpenAI says 429)."""
+
+    def error_body(self, status: int, kind: str, message: str, param: str | None, code: str | None) -> bytes: ...
+
+
+def status_in(shape: ErrorShape | None, status: int, kind: str, code: str | None) -> int:
+    restatus = getattr(shape, "status", None)
+    return status if restatus is None else restatus(status, kind, code)
+
 
 # Most specific first: the first class an error is an instance of gives its status.
 STATUS: tuple[tuple[type[e.RequestError], int], ...] = (
@@ -59,15 +69,17 @@ def error_body(message: str, type: str, param: str | None = None, code: str | in
 
 
 def response(err: e.RequestError, extra_headers: dict[str, str] | None = None,
-             body_of: ErrorBody | None = None) -> Response:
-    """The error as a response: OpenAI's envelope, or the shape `body_of` (a dialect's error_body) makes."""
+             shape: ErrorShape | None = None) -> Response:
+    """The error as a response: OpenAI's envelope, or the client API's own `shape` (its dialect)."""
     headers = headers_of(err)
     if extra_headers:
         headers.update(extra_headers)
-    status = status_of(err)
-    body = (error_body(err.message, err.type, err.param, err.code) if body_of is None
-            else body_of(status, err.type, err.message, err.param, err.code))
-    return Response(body, status, headers=headers, media_type=JSON)
+    if shape is None:
+        return Response(error_body(err.message, err.type, err.param, err.code), status_of(err), headers=headers,
+                        media_type=JSON)
+    status = status_in(shape, status_of(err), err.type, err.code)
+    return Response(shape.error_body(status, err.type, err.message, err.param, err.code), status, headers=headers,
+                    media_type=JSON)
 
 
 def sse_error_event(message: str, code: str = "upstream_error") -> bytes:

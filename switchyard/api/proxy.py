@@ -28,6 +28,13 @@ from switchyard.api import errors as http_errors
 from switchyard.api.body import DEFAULT_LIMITS, BodyLimits, bounded, check_request, json_depth, parse_json
 from switchyard.api.chat import CHAT, COMPLETIONS
 from switchyard.api.dialect import Dialect, Parsed, StreamTranslator, chat_path
+from switchyard.api.messages import (
+    MESSAGES,
+    count_text,
+    count_tokens_body,
+    count_tokens_input,
+    estimate_tokens,
+)
 from switchyard.api.openai import decision_headers
 from switchyard.api.relay import StreamRelay
 from switchyard.classify.features import Features, extract
@@ -35,13 +42,14 @@ from switchyard.gateway.auth import may_use, resolve_for
 from switchyard.gateway.gateway import LoadedPolicy, Target
 from switchyard.gateway.keys import KeyRecord
 from switchyard.gateway.limits import Reservation, reserve_estimate
-from switchyard.gateway.requests import kind_of, validate
+from switchyard.gateway.requests import kind_of
 from switchyard.gateway.routing import Routed, session_id_of
 from switchyard.gateway.runtime import Runtime
 from switchyard.gateway.usage import MAX_EVENT_BYTES, UsageTap, parse_usage
 from switchyard.policy.rules import RouteDecision
 from switchyard.policy.schema import PriceSpec
 from switchyard.pools.dispatch import Answer, AttemptTrace, ForwardedTraceContext, NativeRequest
+from switchyard.pools.tokenize import count_tokens
 
 if TYPE_CHECKING:  # imported by api/app.py only when tracing is on
     from switchyard.gateway.tracing import RequestTrace
@@ -142,7 +150,7 @@ class Proxy:
         rt = self.rt
         t0 = time.perf_counter()
         key = None
-        err_shape = None if dialect is CHAT or dialect is COMPLETIONS else dialect.error_body
+        err_shape = None if dialect is CHAT or dialect is COMPLETIONS else dialect
         adm = Admission()
         try:
             if rt.auth is not None:
@@ -310,8 +318,8 @@ class Proxy:
                         headers: dict[str, str]) -> Response:
         """A non-streaming chat answer rendered in the client's API (its errors in that API's shape)."""
         if answer.status >= 400:
-            return Response(_error_in(dialect, answer.status, answer.body), answer.status, headers=headers,
-                            media_type=JSON)
+            status, body = _error_in(dialect, answer.status, answer.body)
+            return Response(body, status, headers=headers, media_type=JSON)
         try:
             chat_answer = orjson.loads(answer.body)
             if not isinstance(chat_answer, dict) or not isinstance(chat_answer.get("choices"), list):
@@ -319,8 +327,7 @@ class Proxy:
             out = dialect.render(chat_answer, parsed)
         except (orjson.JSONDecodeError, ValueError, TypeError, KeyError, IndexError) as e:
             msg = f"upstream {answer.replica.name} of pool {answer.pool!r} sent an answer that is not a chat completion: {e}"
-            return Response(dialect.error_body(502, "upstream_error", msg, None, "upstream_error"), 502,
-                            headers=headers, media_type=JSON)
+            return http_errors.response(errors.UpstreamFailed(msg), headers, dialect)
         keep = getattr(dialect, "keep", None)  # a stateful API (Responses: store) keeps what it answered
         if keep is not None:
             await keep(parsed, key.id if key else "", out)
@@ -346,22 +353,30 @@ class Proxy:
         rt = self.rt
         headers, limits = request.headers, self.limits
 
-        def parse(raw: bytes) -> tuple[dict, Features]:
+        api = request.query_params.get("api")
+
+        def parse(raw: bytes) -> tuple[Parsed, Features]:
             body = parse_json(raw, limits)
             if isinstance(body, dict) and "model" not in body:
                 body = {**body, "model": "auto"}
-            body = validate(body, kind_of(body))
-            check_request(body, limits)
-            return body, extract(body, headers)
+            dialect = self.dialect_of(body, api)
+            # A Messages body needs no max_tokens to be routed (count_tokens' parse takes it so).
+            parsed = count_tokens_input(body, headers) if dialect is MESSAGES else dialect.parse(body, headers)
+            check_request(parsed.chat, limits)
+            return parsed, extract(parsed.chat, headers)
 
         try:
             key = await rt.auth.authenticate(headers) if rt.auth is not None else None
-            body, features = await bounded(await self.read_raw(request), parse, limits)
+            parsed, features = await bounded(await self.read_raw(request), parse, limits)
+            body = parsed.chat
             target = self.target(body["model"], key)
             if key is not None and rt.auth is not None:  # a dry run is a request: rpm counts it
                 rt.auth.admit_key(key, body["model"], target)
+            prepare = getattr(self.dialect_of(parsed.native, parsed.api), "prepare", None)
+            if prepare is not None:  # a Responses chain's root is its session (read, never written)
+                await prepare(parsed, key.id if key else "", True)
             # A dry run: it reads the session's state but never writes it.
-            routed = await rt.gateway.route(target, features, body, session_id_of(body, headers),
+            routed = await rt.gateway.route(target, features, body, session_id_of(body, headers, parsed.session_hint),
                                             key.id if key else "", commit=False)
             if key is not None and rt.auth is not None:
                 rt.auth.check_pool(key, body["model"], routed.decision.pool)
@@ -369,12 +384,65 @@ class Proxy:
             return http_errors.response(e)
         lp = target.policy
         out = routed.trace()
+        out["api"] = parsed.api
         pool = lp.pools[routed.decision.pool]
         out["upstream_model"] = pool.model
         if self.show_details(headers):  # replica URLs, health, errors, in-flight: the operator's
             out["replicas"] = [r.snapshot() for r in pool.replicas]
         out["features"] = features.summary()
         return Response(orjson.dumps(out), 200, headers=decision_headers(routed.decision), media_type=JSON)
+
+    def dialect_of(self, body: Any, api: str | None) -> Dialect:
+        """Which API a /v1/route body speaks: `?api=` says, else its shape: `input` is Responses;
+        `messages` with a top-level `system`, `stop_sequences`, tools with `input_schema` or
+        tool_use/tool_result blocks is Anthropic Messages; `prompt` is Completions; else Chat. A
+        Messages body with none of those routes as the same chat body would (one normalised form)."""
+        by_api = {"chat": CHAT, "completions": COMPLETIONS, **{d.api: d for d in self.dialects.values()}}
+        if api is not None:
+            if api not in by_api:
+                raise errors.BadRequest(f"api must be one of {sorted(by_api)}, got {api!r}", "api")
+            return by_api[api]
+        if not isinstance(body, dict):
+            return CHAT
+        if "input" in body and "messages" not in body and "responses" in by_api:
+            return by_api["responses"]
+        if "messages" in by_api and _anthropic_shaped(body):
+            return by_api["messages"]
+        return COMPLETIONS if kind_of(body) == "completions" else CHAT
+
+    async def count_tokens(self, request: Request) -> Response:
+        """POST /v1/messages/count_tokens: the prompt's tokens by the tokenizer of the pool the request
+        would go to (its replica's /tokenize), else a stated estimate (x-switchyard-token-count)."""
+        rt = self.rt
+        headers, limits = request.headers, self.limits
+
+        def parse(raw: bytes) -> tuple[Parsed, Features]:
+            parsed = count_tokens_input(parse_json(raw, limits), headers)
+            check_request(parsed.chat, limits)
+            return parsed, extract(parsed.chat, headers)
+
+        try:
+            key = await rt.auth.authenticate(headers) if rt.auth is not None else None
+            parsed, features = await bounded(await self.read_raw(request), parse, limits)
+            body = parsed.chat
+            target = self.target(body["model"], key)
+            if key is not None and rt.auth is not None:
+                rt.auth.admit_key(key, body["model"], target)
+            routed = await rt.gateway.route(target, features, body, session_id_of(body, headers, parsed.session_hint),
+                                            key.id if key else "", commit=False)
+            if key is not None and rt.auth is not None:
+                rt.auth.check_pool(key, body["model"], routed.decision.pool)
+        except errors.RequestError as e:
+            return http_errors.response(e, None, MESSAGES)
+        pool = target.policy.pools[routed.decision.pool]
+        out = decision_headers(routed.decision)
+        n = await count_tokens(pool, count_text(body))
+        if n is None:
+            n = estimate_tokens(body)
+            out["x-switchyard-token-count"] = "estimate: about 4 characters a token (the pool has no /tokenize)"
+        else:
+            out["x-switchyard-token-count"] = f"tokenizer of pool {routed.decision.pool} (text, without the chat template)"
+        return Response(count_tokens_body(n), headers=out, media_type=JSON)
 
     def models(self, key: KeyRecord | None = None) -> Response:
         """Every name `model` may take, or for a key only those it may use (resolved as its
@@ -410,6 +478,8 @@ class FastPath:
             "/v1/completions": lambda r, t: proxy.proxy(r, COMPLETIONS, t),
             "/v1/route": lambda r, t: proxy.route_only(r),
         }
+        if "/v1/messages" in proxy.dialects:
+            self.routes["/v1/messages/count_tokens"] = lambda r, t: proxy.count_tokens(r)
         for path, dialect in proxy.dialects.items():
             self.routes[path] = lambda r, t, d=dialect: proxy.proxy(r, d, t)
 
@@ -469,19 +539,35 @@ class Translated:
         return b""
 
 
-def _error_in(dialect: Dialect, status: int, body: bytes) -> bytes:
-    """An upstream's error answer (OpenAI's envelope, as chat servers send it) in the client's API."""
+ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "image", "document", "thinking"})
+
+
+def _anthropic_shaped(body: dict) -> bool:
+    if "system" in body or "stop_sequences" in body:
+        return True
+    tools = body.get("tools")
+    if isinstance(tools, list) and any(isinstance(t, dict) and "input_schema" in t for t in tools):
+        return True
+    msgs = body.get("messages")
+    return isinstance(msgs, list) and any(
+        isinstance(m, dict) and isinstance(m.get("content"), list)
+        and any(isinstance(b, dict) and b.get("type") in ANTHROPIC_BLOCKS for b in m["content"]) for m in msgs)
+
+
+def _error_in(dialect: Dialect, status: int, body: bytes) -> tuple[int, bytes]:
+    """An upstream's error answer (OpenAI's envelope, as chat servers send it) in the client's API:
+    (its status there, its body)."""
     try:
         err = orjson.loads(body).get("error")
     except (orjson.JSONDecodeError, AttributeError):
         err = None
     if not isinstance(err, dict):
         err = {"message": body[:300].decode("utf-8", "replace")}
-    msg = err.get("message")
-    return dialect.error_body(status, str(err.get("type") or "invalid_request_error"),
-                              msg if isinstance(msg, str) else "the upstream refused the request",
-                              err.get("param") if isinstance(err.get("param"), str) else None,
-                              err.get("code") if isinstance(err.get("code"), str) else None)
+    msg, kind = err.get("message"), str(err.get("type") or "invalid_request_error")
+    code = err.get("code") if isinstance(err.get("code"), str) else None
+    status = http_errors.status_in(dialect, status, kind, code)
+    return status, dialect.error_body(status, kind, msg if isinstance(msg, str) else "the upstream refused the request",
+                                      err.get("param") if isinstance(err.get("param"), str) else None, code)
 
 
 def _price_header(p: PriceSpec) -> str:

@@ -28,6 +28,7 @@ log = logging.getLogger("switchyard.routing")
 
 PIN_RULE = "session-pin"
 MAX_SESSION_ID_BYTES = 256
+AGENT_SESSION_HEADERS = ("session-id", "thread-id", "x-claude-code-session-id")  # what agent CLIs send of themselves
 
 
 class RoutingPolicy(Protocol):
@@ -67,14 +68,21 @@ class Routed:
 
 def session_id_of(body: Mapping[str, Any], headers: Mapping[str, str], hint: str | None = None) -> str | None:
     """The session a request belongs to: `x-session-id`, else `metadata.session_id`, else `hint`
-    (what the client's API says of itself: api/dialect.py's Parsed.session_hint), else `user`.
-    Ids longer than MAX_SESSION_ID_BYTES are kept as a digest, so a client cannot make the
-    gateway store megabytes per session."""
+    (what the client's API says of itself: api/dialect.py's Parsed.session_hint: Claude Code's
+    metadata.user_id session, Codex's prompt_cache_key, a Responses chain's root), else an agent
+    CLI's own session header (Codex: `session-id`, `thread-id`; Claude Code:
+    `x-claude-code-session-id`), else `user`. Ids longer than MAX_SESSION_ID_BYTES are kept as a
+    digest, so a client cannot make the gateway store megabytes per session."""
     sid = headers.get("x-session-id")
     if not sid:
         meta = body.get("metadata")
         s = meta.get("session_id") if isinstance(meta, dict) else None
         sid = s if isinstance(s, str) and s else hint
+    if not sid:
+        for name in AGENT_SESSION_HEADERS:
+            sid = headers.get(name)
+            if sid:
+                break
     if not sid:
         user = body.get("user")
         sid = user if isinstance(user, str) and user else None

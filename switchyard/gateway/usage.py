@@ -69,6 +69,8 @@ def usage_of(obj: Any) -> Usage | None:
     if not isinstance(obj, dict):
         return None
     prompt, completion = _int(obj.get("prompt_tokens")), _int(obj.get("completion_tokens"))
+    if not prompt and not completion and ("input_tokens" in obj or "output_tokens" in obj):
+        return _native_usage(obj)  # an answer passed through in the client's own API
     if not prompt and not completion:
         total = _int(obj.get("total_tokens"))
         if not total:
@@ -76,6 +78,21 @@ def usage_of(obj: Any) -> Usage | None:
         prompt = total  # a server that reports only a total: count it as prompt, never lose it
     details = obj.get("prompt_tokens_details")
     cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    return Usage(prompt, completion, min(cached, prompt))
+
+
+def _native_usage(obj: dict) -> Usage | None:
+    """Responses' usage (input_tokens with input_tokens_details.cached_tokens, as OpenAI counts) or
+    Anthropic's (input_tokens without the cache reads and writes, cache_read_input_tokens beside)."""
+    prompt, completion = _int(obj.get("input_tokens")), _int(obj.get("output_tokens"))
+    details = obj.get("input_tokens_details")
+    if isinstance(details, dict):
+        cached = _int(details.get("cached_tokens"))
+    else:
+        cached = _int(obj.get("cache_read_input_tokens"))
+        prompt += cached + _int(obj.get("cache_creation_input_tokens"))
+    if not prompt and not completion:
+        return None
     return Usage(prompt, completion, min(cached, prompt))
 
 

@@ -207,6 +207,7 @@ pools:
   native:
     model: native-model
     api: [chat, responses]
+    price: {{prompt: 1.0, completion: 2.0}}
     replicas: [{{url: '{nurl}/v1', name: native}}]
   chatonly:
     model: chat-model
@@ -225,6 +226,8 @@ fallback: {{native: [chatonly]}}
         assert got["last_path"] == "/v1/responses"
         assert got["last_body"] == {**body, "model": "native-model"}  # untranslated, model rewritten
         assert r.json()["object"] == "response" and r.json()["id"].startswith("resp_native")
+        # Its usage, in the Responses API's own names, is still counted: 7 input and 3 output tokens.
+        assert r.headers["x-switchyard-cost-usd"] == f"{(7 * 1.0 + 3 * 2.0) / 1e6:.9f}"
         with c.responses.stream(model="auto", input="streamed") as s:
             assert s.get_final_response().output_text == "native streamed"
         # The native pool down: the fallback pool gets the request translated to chat.
@@ -235,3 +238,42 @@ fallback: {{native: [chatonly]}}
         gw.stop()
         native.stop()
         chat.stop()
+
+
+def test_route_explains_any_of_the_three_apis(fresh):
+    c = client(fresh)
+    first = c.responses.create(model="auto", input="one")
+
+    def route(body: dict, query: str = "") -> dict:
+        status, raw = http_post(fresh.url + "/v1/route" + query, orjson.dumps(body))
+        assert status == 200, raw
+        return orjson.loads(raw)
+
+    r = route({"input": "a hard problem", "previous_response_id": first.id})
+    assert r["api"] == "responses" and r["rule"] == "keyword" and r["session_id"] == first.id
+    m = route({"max_tokens": 10, "system": "be brief", "messages": [{"role": "user", "content": "hi"}]})
+    assert m["api"] == "messages" and m["pool"] == "small"
+    assert route({"messages": [{"role": "user", "content": "hi"}]})["api"] == "chat"
+    assert route({"prompt": "hi"})["api"] == "completions"
+    assert route({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}, "?api=messages")["api"] == "messages"
+    status, raw = http_post(fresh.url + "/v1/route?api=soap", b'{"input": "x"}')
+    assert status == 400 and orjson.loads(raw)["error"]["param"] == "api"
+
+
+def test_count_tokens_by_the_pools_tokenizer_else_an_estimate(fresh):
+    body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "one two three four"}]})
+    r = httpx.post(fresh.url + "/v1/messages/count_tokens?beta=true", content=body, timeout=10,
+                   headers={"anthropic-version": "2023-06-01", "content-type": "application/json"})
+    assert r.status_code == 200 and r.json() == {"input_tokens": 4}
+    assert r.headers["x-switchyard-token-count"].startswith("tokenizer of pool small")
+    for name in ("s0", "s1"):
+        fresh.control(name, tokenize=False)
+    try:
+        r = httpx.post(fresh.url + "/v1/messages/count_tokens", content=body, timeout=10)
+    finally:
+        for name in ("s0", "s1"):
+            fresh.control(name, tokenize=True)
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0
+    assert r.headers["x-switchyard-token-count"].startswith("estimate")
+    r = httpx.post(fresh.url + "/v1/messages/count_tokens", content=b'{"model": "auto"}', timeout=10)
+    assert r.status_code == 400 and r.json()["type"] == "error"  # Anthropic's shape

@@ -219,3 +219,20 @@ def test_render_validates_as_a_response():
     answer["choices"][0]["finish_reason"] = "length"
     r = Response.model_validate(R.render(answer, p))
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+
+
+def test_session_ids_of_agent_clients():
+    from switchyard.gateway.routing import session_id_of
+
+    body = {"metadata": {"session_id": "meta"}, "user": "u"}
+    assert session_id_of(body, {"x-session-id": "explicit", "session-id": "codex"}, "hint") == "explicit"
+    assert session_id_of(body, {"session-id": "codex"}, "hint") == "meta"
+    assert session_id_of({"user": "u"}, {"session-id": "codex"}, "hint") == "hint"
+    assert session_id_of({"user": "u"}, {"session-id": "codex", "thread-id": "t"}) == "codex"
+    assert session_id_of({"user": "u"}, {"thread-id": "t"}) == "t"
+    assert session_id_of({"user": "u"}, {"x-claude-code-session-id": "cc"}) == "cc"
+    assert session_id_of({"user": "u"}, {}) == "u"
+    long = session_id_of({}, {"session-id": "x" * 1000})
+    assert long is not None and long.startswith("sha256:")
+    # Codex: prompt_cache_key is the session hint of its Responses requests.
+    assert R.parse({"model": "m", "input": "x", "prompt_cache_key": "codex-uuid"}, {}).session_hint == "codex-uuid"
