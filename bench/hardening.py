@@ -691,6 +691,163 @@ def upstream_misbehaviour(t: Tally, c: httpx.Client, bad: str, policy: str) -> d
     return {"tried": sum(by_kind.values()) + 7, "wrong": wrong}
 
 
+# --- the edge's kinds (issue 28: 1, 3, 4, 10, 13) ------------------------------------------------
+
+
+def edge_bombs(t: Tally, c: httpx.Client) -> None:
+    """The rest of finding 1's limits, each should be a quick 400 naming its limit: values (4M
+    strings), depth (5M levels; 300), messages (12k), content parts (60k), tools (1,500), and a
+    body whose brackets sit in strings (within the limits: a 200)."""
+    m = b'{"model": "auto", "messages": [{"role": "user", "content": "hi"}], "x": '
+    bodies = {
+        "3.9M strings (16 MB)": orjson.dumps({"model": "auto", "messages": [
+            {"role": "user", "content": ["a"] * 3_900_000}]}),
+        "5M-deep nesting (10 MB)": m + b"[" * 5_000_000 + b"]" * 5_000_000 + b"}",
+        "300-deep nesting": m + b"[" * 300 + b"]" * 300 + b"}",
+        "12,000 messages": orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "x"}] * 12_000}),
+        "60,000 content parts": orjson.dumps({"model": "auto", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "x"}] * 60_000}]}),
+        "1,500 tools": orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "x"}], "tools": [
+            {"type": "function", "function": {"name": f"t{i}"}} for i in range(1500)]}),
+        "2 MB of code, 300k brackets in strings (fine)": orjson.dumps({"model": "auto", "messages": [
+            {"role": "user", "content": "f(a[i], {k: v}) " * 150_000}]}),
+    }
+    for label, body in bodies.items():
+        json_post(t, c, "work bomb", label, "/v1/chat/completions", body)
+
+
+def _tokens_of(text: str, key: str) -> float:
+    pre = f'switchyard_key_tokens_total{{key="{key}",'
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(pre))
+
+
+def tenant_lanes(t: Tally, tmp: Path, tree: Path) -> dict[str, Any]:
+    """A keyed gateway (--auth) in front of two policies that both have a pool `small` (premium
+    loads first) and a streaming upstream that reports no usage (tests/edge_upstream.py): does a
+    key stay in its lane (finding 4), see only what it may use (13), get counted on /v1/route and
+    refused before any classifier call (10), and stay within its tpm (3)?"""
+    import asyncio
+
+    from switchyard.gateway.keys import FileKeyStore, make_key
+
+    port = free_port()
+    up = Proc([sys.executable, str(ROOT / "tests" / "edge_upstream.py"), "--port", str(port)],
+              f"http://127.0.0.1:{port}/health", tmp / "edge-upstream.log")
+    url = f"http://127.0.0.1:{port}"
+    chunk = 'data: {"choices":[{"index":0,"delta":{"content":"w "}}]}\n\n'
+    httpx.post(url + "/_control", json={"mode": "stream", "framing": "chunked", "delay_ms": 20,
+                                        "events": [chunk] * 50 + ["data: [DONE]\n\n"]}, trust_env=False)
+    (tmp / "a-premium.yaml").write_text(
+        f"version: 1\nname: premium\npools:\n  small:\n    model: premium-small\n    replicas: [{{url: '{url}/v1'}}]\n"
+        f"  large:\n    model: premium-large\n    replicas: [{{url: '{url}/v1'}}]\nroutes:\n  - {{name: d, pool: large}}\n")
+    (tmp / "b-cheap.yaml").write_text(
+        f"version: 1\nname: cheap\npools:\n  small:\n    model: cheap-small\n    replicas: [{{url: '{url}/v1'}}]\n"
+        "routes:\n  - {name: d, pool: small}\n")
+    keys_file = tmp / "keys.json"
+    keys: dict[str, str] = {}
+
+    async def put() -> None:
+        store = FileKeyStore(keys_file)
+        for name, pol, pools, rpm, tpm in (("cheap-small", ["cheap"], ["small"], None, None),
+                                           ("rpm3", ["cheap"], None, 3, None), ("tpm1000", None, None, None, 1000),
+                                           ("open", None, None, None, None)):
+            keys[name], rec = make_key(name, pol, pools, rpm, tpm)
+            await store.put(rec)
+        await store.aclose()
+
+    asyncio.run(put())
+    admin = "sk-bench-admin"
+    gw, gurl = start_gateway(tmp, [tmp / "a-premium.yaml", tmp / "b-cheap.yaml"], "--auth", "--keys-file",
+                             str(keys_file), "--admin-key", admin, "--no-watch", name="gw-keyed", cwd=tree)
+    wrong: list[dict[str, Any]] = []
+    figures: dict[str, Any] = {}
+
+    def h(name: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {keys[name]}"}
+
+    def post(kind: str, label: str, path: str, body: dict, key: str, want: Callable[[httpx.Response], str | None],
+             **kw: Any) -> httpx.Response:
+        t0 = time.perf_counter()
+        r = c.post(path, json=body, headers=h(key), **kw)
+        t.add(kind, label, r.status_code, (time.perf_counter() - t0) * 1000)
+        problem = want(r)
+        if problem is not None:
+            wrong.append({"kind": kind, "input": label, "status": r.status_code, "wrong": problem})
+        return r
+
+    msgs = [{"role": "user", "content": "hi"}]
+    try:
+        if time.time() % 60 > 45:  # rpm / tpm windows are whole minutes: start well inside one
+            time.sleep(60 - time.time() % 60 + 0.2)
+        with httpx.Client(base_url=gurl, timeout=30, trust_env=False) as c:
+            post("tenant: pool across policies", "cheap/small key sends model small", "/v1/chat/completions",
+                 {"model": "small", "messages": msgs}, "cheap-small",
+                 lambda r: None if r.headers.get("x-switchyard-policy") == "cheap" else
+                 f"served by policy {r.headers.get('x-switchyard-policy')!r}")
+            for model in ("premium-small", "premium-large", "large", "premium"):
+                post("tenant: pool across policies", f"cheap/small key sends model {model}", "/v1/chat/completions",
+                     {"model": model, "messages": msgs}, "cheap-small",
+                     lambda r: None if r.status_code == 403 else f"{r.status_code}: another policy's pool served it")
+            t0 = time.perf_counter()
+            listed = c.get("/v1/models", headers=h("cheap-small"))
+            t.add("tenant: what a key sees", "/v1/models", listed.status_code, (time.perf_counter() - t0) * 1000)
+            foreign = [m["id"] for m in listed.json().get("data", []) if m.get("switchyard", {}).get("policy") != "cheap"]
+            if foreign:
+                wrong.append({"kind": "tenant: what a key sees", "input": "/v1/models", "status": listed.status_code,
+                              "wrong": f"lists what the key may not use: {foreign}"})
+            post("tenant: what a key sees", "/v1/route", "/v1/route", {"model": "small", "messages": msgs},
+                 "cheap-small", lambda r: "replica URLs, health and in-flight shown to a key"
+                 if "replicas" in r.text else None)
+            codes = [post("tenant: rpm", f"/v1/route #{i + 1} of 5 (rpm 3)", "/v1/route",
+                          {"model": "cheap", "messages": msgs}, "rpm3", lambda r: None).status_code for i in range(5)]
+            if 429 not in codes:
+                wrong.append({"kind": "tenant: rpm", "input": "5 x /v1/route (rpm 3)", "status": codes,
+                              "wrong": "/v1/route is not counted against the key's rpm"})
+
+            async def streams() -> list[int]:
+                body = {"model": "cheap", "messages": [{"role": "user", "content": "p" * 1000}], "stream": True,
+                        "max_tokens": 100}
+
+                async def one(ac: httpx.AsyncClient) -> int:
+                    async with ac.stream("POST", "/v1/chat/completions", json=body, headers=h("tpm1000")) as r:
+                        async for _ in r.aiter_bytes():
+                            pass
+                        return r.status_code
+
+                async with httpx.AsyncClient(base_url=gurl, timeout=60, trust_env=False) as ac:
+                    return await asyncio.gather(*(one(ac) for _ in range(20)))
+
+            admin_h = {"Authorization": f"Bearer {admin}"}
+            before = _tokens_of(c.get("/metrics", headers=admin_h).text, "tpm1000")
+            t0 = time.perf_counter()
+            codes = asyncio.run(streams())
+            ms = (time.perf_counter() - t0) * 1000
+            for code in codes:
+                t.add("tenant: tpm", "20 concurrent streams, tpm 1000", code, ms)
+            spent = _tokens_of(c.get("/metrics", headers=admin_h).text, "tpm1000") - before
+            figures["tpm_1000_20_streams"] = {"served": codes.count(200), "refused_429": codes.count(429),
+                                              "tokens_charged": spent}
+            if spent > 2000:
+                wrong.append({"kind": "tenant: tpm", "input": "20 concurrent streams, tpm 1000", "status": codes.count(200),
+                              "wrong": f"{spent:.0f} tokens charged against tpm 1000"})
+            raw = orjson.dumps({"model": "cheap", "messages": [{"role": "user", "content": "z" * 8000}]})
+            before = _tokens_of(c.get("/metrics", headers=admin_h).text, "open")
+            t0 = time.perf_counter()
+            r = c.post("/v1/chat/completions", content=iter([raw[:4000], raw[4000:]]),
+                       headers={**h("open"), "Content-Type": "application/json"})
+            t.add("tenant: tpm", "chunked body of 2,000 prompt tokens", r.status_code,
+                  (time.perf_counter() - t0) * 1000)
+            charged = _tokens_of(c.get("/metrics", headers=admin_h).text, "open") - before
+            figures["chunked_2000_token_prompt_charged"] = charged
+            if charged < 2000:
+                wrong.append({"kind": "tenant: tpm", "input": "chunked body of 2,000 prompt tokens",
+                              "status": r.status_code, "wrong": f"charged {charged:.0f} tokens"})
+    finally:
+        gw.stop()
+        up.stop()
+    return {"wrong_answers": len(wrong), "wrong": wrong, **figures}
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 
@@ -810,9 +967,11 @@ def main() -> None:
             t0 = time.monotonic()
             handmade(t, c, port, policy, args.scale)
             work_bombs(t, c, args.scale)
+            edge_bombs(t, c)
             misbehaviour = upstream_misbehaviour(t, c, bad_url, policy)
             generated(t, c, args.scale, args.seed)
             slow = slow_clients(t, port, upstream, args.slow)
+            lanes = tenant_lanes(t, tmp, tree)
             took = time.monotonic() - t0
             after = c.post("/v1/chat/completions", json={"model": "auto", "messages": [{"role": "user",
                                                                                         "content": "still?"}]})
@@ -871,6 +1030,7 @@ def main() -> None:
                                 for o in sorted(outs, key=lambda o: -o.peak_raise_kb)[:5]],
         "upstream_probes": {"tried": misbehaviour["tried"], "wrong_answers": len(misbehaviour["wrong"]),
                             "wrong": misbehaviour["wrong"]},
+        "tenant_lanes": lanes,
         "gateway_5xx": [{"kind": o.kind, "input": o.label[:300], "status": o.status} for o in fives],
         "hangs_or_errors": [{"kind": o.kind, "input": o.label[:300], "status": o.status} for o in hangs],
         "rss_kb": {"after_warmup": mem_start["VmRSS"], "vmhwm_after_warmup": mem_start["VmHWM"],
@@ -902,6 +1062,11 @@ def main() -> None:
         print(f"  peak raised {o.peak_raise_kb / 1024:5.1f} MB by [{o.kind}] {o.label[:100]}")
     print(f"upstream probes: {misbehaviour['tried']} tried, {len(misbehaviour['wrong'])} answered wrongly")
     for w in misbehaviour["wrong"]:
+        print(f"  wrong: [{w['kind']}] {w['input']}: {w['wrong']} (status {w['status']})")
+    print(f"tenant lanes (a keyed gateway): {lanes['wrong_answers']} answered wrongly; "
+          f"tpm 1000, 20 streams: {lanes.get('tpm_1000_20_streams')}; chunked 2,000-token prompt charged "
+          f"{lanes.get('chunked_2000_token_prompt_charged')}")
+    for w in lanes["wrong"]:
         print(f"  wrong: [{w['kind']}] {w['input']}: {w['wrong']} (status {w['status']})")
     print(f"/health/live worst {probe.worst_ms:.0f} ms ({stalled_by}), {probe.failures} failures")
     print(f"5xx from the gateway: {len(fives)}; hangs or client errors: {len(hangs)}; alive after: "
