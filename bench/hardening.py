@@ -661,7 +661,13 @@ def upstream_misbehaviour(t: Tally, c: httpx.Client, bad: str, policy: str) -> d
         wrong.append({"kind": "upstream: cookie", "input": "Set-Cookie then another tenant", "status": r1.status_code,
                       "wrong": "the upstream's cookie was sent with another tenant's request"})
     # Credentials of the replica URL and the pool key, wherever the gateway shows replicas.
-    for label, resp in (("x-switchyard-* headers", r1), ("/v1/route", c.post("/v1/route", json=body)),
+    creds = {**body, "model": "creds"}
+    r1 = c.post("/v1/chat/completions", json=creds)
+    steer(status=503, body='{"error": {"message": "down"}}')
+    r2 = c.post("/v1/chat/completions", json=creds)
+    steer()
+    for label, resp in (("x-switchyard-* headers", r1), ("an upstream failure's message", r2),
+                        ("/v1/route", c.post("/v1/route", json=creds)),
                         ("/health", c.get("/health")), ("/metrics", c.get("/metrics")),
                         ("/ui/api/policies", c.get("/ui/api/policies"))):
         t.add("upstream: credentials shown", label, resp.status_code, 0.0)
@@ -688,7 +694,7 @@ def upstream_misbehaviour(t: Tally, c: httpx.Client, bad: str, policy: str) -> d
     if ms > 5000:
         wrong.append({"kind": "UI: apply", "input": "200,000 YAML nodes", "status": r.status_code,
                       "wrong": f"took {ms / 1000:.1f} s"})
-    return {"tried": sum(by_kind.values()) + 7, "wrong": wrong}
+    return {"tried": sum(by_kind.values()) + 9, "wrong": wrong}  # + cookie, 6 places, 2 UI edits
 
 
 # --- the edge's kinds (issue 28: 1, 3, 4, 10, 13) ------------------------------------------------
@@ -937,12 +943,15 @@ def main() -> None:
     up, upstream = start_upstream(tmp, "u")
     bad, bad_url = start_bad_upstream(tmp)
     bad_host = bad_url.removeprefix("http://")
-    # Pool `bad`: the misbehaving upstream, behind a URL with credentials and a key set through a
-    # merge key; its circuit never opens, so that every probe reaches it.
+    # Pool `bad`: the misbehaving upstream, its key set through a merge key; pool `creds`: the same
+    # upstream behind a URL with credentials (a key and URL credentials together were a 500 before
+    # issue 28, which would hide every other probe). Circuits never open: every probe reaches it.
     policy = (f"version: 1\nname: p\npools:\n  small:\n    model: m\n    replicas: [{{url: '{upstream}/v1'}}]\n"
               f"  bad:\n    <<: {{api_key: {POOL_KEY}}}\n    model: b\n    retries: 0\n"
               "    circuit: {failures: 1000000, cooldown: 1}\n    health: {interval: 3600}\n"
-              f"    replicas: [{{url: 'http://agent:{URL_SECRET}@{bad_host}/v1'}}]\n"
+              f"    replicas: [{{url: '{bad_url}/v1'}}]\n"
+              "  creds:\n    model: c\n    retries: 0\n    circuit: {failures: 1000000, cooldown: 1}\n"
+              f"    health: {{interval: 3600}}\n    replicas: [{{url: 'http://agent:{URL_SECRET}@{bad_host}/v1'}}]\n"
               "session: {pin: pool}\nroutes:\n  - {name: canary, when: {header.x-canary: '1', text: 'a+b'}, "
               "pool: small}\n  - {name: default, pool: small}\n")
     pol = tmp / "p.yaml"

@@ -54,6 +54,15 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+@pytest.fixture()
+def reap():
+    """Processes a test started, stopped at its end even when a later start fails."""
+    procs: list[Proc] = []
+    yield procs
+    for p in reversed(procs):
+        p.stop()
+
+
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bad-upstream")
@@ -284,9 +293,10 @@ def test_gzip_answers_are_decoded_and_usage_still_counted(gw):
 # --- 22. a 200 that is an error -----------------------------------------------------------------------
 
 
-def test_a_200_error_body_is_an_upstream_error(bad):
+def test_a_200_error_body_is_an_upstream_error(bad, reap):
     tmp, url = bad
     good, gurl_up = start_upstream(tmp, "good")
+    reap.append(good)
     steer(url, body='{"error": {"message": "model overloaded", "type": "server_error"}}')
     pol = policy(tmp, [url + "/v1", gurl_up + "/v1"], file="err200.yaml")
     proc, gurl = start_gateway(tmp, [pol], name="gw-err200")
@@ -314,10 +324,12 @@ def test_a_200_error_body_is_an_upstream_error(bad):
 # --- 5. the keys file ---------------------------------------------------------------------------------
 
 
-def test_unknown_keys_do_not_reparse_the_keys_file(tmp_path):
+def test_unknown_keys_do_not_reparse_the_keys_file(tmp_path, reap):
     from switchyard.gateway.keys import hash_key, make_key
 
     up, url = start_upstream(tmp_path, "u")
+
+    reap.append(up)
     keys = tmp_path / "keys.json"
     recs = [make_key(f"k{i}", None, None, None, None)[1].to_json() for i in range(5000)]
     keys.write_text(json.dumps({"keys": recs}))
@@ -362,8 +374,9 @@ def test_unknown_keys_do_not_reparse_the_keys_file(tmp_path):
 # --- 11. ${ENV} in a policy -----------------------------------------------------------------------------
 
 
-def test_policy_env_expansion_only_of_allowed_names(tmp_path):
+def test_policy_env_expansion_only_of_allowed_names(tmp_path, reap):
     up, url = start_upstream(tmp_path, "u")
+    reap.append(up)
     pol = policy(tmp_path, [url + "/v1"], pool_extra="    api_key: 'Bearer-${SY_PROBE_SECRET}'\n")
     env = {"SY_PROBE_SECRET": "from-the-environment"}
     gw = None
@@ -391,8 +404,9 @@ def test_policy_env_expansion_only_of_allowed_names(tmp_path):
 # --- 15. --record rotation --------------------------------------------------------------------------------
 
 
-def test_record_is_capped_and_rotated(tmp_path):
+def test_record_is_capped_and_rotated(tmp_path, reap):
     up, url = start_upstream(tmp_path, "u")
+    reap.append(up)
     pol = policy(tmp_path, [url + "/v1"])
     trace = tmp_path / "trace.jsonl"
     gw, gurl = start_gateway(tmp_path, [pol], "--record", str(trace), "--record-max-bytes", "2K",
@@ -418,8 +432,9 @@ def test_record_is_capped_and_rotated(tmp_path):
 # --- 16. UI apply: bounded before anything composes; merge-key secrets --------------------------------------
 
 
-def test_ui_apply_is_bounded_and_merge_key_secrets_are_redacted(tmp_path):
+def test_ui_apply_is_bounded_and_merge_key_secrets_are_redacted(tmp_path, reap):
     up, url = start_upstream(tmp_path, "u")
+    reap.append(up)
     p = tmp_path / "p.yaml"
     p.write_text(f"version: 1\nname: p\npools:\n  small: &small\n"
                  f"    <<: {{api_key: sk-merged-secret-123456}}\n    model: m\n    replicas: [{{url: '{url}/v1'}}]\n"
@@ -475,8 +490,9 @@ def test_ui_apply_is_bounded_and_merge_key_secrets_are_redacted(tmp_path):
 # --- 17. X-Forwarded-For and the login throttle -----------------------------------------------------------
 
 
-def test_login_throttle_ignores_forwarded_for_unless_the_proxy_is_trusted(tmp_path):
+def test_login_throttle_ignores_forwarded_for_unless_the_proxy_is_trusted(tmp_path, reap):
     up, url = start_upstream(tmp_path, "u")
+    reap.append(up)
     pol = policy(tmp_path, [url + "/v1"])
     key = "adm-" + "t" * 40
     gw, gurl = start_gateway(tmp_path, [pol], "--admin-key", key, name="gw-xff")
