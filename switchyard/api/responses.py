@@ -463,21 +463,15 @@ class ResponsesStream:
         out = [] if self.started else [self._start()]
         if self.failed:
             return b"".join(out)
-        buf = self.buf + data if self.buf else data
-        start = 0
-        while True:
-            nl = buf.find(b"\n", start)
-            if nl < 0:
-                break
-            line = buf[start:nl].strip()
-            start = nl + 1
+        lines = (self.buf + data if self.buf else data).split(b"\n")
+        self.buf = lines.pop()  # the line not yet complete
+        for line in lines:
             if line.startswith(b"data:"):
                 payload = line[5:].strip()
                 if payload and payload != b"[DONE]":
                     out.append(self._chunk(payload))
                     if self.failed:
                         break
-        self.buf = buf[start:]
         return b"".join(out)
 
     def _chunk(self, payload: bytes) -> bytes:
