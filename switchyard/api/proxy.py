@@ -478,8 +478,10 @@ class FastPath:
             "/v1/completions": lambda r, t: proxy.proxy(r, COMPLETIONS, t),
             "/v1/route": lambda r, t: proxy.route_only(r),
         }
+        self.shapes: dict[str, Dialect] = dict(proxy.dialects)
         if "/v1/messages" in proxy.dialects:
             self.routes["/v1/messages/count_tokens"] = lambda r, t: proxy.count_tokens(r)
+            self.shapes["/v1/messages/count_tokens"] = proxy.dialects["/v1/messages"]
         for path, dialect in proxy.dialects.items():
             self.routes[path] = lambda r, t, d=dialect: proxy.proxy(r, d, t)
 
@@ -488,7 +490,9 @@ class FastPath:
             handler = self.routes.get(scope["path"])
             if handler is not None:
                 if scope["method"] != "POST":
-                    resp = http_errors.response(errors.MethodNotAllowed(f"{scope['method']} {scope['path']}: use POST"))
+                    shape = self.shapes.get(scope["path"])  # Messages' paths answer in Anthropic's shape
+                    resp = http_errors.response(errors.MethodNotAllowed(f"{scope['method']} {scope['path']}: use POST"),
+                                                None, shape)
                     await resp(scope, receive, send)
                     return
                 rt = self.rt

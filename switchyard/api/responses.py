@@ -144,6 +144,27 @@ def input_messages(items: Any, where: str = "input") -> list[dict]:
     return out
 
 
+def chat_to_items(messages: list[dict]) -> list[dict]:
+    """Chat messages (a stored chain) -> Responses input items, for a pool that takes Responses."""
+    items: list[dict] = []
+    for m in messages:
+        role, content = m.get("role"), m.get("content")
+        if role == "tool":
+            items.append({"type": "function_call_output", "call_id": m.get("tool_call_id"), "output": content or ""})
+            continue
+        if role == "assistant":
+            if content:
+                items.append({"type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": content}]})
+            for tc in m.get("tool_calls") or ():
+                fn = tc.get("function") or {}
+                items.append({"type": "function_call", "call_id": tc.get("id"), "name": fn.get("name"),
+                              "arguments": fn.get("arguments") or ""})
+            continue
+        items.append({"type": "message", "role": role, "content": [{"type": "input_text", "text": content or ""}]})
+    return items
+
+
 def _tools(tools: Any) -> tuple[list[dict], list[dict], list[str]]:
     """(chat tools, the Responses function tools kept, names of the tools dropped)."""
     if tools is None:
@@ -372,6 +393,12 @@ class ResponsesDialect:
         msgs = parsed.chat["messages"]
         n_sys = 1 if msgs and msgs[0]["role"] == "system" and parsed.native.get("instructions") else 0
         parsed.chat["messages"] = msgs[:n_sys] + ctx.history + msgs[n_sys:]
+        if native:  # a pool that serves Responses itself never saw this chain: it gets the whole input
+            body = {k: v for k, v in parsed.native.items() if k != "previous_response_id"}
+            inp = body.get("input")
+            body["input"] = chat_to_items(ctx.history) + (
+                [{"role": "user", "content": inp}] if isinstance(inp, str) else list(inp or []))
+            parsed.native = body
 
     # --- answer -------------------------------------------------------------------------
 

@@ -208,6 +208,7 @@ pools:
     model: native-model
     api: [chat, responses]
     price: {{prompt: 1.0, completion: 2.0}}
+    circuit: {{failures: 100}}
     replicas: [{{url: '{nurl}/v1', name: native}}]
   chatonly:
     model: chat-model
@@ -234,6 +235,14 @@ fallback: {{native: [chatonly]}}
         http_post(nurl + "/_control", orjson.dumps({"fail": 503}))
         raw = c.responses.with_raw_response.create(model="auto", input="fall back")
         assert raw.headers["x-switchyard-pool"] == "chatonly" and raw.parse().output_text.endswith("fall back")
+        # That answer was stored here; the native pool, back, gets the chain as its whole input.
+        http_post(nurl + "/_control", orjson.dumps({"fail": 0}))
+        c.responses.create(model="auto", input="and then?", previous_response_id=raw.parse().id)
+        got = httpx.get(nurl + "/_state", timeout=5).json()["last_body"]
+        assert "previous_response_id" not in got
+        assert got["input"][0] == {"type": "message", "role": "user", "content": [{"type": "input_text",
+                                                                                  "text": "fall back"}]}
+        assert got["input"][1]["role"] == "assistant" and got["input"][-1] == {"role": "user", "content": "and then?"}
     finally:
         gw.stop()
         native.stop()
