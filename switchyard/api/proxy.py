@@ -226,7 +226,8 @@ class Proxy:
             watcher.cancel()
         try:
             return await self._respond(answer, decision, lp, headers, t0, t_routed, key, request, trace,
-                                       None if answer.native or err_shape is None else (dialect, parsed), adm)
+                                       None if answer.native or err_shape is None else (dialect, parsed), adm,
+                                       getattr(dialect, "native_stream_error", None) if answer.native else None)
         except BaseException:
             if answer.stream is not None:  # never leak a replica slot or an open upstream stream
                 answer.finish("client_gone", "", rt.gateway.state)
@@ -236,7 +237,7 @@ class Proxy:
     async def _respond(self, answer: Answer, decision: RouteDecision, lp: LoadedPolicy, headers: dict[str, str],
                        t0: float, t_routed: float, key: KeyRecord | None, request: Request,
                        trace: RequestTrace | None, translate: tuple[Dialect, Parsed] | None,
-                       adm: Admission | None = None) -> Response:
+                       adm: Admission | None = None, native_error: Callable[[str], bytes] | None = None) -> Response:
         """The upstream's answer to the client: as it came, or (`translate`: a chat answer to a client
         of another API) rendered in the client's API."""
         rt = self.rt
@@ -289,6 +290,8 @@ class Proxy:
         error_event = http_errors.sse_error_event
         if translate is None:
             raw_headers.append((b"content-type", answer.content_type.encode()))
+            if native_error is not None:  # a Responses / Messages stream passed through: its API's error event
+                error_event = native_error
         else:
             dialect, parsed = translate
             translator = dialect.translator(parsed)

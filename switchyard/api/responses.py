@@ -425,6 +425,11 @@ class ResponsesDialect:
     def error_body(self, status: int, kind: str, message: str, param: str | None, code: str | None) -> bytes:
         return error_body(message, kind, param, code)
 
+    def native_stream_error(self, message: str) -> bytes:
+        """A stream passed through from a pool that serves Responses, failing mid-way: OpenAI's error
+        event (its sequence number is not ours to know: the SDK and Codex read the type and message)."""
+        return _event("error", 0, {"code": "upstream_error", "message": message, "param": None})
+
     # --- store --------------------------------------------------------------------------
 
     async def keep(self, parsed: Parsed, caller: str, response: dict) -> None:

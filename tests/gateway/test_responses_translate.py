@@ -236,3 +236,9 @@ def test_session_ids_of_agent_clients():
     assert long is not None and long.startswith("sha256:")
     # Codex: prompt_cache_key is the session hint of its Responses requests.
     assert R.parse({"model": "m", "input": "x", "prompt_cache_key": "codex-uuid"}, {}).session_hint == "codex-uuid"
+
+
+def test_a_passed_through_stream_that_breaks_ends_with_openais_error_event():
+    (event,) = sse_events(R.native_stream_error("upstream r0 failed mid-stream"))
+    e = EVENTS.validate_python(event)
+    assert e.type == "error" and e.message == "upstream r0 failed mid-stream"
