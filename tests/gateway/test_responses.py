@@ -286,3 +286,25 @@ def test_count_tokens_by_the_pools_tokenizer_else_an_estimate(fresh):
     assert r.headers["x-switchyard-token-count"].startswith("estimate")
     r = httpx.post(fresh.url + "/v1/messages/count_tokens", content=b'{"model": "auto"}', timeout=10)
     assert r.status_code == 400 and r.json()["type"] == "error"  # Anthropic's shape
+
+
+def test_an_upstream_dying_mid_stream_ends_with_error_and_response_failed(tmp_path):
+    up, uurl = start_upstream(tmp_path, "dies")
+    pol = tmp_path / "d.yaml"
+    pol.write_text(f"version: 1\nname: d\npools:\n  p:\n    model: m\n    health: {{interval: 0}}\n"
+                   f"    replicas: [{{url: '{uurl}/v1'}}]\nroutes: [{{name: default, pool: p}}]\n")
+    gw, url = start_gateway(tmp_path, [pol])
+    try:
+        http_post(uurl + "/_control", orjson.dumps({"die_midstream": True, "chunk_delay_ms": 50}))
+        with httpx.stream("POST", url + "/v1/responses", json={"model": "auto", "input": "hi", "stream": True},
+                          timeout=30) as r:
+            data = b"".join(r.iter_bytes())
+        events = [orjson.loads(b.split(b"\ndata: ", 1)[1]) for b in data.split(b"\n\n") if b.strip()]
+        types = [e["type"] for e in events]
+        assert types[0] == "response.created" and "response.output_text.delta" in types
+        assert types[-2:] == ["error", "response.failed"], types
+        assert "failed mid-stream" in events[-1]["response"]["error"]["message"]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    finally:
+        gw.stop()
+        up.stop()
