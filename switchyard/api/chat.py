@@ -17,6 +17,10 @@ from switchyard.gateway.requests import validate
 
 class OpenAIDialect:
     __slots__ = ("api", "native_path")
+    # No optional hooks (api/dialect.py): class attributes, so the proxy's getattr finds None at once.
+    prepare = None
+    keep = None
+    native_stream_error = None
 
     def __init__(self, api: str, native_path: str) -> None:
         self.api = api

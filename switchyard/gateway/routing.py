@@ -29,6 +29,7 @@ log = logging.getLogger("switchyard.routing")
 PIN_RULE = "session-pin"
 MAX_SESSION_ID_BYTES = 256
 AGENT_SESSION_HEADERS = ("session-id", "thread-id", "x-claude-code-session-id")  # what agent CLIs send of themselves
+_AGENT_HEADER_KEYS = tuple(h.encode() for h in AGENT_SESSION_HEADERS)
 
 
 class RoutingPolicy(Protocol):
@@ -79,10 +80,7 @@ def session_id_of(body: Mapping[str, Any], headers: Mapping[str, str], hint: str
         s = meta.get("session_id") if isinstance(meta, dict) else None
         sid = s if isinstance(s, str) and s else hint
     if not sid:
-        for name in AGENT_SESSION_HEADERS:
-            sid = headers.get(name)
-            if sid:
-                break
+        sid = _agent_session(headers)
     if not sid:
         user = body.get("user")
         sid = user if isinstance(user, str) and user else None
@@ -90,6 +88,18 @@ def session_id_of(body: Mapping[str, Any], headers: Mapping[str, str], hint: str
     if sid and len(sid) > MAX_SESSION_ID_BYTES // 4 and len(sid.encode()) > MAX_SESSION_ID_BYTES:
         sid = "sha256:" + hashlib.sha256(sid.encode()).hexdigest()
     return sid
+
+
+def _agent_session(headers: Mapping[str, str]) -> str | None:
+    """The first of AGENT_SESSION_HEADERS the request has: one pass over Starlette's raw headers
+    (three .get()s would scan them three times on every request without a session)."""
+    raw = getattr(headers, "raw", None)
+    if raw is None:
+        return next((v for v in map(headers.get, AGENT_SESSION_HEADERS) if v), None)
+    found = {k: v for k, v in raw if k in _AGENT_HEADER_KEYS}
+    if not found:
+        return None
+    return next((found[k].decode("latin-1") for k in _AGENT_HEADER_KEYS if found.get(k)), None)
 
 
 def session_key(policy: str, session_id: str, caller: str = "") -> str:
