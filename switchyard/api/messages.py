@@ -1,8 +1,8 @@
 """Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens) as a dialect of the edge.
 
 parse: a Messages body -> the normalised Chat Completions body (`Parsed.chat`); the client's body
-stays in `Parsed.native` for a pool that serves /messages itself. The way back (render, the
-stream translator, errors in Anthropic's shape and statuses) is messages_render.py.
+stays in `Parsed.native` for a pool that serves /messages itself. The way back: answers and
+errors in messages_render.py, the stream translator in messages_stream.py.
 
 Choices made where the two APIs differ (docs/agents.md says them to users):
 - Claude Code's `x-anthropic-billing-header: ...` system block changes on every run: it is
@@ -27,7 +27,8 @@ from typing import Any
 import orjson
 
 from switchyard.api.dialect import Parsed
-from switchyard.api.messages_render import MessagesStream, error_body, render, status
+from switchyard.api.messages_render import error_body, render, status
+from switchyard.api.messages_stream import MessagesStream
 from switchyard.errors import BadRequest
 
 BILLING_PREFIX = "x-anthropic-billing-header:"

@@ -14,6 +14,7 @@ import pytest
 
 from switchyard.api import messages_render as mr
 from switchyard.api.messages import MESSAGES, count_text, count_tokens_input, estimate_tokens
+from switchyard.api.messages_stream import MAX_EVENT
 from switchyard.errors import BadRequest, ContextTooLong
 
 CC_SESSION = "3f7c2a9e-1b4d-4e8f-9a6b-2c5d8e1f4a7b"
@@ -412,7 +413,7 @@ def test_a_stream_without_done_or_usage_still_closes():
 
 def test_an_oversized_upstream_event_fails_the_stream():
     t = MESSAGES.translator(parse({**REQ, "stream": True}))
-    out = t.feed(b"data: " + b"x" * (mr.MAX_EVENT + 10))
+    out = t.feed(b"data: " + b"x" * (MAX_EVENT + 10))
     assert out.startswith(b"event: error") and t.close() == b""
 
 
