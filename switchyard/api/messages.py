@@ -42,7 +42,7 @@ def _bad(message: str) -> BadRequest:
     return BadRequest(message)
 
 
-def _text_of_blocks(blocks: list[Any], where: str) -> list[str]:
+def _text_of_blocks(blocks: list[Any], where: str, tool_result: bool = False) -> list[str]:
     """The texts of a list of text blocks (a system prompt, a tool_result's content)."""
     out = []
     for j, b in enumerate(blocks):
@@ -54,6 +54,10 @@ def _text_of_blocks(blocks: list[Any], where: str) -> list[str]:
             if not isinstance(text, str):
                 raise _bad(f"{where}.{j}.text: Field required")
             out.append(text)
+        elif t == "tool_reference" and tool_result and isinstance(b.get("tool_name"), str):
+            # Claude Code's ToolSearch answers with these (advanced tool use): Anthropic then loads
+            # the deferred tool. A chat upstream has every tool already; the model reads the name.
+            out.append(f"Tool loaded: {b['tool_name']}")
         else:
             raise _unsupported(t, f"{where}.{j}")
     return out
@@ -91,7 +95,7 @@ def _tool_result(b: dict, where: str) -> dict:
     elif isinstance(c, str):
         text = c
     elif isinstance(c, list):
-        text = _joined(_text_of_blocks(c, f"{where}.content")) if c else ""
+        text = _joined(_text_of_blocks(c, f"{where}.content", tool_result=True)) if c else ""
     else:
         raise _bad(f"{where}.content: Input should be a valid string or a list of blocks")
     if b.get("is_error") is True:

@@ -127,6 +127,16 @@ def test_tool_use_and_tool_results_map_to_chat_calls_and_tool_messages():
     ]
 
 
+def test_claude_codes_tool_search_references_read_as_text():
+    p = parse({"model": "m", "max_tokens": 5, "messages": [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_s", "name": "ToolSearch",
+                                           "input": {"query": "notebook"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_s", "content": [
+            {"type": "tool_reference", "tool_name": "NotebookEdit"}, {"type": "tool_reference", "tool_name": "X"}]}]}]})
+    assert p.chat["messages"][1] == {"role": "tool", "tool_call_id": "toolu_s",
+                                     "content": "Tool loaded: NotebookEdit\n\nTool loaded: X"}
+
+
 @pytest.mark.parametrize(("choice", "want", "parallel"), [
     ({"type": "auto"}, "auto", None),
     ({"type": "any"}, "required", None),
