@@ -4,7 +4,8 @@ and the gateway's GC pauses.
     python bench/sessions_soak.py                       # no sessions / 200k live / 1M live (raised cap)
     python bench/sessions_soak.py --caps 200000         # only the 200k store
     python bench/sessions_soak.py --redis               # the gateways share state in a private redis-server
-    python bench/sessions_soak.py --tree ../before      # the gateways of another source tree (before/after)
+    python bench/sessions_soak.py --before ../before    # plus the tree before the fix at the first cap, same run
+    python bench/sessions_soak.py --tree ../before      # every gateway from another source tree
     python bench/sessions_soak.py --quick               # a smoke run: 20k cap, 5 s phases
 
 Layout on a 2-core machine: the stub upstream (tests/fake_upstream.py), redis-server and wrk on
@@ -33,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from gateway_overhead import free_port, spawn, stop, wait_http, wait_redis  # noqa: E402
+from gateway_overhead import cpu_seconds, free_port, spawn, stop, wait_http, wait_redis  # noqa: E402
 
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "What is the weather in Paris today?"}],
         "max_tokens": 16}
@@ -101,10 +102,38 @@ def as_gateway(gclog: str, cap: int, argv: list[str]) -> None:
         d = list(memory.MemoryStore.__init__.__defaults__ or ())
         d[0] = cap
         memory.MemoryStore.__init__.__defaults__ = tuple(d)
+    prefill = int(os.environ.get("SOAK_PREFILL", "0"))
+    if prefill:
+        _prefill_on_first_put(prefill)
     sys.argv = ["switchyard", *argv]
     from switchyard.cli import app
 
     app()
+
+
+def _prefill_on_first_put(n: int) -> None:
+    """The store's first session write (a request's, after start-up and its gc.freeze()) first
+    writes `n` sessions as routing makes them (a key per policy, caller and id; a record like the
+    request's): a 1M store filled in seconds rather than minutes of traffic. Sessions only in
+    this gateway's memory (with --redis, not in Redis)."""
+    import uuid
+
+    from switchyard.state import memory
+
+    orig = memory.MemoryStore.put_session_now
+
+    def put(self, session_id, record, ttl):  # noqa: ANN001, ANN202
+        if not getattr(self, "_soak_filled", False):
+            self._soak_filled = True
+            t = time.perf_counter()
+            for i in range(n):
+                rec = type(record)(record.policy, record.pool, record.label, record.confidence, record.replica,
+                                   record.rule, record.turns)
+                orig(self, f"{record.policy}\0\0{uuid.uuid4()}-{i}", rec, ttl)
+            print(f"prefilled {n:,} sessions in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+        return orig(self, session_id, record, ttl)
+
+    memory.MemoryStore.put_session_now = put
 
 
 # --- the driver ------------------------------------------------------------------------------
@@ -187,8 +216,13 @@ def main() -> None:
     ap.add_argument("--phase-s", type=float, default=30.0, help="seconds of one measured phase")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of (plain, streamed) phases per gateway")
     ap.add_argument("--fill-rate", type=float, default=2500.0, help="guess of req/s while filling (fill in chunks)")
+    ap.add_argument("--fill", choices=("prefill", "traffic"), default="prefill",
+                    help="prefill: the store written to its cap inside the gateway at the first request, then "
+                         "10 s of traffic; traffic: fresh ids through wrk until the cap (1M: minutes)")
     ap.add_argument("--redis", action="store_true", help="the gateways share state in a private redis-server")
     ap.add_argument("--tree", type=Path, help="run the gateways from this source tree (e.g. a worktree before a fix)")
+    ap.add_argument("--before", type=Path, help="also a gateway of this source tree given fresh ids at the first cap "
+                                                "(the same run: before and after side by side)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: one 20k store, 5 s phases, one round")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sessions_soak.json")
     args = ap.parse_args()
@@ -201,7 +235,7 @@ def main() -> None:
     caps = [int(c) for c in args.caps.split(",") if c]
     tmp = Path(tempfile.mkdtemp(prefix="sy-soak-"))
     procs: list[subprocess.Popen] = []
-    run_id = os.urandom(3).hex()
+    run_id = os.urandom(12).hex()  # with the counter, ids as long as a uuid
     results: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "cpu": cpu_name(), "gateways": {}}
     try:
         up = free_port()
@@ -218,18 +252,23 @@ def main() -> None:
             procs.append(spawn(["redis-server", "--port", str(rport), "--save", "", "--appendonly", "no"], core=0))
             wait_redis(rport, procs[-1])
             extra = ["--redis", f"redis://127.0.0.1:{rport}/0"]
-        env = {"PYTHONPATH": str(args.tree.resolve())} if args.tree else {}
-        tree = args.tree.resolve() if args.tree else ROOT
-        has_cap = "max_sessions" in (tree / "switchyard" / "api" / "cli.py").read_text()
         gws: dict[str, dict] = {}
-        for name, cap in [("no sessions", 0)] + [(f"fresh ids, cap {c:,}", c) for c in caps]:
+        trees: list[tuple[str, int, Path | None]] = [("no sessions", 0, args.tree)]
+        trees += [(f"fresh ids, cap {c:,}", c, args.tree) for c in caps]
+        if args.before:
+            trees.append((f"before: fresh ids, cap {caps[0]:,}", caps[0], args.before))
+        for name, cap, src in trees:
+            tree = src.resolve() if src else ROOT
+            has_cap = "max_sessions" in (tree / "switchyard" / "api" / "cli.py").read_text()
+            genv = ({"PYTHONPATH": str(tree)} if src else {}) | (
+                {"SOAK_PREFILL": str(cap)} if cap and args.fill == "prefill" else {})
             port = free_port()
             gclog = tmp / f"gc-{port}.jsonl"
             p = spawn([sys.executable, str(Path(__file__).resolve()), "--as-gateway", str(gclog), str(cap or 200_000),
                        "serve", "--policy", str(policy), "--port", str(port), "--log-level", "warning",
                        "--admin-key", "soak-admin", "--no-health-checks", *extra,
                        *(["--max-sessions", str(cap or 200_000)] if has_cap else [])],
-                      core=1, env=env, log=tmp / f"gw-{port}.log", cwd=args.tree.resolve() if args.tree else None)
+                      core=1, env=genv, log=tmp / f"gw-{port}.log", cwd=tree if src else None)
             procs.append(p)
             wait_http(f"http://127.0.0.1:{port}/health/live", proc=p)
             gws[name] = {"url": f"http://127.0.0.1:{port}", "pid": p.pid, "cap": cap, "gclog": gclog,
@@ -241,9 +280,10 @@ def main() -> None:
                 continue
             sent, t0 = 0, time.time()
             sampler.phase = f"fill {name}"
-            while sent < g["cap"] * 1.05:
-                left = g["cap"] * 1.05 - sent
-                r = wrk(g["url"], min(60, max(5, left / args.fill_rate)), False, True, f"{run_id}f{sent}", tmp)
+            target = g["cap"] * 1.05 if args.fill == "traffic" else 1
+            while sent < target:  # prefill: one 10 s phase (the first request fills the store)
+                secs = min(60, max(5, (target - sent) / args.fill_rate)) if args.fill == "traffic" else 10
+                r = wrk(g["url"], secs, False, True, f"{run_id}f{sent}", tmp)
                 sent += r["requests"]
             g["fill"] = {"requests": sent, "seconds": round(time.time() - t0, 1),
                          "rss_mb": round(rss_mb(g["pid"]), 1), "sessions": sessions_held(g["url"], "soak-admin")}
@@ -254,13 +294,15 @@ def main() -> None:
                 for name, g in gws.items():
                     kind = "streamed" if stream else "plain"
                     sampler.phase = f"{kind} {name}"
-                    a = time.time()
+                    a, c0 = time.time(), cpu_seconds(g["pid"])
                     r = wrk(g["url"], args.phase_s, stream, g["fresh"], f"{run_id}r{rnd}{kind[0]}", tmp)
                     g["windows"].append((a, time.time()))
-                    r.update(kind=kind, round=rnd, rss_mb=round(rss_mb(g["pid"]), 1))
+                    # The gateway's own CPU a request: what a shared machine disturbs least.
+                    cpu_us = (cpu_seconds(g["pid"]) - c0) / max(1, r["requests"]) * 1e6
+                    r.update(kind=kind, round=rnd, rss_mb=round(rss_mb(g["pid"]), 1), cpu_us=round(cpu_us, 1))
                     g["phases"].append(r)
                     print(f"round {rnd} {kind:>8} {name:>22}: {r['rps']:7.0f} req/s  p50 {r['p50_ms']:6.2f} ms  "
-                          f"p99 {r['p99_ms']:7.2f} ms  RSS {r['rss_mb']:6.1f} MB  errors {r['errors']} "
+                          f"p99 {r['p99_ms']:7.2f} ms  CPU {r['cpu_us']:6.0f} us/req  RSS {r['rss_mb']:6.1f} MB  errors {r['errors']} "
                           f"non-2xx {r['non2xx']}", flush=True)
         sampler.halt.set()
         results["rss"] = sampler.rows
@@ -271,6 +313,8 @@ def main() -> None:
             summary["sessions_end"] = sessions_held(g["url"], "soak-admin")
             results["gateways"][name] = {k: v for k, v in g.items() if k not in ("gclog", "windows", "pid")} | summary
             s = summary
+            print(f"{name:>22}: CPU a request plain {s['cpu_us_plain']:.0f} us ({s['cpu_plain_ratio']:.2f}x), streamed "
+                  f"{s['cpu_us_streamed']:.0f} us ({s['cpu_streamed_ratio']:.2f}x)", flush=True)
             print(f"{name:>22}: {s['rps']:7.0f} req/s ({s['rps_ratio']:.2f}x)  p99 plain {s['p99_plain_ms']:.1f} ms "
                   f"({s['p99_plain_ratio']:.2f}x), streamed {s['p99_streamed_ms']:.1f} ms "
                   f"({s['p99_streamed_ratio']:.2f}x)  RSS {s['rss_first_mb']:.0f} -> {s['rss_last_mb']:.0f} MB  "
@@ -296,6 +340,10 @@ def summarize(g: dict, base: dict) -> dict:
             v = med(g, kind, key)
             out[f"{key[:3]}_{kind}_ms"] = round(v, 2)
             out[f"{key[:3]}_{kind}_ratio"] = round(v / med(base, kind, key), 3)
+    for kind in ("plain", "streamed"):
+        v = med(g, kind, "cpu_us")
+        out[f"cpu_us_{kind}"] = round(v, 1)
+        out[f"cpu_{kind}_ratio"] = round(v / med(base, kind, "cpu_us"), 3)
     out["rss_first_mb"] = g["phases"][0]["rss_mb"]
     out["rss_last_mb"] = g["phases"][-1]["rss_mb"]
     return out

@@ -9,9 +9,12 @@ import os
 import signal
 import time
 import tracemalloc
+import urllib.request
 import uuid
 
+import orjson
 import pytest
+from procs import start_gateway, start_upstream
 from statekit import RedisServer
 
 from switchyard.pools.affinity import CacheAware
@@ -260,3 +263,31 @@ def test_cache_aware_homes_stay_bounded_and_out_of_the_gc() -> None:
     for i in range(400):
         s.pick(reps, f"x{i}")
     assert s.pick(reps, key) is moved and ring.pick(reps, key) is reps[0]
+
+
+def test_gateway_max_sessions_bounds_what_it_keeps(tmp_path) -> None:
+    """`serve --max-sessions` through a real gateway: fresh ids past the cap evict the oldest, the
+    newest stay pinned, /health says how many it holds."""
+    up, up_url = start_upstream(tmp_path, "soak-up")
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nname: capped\npools:\n  p:\n    model: m\n    replicas:\n"
+                      f"      - url: {up_url}/v1\nroutes:\n  - name: default\n    pool: p\nsession:\n  pin: pool\n")
+    gw, url = start_gateway(tmp_path, [policy], "--max-sessions", "40", "--admin-key", "adm", "--no-health-checks")
+    try:
+        body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        for i in range(100):
+            req = urllib.request.Request(url + "/v1/chat/completions", data=body, headers={
+                "Content-Type": "application/json", "x-session-id": f"fresh-{i}"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 200
+        admin = {"Authorization": "Bearer adm"}
+        with urllib.request.urlopen(urllib.request.Request(url + "/health", headers=admin), timeout=5) as r:
+            state = orjson.loads(r.read())["state"]
+        assert state["sessions"] == 40 and state["max_sessions"] == 40
+        with urllib.request.urlopen(urllib.request.Request(url + "/admin/sessions?limit=100", headers=admin),
+                                    timeout=5) as r:
+            held = {s["session_id"] for s in orjson.loads(r.read())["sessions"]}
+        assert "fresh-99" in held and "fresh-0" not in held and len(held) == 40
+    finally:
+        gw.stop()
+        up.stop()
