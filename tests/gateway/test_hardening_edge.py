@@ -496,3 +496,21 @@ def test_a_chunked_body_is_charged_its_prompt_and_a_hang_up_settles(keyed):
     charged = _tokens(gurl, "open") - before
     # The prompt from the parsed body (was 0: no Content-Length), and one token an event that went by.
     assert 1500 <= charged <= 1500 + 22, charged
+
+
+def test_a_cut_stream_reaches_a_messages_client_as_its_error_event(edge):
+    url, gurl, gw = edge
+    import anthropic
+
+    # The chat upstream's stream is cut after two chunks (no framing, no [DONE]); the gateway
+    # translates it for an Anthropic client, which must see Anthropic's error event, not a
+    # message_stop after "one two ".
+    control(url, mode="stream", framing="close", events=STREAM, cut_after=2)
+    client = anthropic.Anthropic(base_url=gurl, api_key="none", max_retries=0, timeout=30)
+    seen = []
+    with pytest.raises(anthropic.APIError) as e, client.messages.stream(
+            model="auto", max_tokens=50, messages=[{"role": "user", "content": "hi"}]) as s:
+        for text in s.text_stream:
+            seen.append(text)
+    assert "".join(seen) == "one two "
+    assert "stopped before its final event" in str(e.value), e.value
