@@ -255,6 +255,10 @@ class Proxy:
             await rt.gateway.state.flush()  # the next turn may come through another gateway
         price = lp.pools[answer.pool].spec.price if answer.pool in lp.pools else None
         if answer.stream is None:
+            status, body, ctype = answer.status, answer.body, answer.content_type
+            if translate is not None:  # rendered first: what it costs is the gateway's overhead too
+                status, body = await self._rendered(answer, translate[0], translate[1], key)
+                ctype = JSON
             usage = parse_usage(answer.body) if answer.status < 400 else None
             cost = None
             if usage is not None and price is not None:
@@ -263,18 +267,16 @@ class Proxy:
             now = time.perf_counter()
             overhead = (answer.t_sent - t_routed) + (t_routed - t0) + (now - answer.t_first)
             headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
-            rt.finished(decision, answer.pool, answer.replica.name, answer.status, now - t0, overhead, usage, cost)
+            rt.finished(decision, answer.pool, answer.replica.name, status, now - t0, overhead, usage, cost)
             if trace is not None:
-                trace.answered(answer.pool, answer.replica.name, answer.status, answer.attempts, usage, cost)
+                trace.answered(answer.pool, answer.replica.name, status, answer.attempts, usage, cost)
             if answer.status >= 400:
                 adm.settle(rt, 0, True)
             elif usage is None:
                 adm.settle(rt, adm.prompt_tokens, True)
             else:
                 adm.settle(rt, usage.total, False)
-            if translate is not None:
-                return await self._rendered(answer, translate[0], translate[1], key, headers)
-            return Response(answer.body, answer.status, headers=headers, media_type=answer.content_type)
+            return Response(body, status, headers=headers, media_type=ctype)
         overhead = answer.t_sent - t0 + (time.perf_counter() - answer.t_first)
         headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
         if price is not None:  # the cost is known only after the last byte: the prices, for the client's usage
@@ -317,24 +319,26 @@ class Proxy:
 
         return StreamRelay(source, first, answer.status, raw_headers, done, answer.replica.name, error_event)
 
-    async def _rendered(self, answer: Answer, dialect: Dialect, parsed: Parsed, key: KeyRecord | None,
-                        headers: dict[str, str]) -> Response:
-        """A non-streaming chat answer rendered in the client's API (its errors in that API's shape)."""
+    async def _rendered(self, answer: Answer, dialect: Dialect, parsed: Parsed,
+                        key: KeyRecord | None) -> tuple[int, bytes]:
+        """A non-streaming chat answer rendered in the client's API (its errors in that API's shape):
+        (status, body)."""
         if answer.status >= 400:
-            status, body = _error_in(dialect, answer.status, answer.body)
-            return Response(body, status, headers=headers, media_type=JSON)
+            return _error_in(dialect, answer.status, answer.body)
         try:
             chat_answer = orjson.loads(answer.body)
             if not isinstance(chat_answer, dict) or not isinstance(chat_answer.get("choices"), list):
                 raise ValueError("not a chat.completion")
             out = dialect.render(chat_answer, parsed)
         except (orjson.JSONDecodeError, ValueError, TypeError, KeyError, IndexError) as e:
-            msg = f"upstream {answer.replica.name} of pool {answer.pool!r} sent an answer that is not a chat completion: {e}"
-            return http_errors.response(errors.UpstreamFailed(msg), headers, dialect)
+            err = errors.UpstreamFailed(f"upstream {answer.replica.name} of pool {answer.pool!r} sent an answer "
+                                        f"that is not a chat completion: {e}")
+            status = http_errors.status_in(dialect, 502, err.type, err.code)
+            return status, dialect.error_body(status, err.type, err.message, None, err.code)
         keep = getattr(dialect, "keep", None)  # a stateful API (Responses: store) keeps what it answered
         if keep is not None:
             await keep(parsed, key.id if key else "", out)
-        return Response(orjson.dumps(out), answer.status, headers=headers, media_type=JSON)
+        return answer.status, orjson.dumps(out)
 
     def _keeper(self, dialect: Dialect, parsed: Parsed, key: KeyRecord | None,
                 translator: StreamTranslator) -> Callable[[], Awaitable[None]] | None:
