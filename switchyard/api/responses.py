@@ -134,6 +134,8 @@ def input_messages(items: Any, where: str = "input") -> list[dict]:
             call_id, output = item.get("call_id"), item.get("output")
             if not isinstance(call_id, str):
                 raise _bad(f"{at}.call_id is required", f"{at}.call_id")
+            if isinstance(output, dict):  # a structured result some clients send: the tool message holds its JSON
+                output = orjson.dumps(output).decode()
             out.append({"role": "tool", "tool_call_id": call_id, "content": _text_of(output, f"{at}.output")})
         elif kind in SKIPPED_ITEMS:
             continue
