@@ -305,9 +305,9 @@ def _parse(body: Any, headers: Mapping[str, str], require_max_tokens: bool) -> P
         h = headers.get(SESSION_HEADER)
         hint = h if h else None
     if stream:
+        # No stream_options here: dispatch asks for the usage chunk (message_delta's counts) unless
+        # the pool's server refuses stream_options (stream_usage: false; then the counts are estimated).
         chat["stream"] = True
-        # The translator needs the usage chunk for message_delta's token counts.
-        chat["stream_options"] = {"include_usage": True}
     return Parsed("messages", chat, body, stream, hint, dropped)
 
 

@@ -82,7 +82,7 @@ def test_claude_code_body_parses_to_chat_without_the_billing_header():
         "name": "Bash", "description": "Run a shell command.",
         "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
     assert chat["max_tokens"] == 32000 and chat["stream"] is True
-    assert chat["stream_options"] == {"include_usage": True}
+    assert "stream_options" not in chat  # dispatch adds it where the pool's server takes it
     for ignored in ("thinking", "context_management", "output_config", "service_tier", "metadata", "system"):
         assert ignored not in chat
     assert "user" not in chat  # the JSON user_id is Claude Code's session, not an end-user id

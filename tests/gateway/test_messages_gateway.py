@@ -43,7 +43,13 @@ def test_translated_answers_usage_and_tool_calls(own):
     assert seen["last_path"].endswith("/chat/completions")  # a chat-only pool: translated
     assert seen["last_body"]["messages"] == ASK and seen["last_body"]["stop"] == ["END"]
     assert m.content[0].type == "text" and m.content[0].text
-    assert m.usage.cache_read_input_tokens == 3 and m.usage.input_tokens >= 0
+    assert (m.usage.input_tokens, m.usage.cache_read_input_tokens, m.usage.output_tokens) == (7, 3, 5)
+    # Streamed: the gateway asks the upstream for its usage chunk, which message_delta carries.
+    with client(c).messages.stream(model="small", max_tokens=5, messages=ASK) as st:
+        streamed = st.get_final_message()
+    assert streamed.content[0].text == "tok0 tok1 tok2 tok3 tok4 " and streamed.stop_reason == "end_turn"
+    assert (streamed.usage.input_tokens, streamed.usage.cache_read_input_tokens, streamed.usage.output_tokens) == (
+        7, 3, 5)
     for name in ("s0", "s1"):
         c.control(name, tool_call={"name": "get_weather", "arguments": {"city": "Paris"}})
     m = client(c).messages.create(
