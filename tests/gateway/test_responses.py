@@ -308,3 +308,36 @@ def test_an_upstream_dying_mid_stream_ends_with_error_and_response_failed(tmp_pa
     finally:
         gw.stop()
         up.stop()
+
+
+def test_agents_sdk_streamed_and_its_tool_call(fresh):
+    """The Agents SDK's default model (OpenAIResponsesModel) parses our answers and our event stream."""
+    import asyncio
+
+    from agents import Agent, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+
+    ran = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return f"sunny in {city}"
+
+    set_tracing_disabled(True)
+    set_default_openai_client(openai.AsyncOpenAI(base_url=fresh.url + "/v1", api_key="x", max_retries=0),
+                              use_for_tracing=False)
+
+    async def run() -> tuple[str, str]:  # one event loop: the SDK's client keeps its connections on it
+        result = Runner.run_streamed(Agent(name="plain", instructions="Be brief.", model="auto"), "hi")
+        kinds = [e.type async for e in result.stream_events()]
+        assert "raw_response_event" in kinds
+        for name in ("s0", "s1"):
+            fresh.control(name, tool_call={"name": "get_weather", "arguments": {"city": "Oslo"}})
+        agent = Agent(name="tools", model="auto", tools=[get_weather], tool_use_behavior="stop_on_first_tool")
+        out = await Runner.run(agent, "weather in Oslo?")
+        return str(result.final_output), str(out.final_output)
+
+    streamed, tool = asyncio.run(run())
+    assert streamed == "tok0 tok1 tok2 tok3 tok4 "
+    assert ran == ["Oslo"] and tool == "sunny in Oslo"
