@@ -29,8 +29,9 @@ def test_up_end_to_end(gguf_path: Path, tmp_path: Path) -> None:
     assert "127.0.0.1:8101/v1" in text and "127.0.0.1:8201/v1" in text
     text = text.replace("127.0.0.1:8101/v1", f"127.0.0.1:{small}/v1").replace("127.0.0.1:8201/v1",
                                                                               f"127.0.0.1:{large}/v1")
-    # Keep the test's KV caches small; everything else as shipped.
-    text = text.replace('"--max-model-len", "2048"', '"--max-model-len", "512"')
+    # Keep the test's KV caches small (one full window a replica); everything else as shipped.
+    assert text.count('"--num-kv-blocks", "2048"') == 2
+    text = text.replace('"--num-kv-blocks", "2048"', '"--num-kv-blocks", "512"')
     policy = tmp_path / "default.yaml"
     policy.write_text(text)
     log = (tmp_path / "up.out").open("w")
