@@ -33,12 +33,11 @@ MAX_USAGE_OBJECT = 4096  # a usage object is ~100-400 bytes
 MAX_USAGE_KEYS = 16  # `"usage"` keys tried, the last first (`"usage": null` chunks before the real one)
 HOLD = 4096  # an open event longer than this cannot be the usage-only chunk: it passes on as it comes
 MAX_EVENT_BYTES = 1 << 20  # one upstream SSE event at most (default; UsageTap's max_event_bytes)
-# The last event of a well-ended stream, per API (chat and completions, Responses, Messages) and
-# an upstream's own error event; each after a line break, so an answer's text cannot fake one
-# (JSON escapes line breaks inside strings).
-FINAL_EVENTS = (b"\ndata: [DONE]", b"\ndata:[DONE]", b"\nevent: response.completed", b"\nevent: response.failed",
-                b"\nevent: response.incomplete", b"\nevent: message_stop", b"\nevent: error", b"\nevent:message_stop",
-                b"\nevent:response.completed")
+# How a well-ended stream ends: chat and completions with `data: [DONE]`; Responses and Messages
+# with a last event named one of FINAL_EVENTS (an upstream's own error event included). Both are
+# looked for after a line break, so an answer's text cannot fake them (JSON escapes line breaks).
+FINAL_EVENTS = frozenset({b"response.completed", b"response.failed", b"response.incomplete", b"message_stop",
+                          b"error"})
 _KEY = b'"usage"'
 _BRACES = re.compile(rb"[{}]")
 
@@ -197,11 +196,11 @@ class UsageTap:
     """Wraps an upstream aiohttp response for the SSE relay; read `usage()` when the stream ended.
 
     `max_event_bytes` caps one event (beyond it `broken` says why, `feed` passes nothing more and
-    the next read raises StreamBroken, so the first chunk's feed needs no handler); `final_events` are
-    what a well-ended stream's last event starts with (FINAL_EVENTS: every client API's)."""
+    the next read raises StreamBroken, so the first chunk's feed needs no handler); `final_events`
+    are the event names a well-ended named-event stream ends with (FINAL_EVENTS: every client API's)."""
 
     def __init__(self, upstream: Any, drop_usage_event: bool, max_event_bytes: int = MAX_EVENT_BYTES,
-                 final_events: tuple[bytes, ...] = FINAL_EVENTS):
+                 final_events: frozenset[bytes] = FINAL_EVENTS):
         self.content = _TapContent(upstream.content, self)
         self.drop = drop_usage_event
         self.max_event = max_event_bytes
@@ -212,7 +211,7 @@ class UsageTap:
         self.sse = not ctype or "event-stream" in ctype
         self.tail = b""
         self.events = 0  # `data:` lines seen: one token each when the upstream reports no usage
-        self.ended = False  # a final event went by
+        self.last_event = b""  # the name of the last `event:` line seen (named-event streams)
         self.broken = ""  # why the stream is ended as failed (an event over the cap)
         self._pending = b""  # held back: an open event that may be the usage-only chunk (at most HOLD)
         self._open = 0  # bytes of the event now open (since the last blank line)
@@ -229,11 +228,14 @@ class UsageTap:
         self.events += b.count(b"data:")
         self.tail = (self.tail + b)[-TAIL:] if len(b) < TAIL else b[-TAIL:]
         scan = self._edge + b
-        if not self.ended and (b"[DONE]" in scan or b"event:" in scan):
-            self.ended = any(m in scan for m in self.final_events)
+        i = scan.rfind(b"\nevent:")
+        if i >= 0:  # one search a chunk; a name not yet ended by its newline is read on the next chunk
+            j = scan.find(b"\n", i + 7)
+            if j >= 0:
+                self.last_event = scan[i + 7:j].strip()
         k = _boundary(scan)
         self._open = len(scan) - k if k else self._open + len(b)
-        self._edge = scan[-32:]
+        self._edge = scan[-64:]
         if self._open > self.max_event:
             self.broken = (f"an upstream SSE event is larger than {self.max_event} bytes "
                            "(the gateway's --max-event-mb)")
@@ -255,8 +257,15 @@ class UsageTap:
         return out
 
     def cut(self) -> bool:
-        """The upstream ended an event stream without its final event (after every byte was fed)."""
-        return self.sse and not self.ended
+        """The upstream ended an event stream without its final event (after every byte was fed):
+        no `data: [DONE]` near its end, and no last event of a final name that was complete."""
+        if not self.sse:
+            return False
+        end = b"\n" + self.tail[-256:]
+        if b"\ndata: [DONE]" in end or b"\ndata:[DONE]" in end:
+            return False
+        complete = self.tail.endswith((b"\n\n", b"\r\n\r\n"))
+        return not (complete and self.last_event in self.final_events)
 
     def usage(self) -> Usage | None:
         return parse_usage(self.tail)
