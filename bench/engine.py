@@ -42,10 +42,11 @@ def _start_engine(path: Path, dtype: str, threads: int, max_num_seqs: int, max_m
                   **sched_kw: int):  # type: ignore[no-untyped-def]
     """The real runner and scheduler, in-process, no HTTP; returns (scheduler, its thread)."""
     from switchyard.engine.core.scheduler import Scheduler
-    from switchyard.engine.runner.model_runner import Runner, RunnerOptions
+    from switchyard.engine.runner.model_runner import Runner
+    from switchyard.engine.runner.options import EngineOptions
     from switchyard.engine.serving.rank0 import _tokenizer
 
-    runner = Runner(RunnerOptions(model_path=path, tp=1, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+    runner = Runner(EngineOptions(model_path=path, tp=1, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                   dtype=dtype, threads=threads), 0, 1)
     made: dict[str, Scheduler] = {}
     ready = threading.Event()
@@ -67,7 +68,7 @@ def _start_engine(path: Path, dtype: str, threads: int, max_num_seqs: int, max_m
 def ours(path: Path, dtype: str, threads: int, tokens: int, batch: int):  # type: ignore[no-untyped-def]
     """Our engine, loaded and warm: (run, stop), run(n) -> (decode tok/s, TTFTs in s)."""
     from switchyard.engine.core.sampling import SamplingParams
-    from switchyard.engine.core.scheduler import Sequence
+    from switchyard.engine.core.sequence import Sequence
 
     sched, loop = _start_engine(path, dtype, threads, max(batch, 1), 1024)
     tok = sched.tok
@@ -107,7 +108,7 @@ def prefill_rate(sched, n: int, salt: int) -> float:  # type: ignore[no-untyped-
     """Prefill tok/s of one n-token prompt: n / its time to first token. `salt` makes each
     round's prompt differ from its first token on, so no cached prefix could serve it."""
     from switchyard.engine.core.sampling import SamplingParams
-    from switchyard.engine.core.scheduler import Sequence
+    from switchyard.engine.core.sequence import Sequence
 
     tok = sched.tok
     words = " ".join(f"{w}{salt}" for w in ("ship", "river", "stone", "lamp", "field", "glass") * 200)
@@ -131,7 +132,7 @@ def long_prompt(path: Path, dtype: str, threads: int, budget: int) -> dict[str, 
     """A stream decodes; a ~1,800-token prompt arrives. The stream's longest gap between tokens
     and the long prompt's TTFT, with `budget` prompt tokens prefilled a step."""
     from switchyard.engine.core.sampling import SamplingParams
-    from switchyard.engine.core.scheduler import Sequence
+    from switchyard.engine.core.sequence import Sequence
 
     sched, loop = _start_engine(path, dtype, threads, 4, 2048, max_num_batched_tokens=budget)
     tok = sched.tok

@@ -32,7 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from switchyard.engine.model.config import ModelConfig  # noqa: E402
 from switchyard.engine.model.cuda_decoder import CudaModel  # noqa: E402
+from switchyard.engine.model.cuda_layer import weight_bytes_per_token  # noqa: E402
 from switchyard.engine.model.random_weights import SHAPES  # noqa: E402
+from switchyard.engine.model.step import Step
 from switchyard.engine.model.weights import Shard  # noqa: E402
 from switchyard.engine.runner.comm import SingleRank  # noqa: E402
 
@@ -109,15 +111,15 @@ def decode_rate(m: CudaModel, batch: int, tokens: int, vocab: int) -> dict[str, 
     ids = torch.randint(0, vocab, (batch, PROMPT))
     lens = torch.full((batch,), PROMPT, dtype=torch.int64)
     slots = torch.arange(batch)
-    logits = m.forward(ids, torch.arange(PROMPT).expand(batch, PROMPT).contiguous(), slots, lens, lens, 0)
+    logits = m.forward(Step(ids, torch.arange(PROMPT).expand(batch, PROMPT).contiguous(), slots, lens, lens, 0))
     nxt = logits.argmax(-1).tolist()
     ctx = PROMPT
     one = torch.ones(batch, dtype=torch.int64)
 
     def step() -> None:
         nonlocal nxt, ctx
-        logits = m.forward(torch.tensor(nxt).view(batch, 1), torch.full((batch, 1), ctx), slots, one,
-                           torch.full((batch,), ctx + 1), batch)
+        logits = m.forward(Step(torch.tensor(nxt).view(batch, 1), torch.full((batch, 1), ctx), slots, one,
+                           torch.full((batch,), ctx + 1), batch))
         nxt = logits.argmax(-1).tolist()  # the one host sync per step, as in the scheduler
         ctx += 1
 
@@ -142,7 +144,7 @@ def ttft(m: CudaModel, n: int, vocab: int, reps: int = 3) -> float:
     for _ in range(reps):
         sync(m.device)
         t = time.perf_counter()
-        logits = m.forward(ids, torch.arange(n).view(1, n), torch.tensor([0]), lens, lens, 0)
+        logits = m.forward(Step(ids, torch.arange(n).view(1, n), torch.tensor([0]), lens, lens, 0))
         int(logits.argmax(-1)[0])
         samples.append(time.perf_counter() - t)
     return statistics.median(samples) * 1000
@@ -177,7 +179,7 @@ def bench_shape(name: str, dev: torch.device, batches: list[int], tokens: int, h
                   device=dev, dtype=torch.bfloat16, cuda_graphs=True)
     del w
     log(f"{name}: weights made and loaded in {time.perf_counter() - t:.1f}s; "
-        f"{m.weight_bytes_per_token() / 1e9:.3f} GB read per batch-1 step")
+        f"{weight_bytes_per_token(m) / 1e9:.3f} GB read per batch-1 step")
     t = time.perf_counter()
     decode_rate(m, 1, min(tokens, 8), c.vocab_size)  # compiles the fused ops
     log(f"  warm-up (compile + first graphs) {time.perf_counter() - t:.1f}s; ops {m.ops.status()}")
@@ -188,7 +190,7 @@ def bench_shape(name: str, dev: torch.device, batches: list[int], tokens: int, h
         r = decode_rate(m, b, tokens, c.vocab_size)
         add("ours (graphs)", "decode_tok_s", b, r["tok_s"], "tok/s", f"step {r['step_ms']:.2f} ms")
         if b == 1:
-            limit = bw / m.weight_bytes_per_token()
+            limit = bw / weight_bytes_per_token(m)
             add("ours (graphs)", "bw_limit_fraction", 1, r["tok_s"] / limit, "x",
                 f"limit {limit:.0f} tok/s at {bw / 1e12:.2f} TB/s")
     m.graphs.enabled = False

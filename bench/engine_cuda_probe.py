@@ -29,7 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_cuda import PROMPT, copy_bandwidth, decode_rate, ttft  # noqa: E402
 
 from switchyard.engine.model.cuda_decoder import CudaModel  # noqa: E402
+from switchyard.engine.model.cuda_layer import weight_bytes_per_token  # noqa: E402
 from switchyard.engine.model.random_weights import SHAPES, random_weights  # noqa: E402
+from switchyard.engine.model.step import Step
 from switchyard.engine.model.weights import Shard  # noqa: E402
 from switchyard.engine.runner.comm import SingleRank  # noqa: E402
 
@@ -59,11 +61,11 @@ def kernel_table(m: CudaModel, steps: int = 20) -> tuple[str, float, float]:
     from torch.profiler import ProfilerActivity, profile
 
     args = step_args(1, PROMPT + 1)
-    m.forward(*args, 1)
+    m.forward(Step(*args, 1))
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            m.forward(*args, 1)
+            m.forward(Step(*args, 1))
         torch.cuda.synchronize()
     ev = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     n = sum(e.count for e in ev) / steps
@@ -79,7 +81,7 @@ def compare(m: CudaModel, batch: int) -> float:
     for impl in ("torch", "fused"):
         m.decode_impl = impl
         m.graphs.clear()
-        out[impl] = m.forward(*args, batch).float()
+        out[impl] = m.forward(Step(*args, batch)).float()
     return float((out["fused"] - out["torch"]).abs().max() / out["torch"].std())
 
 
@@ -99,10 +101,10 @@ def prefill_table(m: CudaModel, n: int, vocab: int) -> tuple[str, float]:
 
     ids, lens = torch.randint(0, vocab, (1, n)), torch.tensor([n])
     args = (ids, torch.arange(n).view(1, n), torch.tensor([0]), lens, lens, 0)
-    m.forward(*args)
+    m.forward(Step(*args))
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        m.forward(*args)
+        m.forward(Step(*args))
         torch.cuda.synchronize()
     ev = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     ms = sum(e.self_device_time_total for e in ev) / 1000
@@ -139,10 +141,10 @@ def main() -> None:
         m = CudaModel(c, Shard(0, 1, c), w, SingleRank(), max_slots=16, max_len=2 * PROMPT, device=dev,
                       decode_kernels="fused")
         del w
-        limit = bw / m.weight_bytes_per_token()
+        limit = bw / weight_bytes_per_token(m)
         r: dict[str, Any] = {"bandwidth_limit_tok_s": limit, "variants": {}, "kernels": {}}
         results[name] = r
-        log(f"\n{name}: {m.weight_bytes_per_token() / 1e9:.3f} GB a batch-1 step, limit {limit:.0f} tok/s")
+        log(f"\n{name}: {weight_bytes_per_token(m) / 1e9:.3f} GB a batch-1 step, limit {limit:.0f} tok/s")
         t = time.perf_counter()
         m.warmup()
         st = m.status()

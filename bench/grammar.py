@@ -174,10 +174,12 @@ def engine(path: Path, rounds: int, steps: int, threads: int, mask_threads: int)
     from switchyard.engine.chat.grammar import GrammarMasker, Grammars
     from switchyard.engine.chat.structured import constraint
     from switchyard.engine.core.sampling import SamplingParams, sample
-    from switchyard.engine.runner.model_runner import Runner, RunnerOptions
+    from switchyard.engine.model.step import Step
+    from switchyard.engine.runner.model_runner import Runner
+    from switchyard.engine.runner.options import EngineOptions
 
     tok = _tokenizer(path)
-    runner = Runner(RunnerOptions(model_path=path, tp=1, max_num_seqs=16, max_model_len=1024, threads=threads,
+    runner = Runner(EngineOptions(model_path=path, tp=1, max_num_seqs=16, max_model_len=1024, threads=threads,
                                   collective="ring"), 0, 1)
     runner.setup()
     assert runner.config is not None
@@ -204,16 +206,16 @@ def engine(path: Path, rounds: int, steps: int, threads: int, mask_threads: int)
             ctx = []
             for i in range(B):  # prefill each prompt into its slot
                 n = len(prompt)
-                runner.step(torch.tensor([prompt]), torch.arange(n).unsqueeze(0), torch.tensor([i]),
-                            torch.tensor([n]), torch.tensor([n]), 0)
+                runner.step(Step(torch.tensor([prompt]), torch.arange(n).unsqueeze(0), torch.tensor([i]),
+                            torch.tensor([n]), torch.tensor([n]), 0))
                 ctx.append(n)
             states = [grammars.compile(req) for _ in range(B)]
             last = [prompt[-1]] * B
             step_t, mask_t, fill_t = [], [], []
             for _ in range(steps):
                 t0 = time.perf_counter()
-                logits = runner.step(torch.tensor(last).unsqueeze(1), torch.tensor(ctx).unsqueeze(1) - 1,
-                                     torch.arange(B), torch.ones(B, dtype=torch.int64), torch.tensor(ctx), B)
+                logits = runner.step(Step(torch.tensor(last).unsqueeze(1), torch.tensor(ctx).unsqueeze(1) - 1,
+                                     torch.arange(B), torch.ones(B, dtype=torch.int64), torch.tensor(ctx), B))
                 t1 = time.perf_counter()
                 masker.apply(logits, list(states))
                 t2 = time.perf_counter()

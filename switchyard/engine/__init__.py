@@ -6,12 +6,12 @@
 
 Subpackages by role, each importing only those below it (import-linter holds it):
 
-  serving/    HTTP (http), rank 0's start-up (rank0), rank processes (launch), CLI, typed
-              options, request validation (protocol), model names (registry)
+  serving/    HTTP (http, tokenize, metrics), rank 0's start-up (rank0), rank processes
+              (launch), CLI, request validation (protocol), model names (registry)
   core/       sequences and the scheduler (decides what runs), KV blocks, the output stage
-  runner/     one rank's model runner, the Step value and its broadcast, collectives
-  model/      config, weights, projections, the ONE Llama-family decoder
-  backends/   what differs per device, behind one registry: cpu (native kernels) | cuda (Triton, graphs)
+  runner/     one rank's model runner, a step's broadcast, typed options, collectives
+  model/      config, weights, projections, the Step a forward takes, the decoders (CPU, GPU)
+  backends/   what differs per device: cpu (native kernels, row ops) | cuda (Triton kernels, graphs)
   chat/       tokenizer and template, tools, tool-call streaming, structured output, grammar
   errors      the engine's exception tree
 

@@ -27,6 +27,7 @@ from switchyard.engine.backends.cuda.ops import Fused, Ops, silu_mul
 from switchyard.engine.model.cuda_decoder import CudaModel
 from switchyard.engine.model.decoder import TPModel
 from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
+from switchyard.engine.model.step import Step
 from switchyard.engine.model.weights import Shard
 from switchyard.engine.runner.comm import SingleRank
 
@@ -54,7 +55,7 @@ def scenario(models: list, vocab: int, seed: int = 0, decode_steps: int = 4,
 
     def step(*args: object) -> torch.Tensor:
         for k, m in enumerate(models):
-            out[k].append(m.forward(*args).float().cpu())
+            out[k].append(m.forward(Step(*args)).float().cpu())
         return out[0][-1] if follow is None else follow[len(out[0]) - 1]
 
     positions = torch.arange(T).expand(3, T).contiguous()
@@ -219,9 +220,9 @@ def test_idle_slots_write_only_the_spare_block(small_weights: dict[str, torch.Te
     _, m = _pair(SMALL, small_weights, torch.float32)
     ids = torch.randint(0, SMALL.vocab_size, (2, 5))
     lens = torch.tensor([5, 5])
-    m.forward(ids, torch.arange(5).expand(2, 5).contiguous(), torch.tensor([0, 1]), lens, lens, 0)
+    m.forward(Step(ids, torch.arange(5).expand(2, 5).contiguous(), torch.tensor([0, 1]), lens, lens, 0))
     before = m.k_cache.clone()  # type: ignore[union-attr]
-    m.forward(torch.tensor([[3]]), torch.tensor([[5]]), torch.tensor([0]), torch.tensor([1]), torch.tensor([6]), 2)
+    m.forward(Step(torch.tensor([[3]]), torch.tensor([[5]]), torch.tensor([0]), torch.tensor([1]), torch.tensor([6]), 2))
     changed = (m.k_cache != before).flatten(2).any(-1).any(0)  # type: ignore[union-attr]
     assert changed.nonzero().view(-1).tolist() == [0, m.num_blocks]  # slot 0's first block, the spare
     assert m.k_cache[:, 0, :, 5].abs().sum() > 0  # type: ignore[index]
@@ -245,13 +246,13 @@ def _paged_prefix(w: dict[str, torch.Tensor], cfg, device: str, dtype: torch.dty
               tables[:1]),
              (b[32:].view(1, 7), torch.arange(32, 39).view(1, 7), torch.tensor([1]), torch.tensor([7]),
               torch.tensor([39]), 0, tables[1:])]
-    out: list[list[torch.Tensor]] = [[model.forward(*st).float().cpu() for st in steps] for model in (ref, m)]
+    out: list[list[torch.Tensor]] = [[model.forward(Step(*st)).float().cpu() for st in steps] for model in (ref, m)]
     ctx = torch.tensor([40, 39])
     nxt = torch.stack([out[0][0][0].argmax(), out[0][1][0].argmax()]).view(2, 1)
     for _ in range(10):  # the reference's tokens for both
         step = (nxt, ctx.view(2, 1).clone(), torch.tensor([0, 1]), one, ctx + 1, 2, tables)
-        out[0].append(ref.forward(*step))
-        out[1].append(m.forward(*step).float().cpu())
+        out[0].append(ref.forward(Step(*step)))
+        out[1].append(m.forward(Step(*step)).float().cpu())
         nxt, ctx = out[0][-1].argmax(-1).view(2, 1), ctx + 1
     return out[0], out[1], m
 
@@ -337,8 +338,8 @@ def test_gpu_fused_ops_compile() -> None:
     w = random_weights(cfg, seed=4, device="cuda")
     m = CudaModel(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=4, max_len=256, device="cuda")
     lens = torch.tensor([9])
-    m.forward(torch.randint(0, cfg.vocab_size, (1, 9)), torch.arange(9).view(1, 9), torch.tensor([0]), lens, lens, 0)
-    m.forward(torch.tensor([[5]]), torch.tensor([[9]]), torch.tensor([0]), torch.tensor([1]), torch.tensor([10]), 1)
+    m.forward(Step(torch.randint(0, cfg.vocab_size, (1, 9)), torch.arange(9).view(1, 9), torch.tensor([0]), lens, lens, 0))
+    m.forward(Step(torch.tensor([[5]]), torch.tensor([[9]]), torch.tensor([0]), torch.tensor([1]), torch.tensor([10]), 1))
     assert m.status()["fused_ops"] == {"add_rms": "compiled", "rope_qkv": "compiled", "silu_mul": "compiled"}
 
 
@@ -374,30 +375,31 @@ def test_gpu_runner_and_sampling(tmp_path) -> None:  # type: ignore[no-untyped-d
     """The runner with --device cuda (what `engine serve --device cuda` runs) against the CPU runner
     on the same safetensors file; seeded sampling on the GPU logits is reproducible."""
     from switchyard.engine.core.sampling import SamplingParams, make_generator, sample
-    from switchyard.engine.runner.model_runner import Runner, RunnerOptions
+    from switchyard.engine.runner.model_runner import Runner
+    from switchyard.engine.runner.options import EngineOptions
 
     _random_llama_dir(tmp_path, SMALL)
     runners = []
     for device in ("cpu", "cuda"):
-        r = Runner(RunnerOptions(model_path=tmp_path, device=device, max_num_seqs=8, max_model_len=256,
+        r = Runner(EngineOptions(model_path=tmp_path, device=device, max_num_seqs=8, max_model_len=256,
                                  dtype="float32" if device == "cpu" else "auto"), 0, 1)
         r.setup()
         runners.append(r)
     cpu, gpu_runner = runners
     assert isinstance(gpu_runner.model, CudaModel) and gpu_runner.dtype == "bfloat16"
 
-    class Step:
+    class AsModel:
         def __init__(self, r: Runner) -> None:
             self.r = r
 
-        def forward(self, *a: object) -> torch.Tensor:
-            return self.r.step(*a)  # type: ignore[arg-type]
+        def forward(self, step: Step) -> torch.Tensor:
+            return self.r.step(step)
 
-    out = scenario([Step(cpu), Step(gpu_runner)], SMALL.vocab_size, decode_steps=3)
+    out = scenario([AsModel(cpu), AsModel(gpu_runner)], SMALL.vocab_size, decode_steps=3)
     assert_close_to_reference(out[0], out[1], REL_TOL)
     assert gpu_runner.model.status()["graphs_captured"] >= 1
-    logits = gpu_runner.step(torch.tensor([[5]]), torch.tensor([[0]]), torch.tensor([3]), torch.tensor([1]),
-                             torch.tensor([1]), 4)
+    logits = gpu_runner.step(Step(torch.tensor([[5]]), torch.tensor([[0]]), torch.tensor([3]), torch.tensor([1]),
+                             torch.tensor([1]), 4))
     assert logits.is_cuda
     p = SamplingParams(temperature=0.8, top_p=0.9, seed=11)
     a = [sample(logits, [p], [g])[0] for g in [make_generator(p)] for _ in range(5)]
@@ -416,7 +418,7 @@ def test_serve_device_cuda_without_gpu_is_refused() -> None:
     assert r.returncode == 2 and "no CUDA GPU" in r.stderr
     r = subprocess.run([sys.executable, "-m", "switchyard.cli", "engine", "serve", "--device", "tpu"],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--device must be cpu or cuda" in (r.stderr + r.stdout)
+    assert r.returncode == 2 and "--device must be one of cpu, cuda" in (r.stderr + r.stdout)
 
 
 def _run_ranks(model_dir: Path, out: Path, world: int, collective: str, kind: str,

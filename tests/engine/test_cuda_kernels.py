@@ -14,6 +14,7 @@ import torch
 triton = pytest.importorskip("triton", reason="the fused decode kernels need triton (dev extra)")
 
 from switchyard.engine.backends.cuda import kernels as ck  # noqa: E402
+from switchyard.engine.backends.cuda import prefill_kernels as pk  # noqa: E402
 from switchyard.engine.backends.cuda.ops import rms_norm, rope_qkv  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -135,12 +136,12 @@ def test_prefill_rope_split_and_silu_mul_as_the_torch_ops(qk_norm: bool) -> None
     pos = torch.tensor([0, 1, 2, 3, 9, 10, 11, 20, 30, 38, 39], device=DEV)
     qn, kn = (1 + 0.1 * _rand(D, g=g), 1 + 0.1 * _rand(D, g=g)) if qk_norm else (None, None)
     ref = rope_qkv(qkv, cos[pos], sin[pos], H, Hkv, D, qn, kn, 1e-5, torch.bfloat16)
-    got = ck.rope_split(qkv, cos, sin, pos, H, Hkv, D, torch.cat((qn, kn)) if qk_norm else None, 1e-5)
+    got = pk.rope_split(qkv, cos, sin, pos, H, Hkv, D, torch.cat((qn, kn)) if qk_norm else None, 1e-5)
     for r, o in zip(ref, got, strict=True):
         assert o.shape == r.shape and o.dtype == r.dtype
         torch.testing.assert_close(o.float(), r.float(), **_tol(torch.bfloat16))
     gu = _rand(N, 2 * 3000, dtype=torch.bfloat16, g=g)  # 3000: more than one column block, a ragged last
-    torch.testing.assert_close(ck.silu_mul(gu).float(), silu_mul(gu).float(), **_tol(torch.bfloat16))
+    torch.testing.assert_close(pk.silu_mul(gu).float(), silu_mul(gu).float(), **_tol(torch.bfloat16))
 
 
 def test_tile_for_fits_shared_memory_and_takes_the_sweeps_shapes() -> None:

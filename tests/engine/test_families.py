@@ -56,6 +56,7 @@ def test_family_matches_transformers(case: str, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.step import Step
     from switchyard.engine.model.weights import Shard, load_shard, open_source
     from switchyard.engine.runner.comm import SingleRank
 
@@ -67,13 +68,13 @@ def test_family_matches_transformers(case: str, tmp_path: Path) -> None:
     prompt = torch.randint(0, 128, (1, 100), generator=torch.Generator().manual_seed(2))
     T = prompt.shape[1]
     with torch.inference_mode():
-        got = [ours.forward(prompt, torch.arange(T).unsqueeze(0), torch.tensor([0]), torch.tensor([T]),
-                            torch.tensor([T]), 1)[0]]
+        got = [ours.forward(Step(prompt, torch.arange(T).unsqueeze(0), torch.tensor([0]), torch.tensor([T]),
+                            torch.tensor([T]), 1))[0]]
         seq = prompt[0].tolist()
         for _ in range(3):
             seq.append(int(got[-1].argmax()))
             n = len(seq)
-            got.append(ours.forward(torch.tensor([[seq[-1]]]), torch.tensor([[n - 1]]), torch.tensor([0]),
-                                    torch.tensor([1]), torch.tensor([n]), 1)[0])
+            got.append(ours.forward(Step(torch.tensor([[seq[-1]]]), torch.tensor([[n - 1]]), torch.tensor([0]),
+                                    torch.tensor([1]), torch.tensor([n]), 1))[0])
         expect = ref(torch.tensor([seq])).logits[0, T - 1:]
     torch.testing.assert_close(torch.stack(got), expect, atol=1e-4, rtol=1e-4)

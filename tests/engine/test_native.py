@@ -12,6 +12,7 @@ import torch
 
 from switchyard.engine.backends.cpu import native as nat
 from switchyard.engine.model import linear
+from switchyard.engine.model.step import Step
 
 
 @pytest.fixture(params=[b.name for b in nat.BUILDS])
@@ -156,15 +157,15 @@ def _greedy(model, prompts: list[list[int]], n: int, trace: list | None = None) 
     for i, p in enumerate(prompts):
         ids[i, : len(p)] = torch.tensor(p)
     lens, slots = torch.tensor([len(p) for p in prompts]), torch.arange(B)
-    logits = model.forward(ids, torch.arange(T).expand(B, T).contiguous(), slots, lens, lens, 0)
+    logits = model.forward(Step(ids, torch.arange(T).expand(B, T).contiguous(), slots, lens, lens, 0))
     out = [[int(t)] for t in logits.argmax(-1)]
     ctx = lens.clone()
     for _ in range(n - 1):
         if trace is not None:
             trace.append(logits.clone())
         ctx = ctx + 1
-        logits = model.forward(torch.tensor([[o[-1]] for o in out]), (ctx - 1).unsqueeze(1), slots,
-                               torch.ones(B, dtype=torch.int64), ctx, B)
+        logits = model.forward(Step(torch.tensor([[o[-1]] for o in out]), (ctx - 1).unsqueeze(1), slots,
+                               torch.ones(B, dtype=torch.int64), ctx, B))
         for o, t in zip(out, logits.argmax(-1).tolist(), strict=True):
             o.append(t)
     return out
@@ -255,11 +256,11 @@ def test_native_decode_attention_equals_torch_path(build: str, kv_dtype: str) ->
         ids[i, :n] = torch.randint(0, cfg.vocab_size, (n,), generator=g)
     pos = torch.arange(14).expand(3, 14).contiguous()
     with torch.inference_mode():
-        outs = [m.forward(ids, pos, slots, lens, lens, 0) for m in models]
+        outs = [m.forward(Step(ids, pos, slots, lens, lens, 0)) for m in models]
         ctx = lens.clone()
         for _ in range(5):
             nxt = outs[0].argmax(-1).view(-1, 1)
-            outs = [m.forward(nxt, ctx.view(-1, 1).clone(), slots, torch.ones(3, dtype=torch.int64), ctx + 1, 6)
+            outs = [m.forward(Step(nxt, ctx.view(-1, 1).clone(), slots, torch.ones(3, dtype=torch.int64), ctx + 1, 6))
                     for m in models]
             ctx = ctx + 1
             assert (outs[0] - outs[1]).abs().max() <= 1e-4 * outs[1].std()
@@ -303,20 +304,20 @@ def test_scattered_blocks_and_a_shared_prefix_equal_contiguous_slots(build: str,
         ids = torch.zeros(2, 40, dtype=torch.int64)
         ids[0], ids[1, :39] = a, b
         lens = torch.tensor([40, 39])
-        want = ref.forward(ids, torch.arange(40).expand(2, 40).contiguous(), torch.tensor([0, 1]), lens, lens, 0)
+        want = ref.forward(Step(ids, torch.arange(40).expand(2, 40).contiguous(), torch.tensor([0, 1]), lens, lens, 0))
         tables = torch.tensor([[7, 2, 11, 3], [7, 2, 5, 9]])
-        got_a = paged.forward(a.view(1, 40), torch.arange(40).view(1, 40), torch.tensor([0]), lens[:1], lens[:1], 0,
-                              tables[:1])
+        got_a = paged.forward(Step(a.view(1, 40), torch.arange(40).view(1, 40), torch.tensor([0]), lens[:1], lens[:1], 0,
+                              tables[:1]))
         close(got_a, want[:1])
         shared = paged.k_cache[:, [7, 2]].clone(), paged.v_cache[:, [7, 2]].clone()
-        got_b = paged.forward(b[32:].view(1, 7), torch.arange(32, 39).view(1, 7), torch.tensor([1]),
-                              torch.tensor([7]), lens[1:], 0, tables[1:])
+        got_b = paged.forward(Step(b[32:].view(1, 7), torch.arange(32, 39).view(1, 7), torch.tensor([1]),
+                              torch.tensor([7]), lens[1:], 0, tables[1:]))
         close(got_b, want[1:])
         ctx = lens.clone()
         nxt = want.argmax(-1).view(2, 1)
         for _ in range(10):  # a moves on into block 3, b into block 9
-            w1 = ref.forward(nxt, ctx.view(2, 1).clone(), torch.tensor([0, 1]), one, ctx + 1, 2)
-            w2 = paged.forward(nxt, ctx.view(2, 1).clone(), torch.tensor([0, 1]), one, ctx + 1, 2, tables)
+            w1 = ref.forward(Step(nxt, ctx.view(2, 1).clone(), torch.tensor([0, 1]), one, ctx + 1, 2))
+            w2 = paged.forward(Step(nxt, ctx.view(2, 1).clone(), torch.tensor([0, 1]), one, ctx + 1, 2, tables))
             close(w2, w1)
             nxt, ctx = w1.argmax(-1).view(2, 1), ctx + 1
         assert torch.equal(paged.k_cache[:, [7, 2]], shared[0]) and torch.equal(paged.v_cache[:, [7, 2]], shared[1])
@@ -334,7 +335,7 @@ def test_native_attention_refuses_a_slot_outside_the_cache(build: str) -> None:
     m = TPModel(cfg, Shard(0, 1, cfg), random_weights(cfg, seed=4), SingleRank(), max_slots=2, max_len=16)
     one = torch.ones(1, dtype=torch.int64)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="outside the cache"):
-        m.forward(torch.tensor([[5]]), torch.tensor([[0]]), torch.tensor([7]), one, one, 8)
+        m.forward(Step(torch.tensor([[5]]), torch.tensor([[0]]), torch.tensor([7]), one, one, 8))
 
 
 def test_row_ops_match_torch(build: str) -> None:

@@ -10,6 +10,8 @@ import pytest
 import torch
 from engine_support import EngineServer, hf_reference, post
 
+from switchyard.engine.model.step import Step
+
 TEXTS = ["The capital of France is", "Hello world 12345 it's  \n\n  don't", "héllo 😀 ñ 3.14159",
          "def f(x):\n    return x**2  # comment", "<|im_start|>user\nhi<|im_end|>"]
 CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
@@ -61,15 +63,15 @@ def test_logits_match_transformers(reference: tuple[Any, Any], ours: tuple[Any, 
     T = len(prompt)
     with torch.inference_mode():
         ids = torch.tensor([prompt])
-        logits = model.forward(ids, torch.arange(T).unsqueeze(0), torch.tensor([0]), torch.tensor([T]),
-                               torch.tensor([T]), 1)
+        logits = model.forward(Step(ids, torch.arange(T).unsqueeze(0), torch.tensor([0]), torch.tensor([T]),
+                               torch.tensor([T]), 1))
         steps = [logits[0]]
         seq = list(prompt)
         for _ in range(8):  # teacher-forced decode through our KV cache
             seq.append(int(steps[-1].argmax()))
             n = len(seq)
-            steps.append(model.forward(torch.tensor([[seq[-1]]]), torch.tensor([[n - 1]]), torch.tensor([0]),
-                                       torch.tensor([1]), torch.tensor([n]), 1)[0])
+            steps.append(model.forward(Step(torch.tensor([[seq[-1]]]), torch.tensor([[n - 1]]), torch.tensor([0]),
+                                       torch.tensor([1]), torch.tensor([n]), 1))[0])
         expect = ref(torch.tensor([seq])).logits[0, T - 1:]
     got = torch.stack(steps)
     assert got.shape == expect.shape

@@ -169,7 +169,9 @@ def test_waiting_queue_is_bounded() -> None:
     import pytest
 
     from switchyard.engine.core.sampling import SamplingParams
-    from switchyard.engine.core.scheduler import QueueFull, Scheduler, Sequence
+    from switchyard.engine.core.scheduler import Scheduler
+    from switchyard.engine.core.sequence import Sequence
+    from switchyard.engine.errors import QueueFull
 
     sched = Scheduler(runner=None, tokenizer=None, max_num_seqs=1, max_model_len=64, max_waiting=2)  # type: ignore[arg-type]
     for _ in range(2):

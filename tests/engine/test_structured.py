@@ -108,9 +108,11 @@ def test_token_mask_native_equals_torch_and_spares_free_rows() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
-def test_gpu_masks_equal_the_cpu_kernel(gguf_path: Path) -> None:
+def test_gpu_masks_equal_the_cpu_kernel() -> None:
     """The GPU path (torch ops on the device, the bitmask copied over) masks as the CPU kernel does,
-    in float32 and bfloat16; a real grammar's masker leaves the free row alone on the GPU too."""
+    in float32 and bfloat16; a real grammar's masker leaves the free row alone on the GPU too.
+    SmolLM2's tokenizer: from the GGUF, or on a device run the carried copy
+    (SWITCHYARD_TEST_TOKENIZER_DIR, as test_cuda_serve reads it; the GGUF is 98 MB)."""
     from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask
     from switchyard.engine.chat.grammar import GrammarMasker, Grammars
     from switchyard.engine.chat.structured import constraint
@@ -124,11 +126,18 @@ def test_gpu_masks_equal_the_cpu_kernel(gguf_path: Path) -> None:
         dev = logits.to("cuda", dtype)
         apply_token_bitmask(dev, bitmask, [0, 2])
         assert torch.equal(torch.isinf(dev.float().cpu()), torch.isinf(ref))
-    import gguf
+    import os
 
     from switchyard.engine.chat import tokenizer
 
-    tok = tokenizer.from_gguf(gguf.GGUFReader(str(gguf_path)))
+    carried = os.environ.get("SWITCHYARD_TEST_TOKENIZER_DIR")
+    if carried:
+        tok = tokenizer.from_hf_dir(Path(carried), set())
+    else:
+        import gguf
+        from engine_support import smollm2_path
+
+        tok = tokenizer.from_gguf(gguf.GGUFReader(str(smollm2_path())))
     grammars = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
     state = grammars.compile(constraint({"tool_choice": "required"}, TOOLS))
     dev = torch.randn(2, tok.vocab_size, device="cuda")

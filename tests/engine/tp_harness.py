@@ -15,15 +15,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from switchyard.engine.model.step import Step
+from switchyard.engine.runner.broadcast import STOP
 from switchyard.engine.runner.comm import OneShotBackend, RingBackend, make_backend
-from switchyard.engine.runner.model_runner import STEP, STOP, Runner, RunnerOptions
+from switchyard.engine.runner.model_runner import Runner
+from switchyard.engine.runner.options import EngineOptions
 
 PROMPTS = [[5, 17, 99, 3, 42], [7, 7, 200, 13, 1, 90, 61, 8, 250]]
 
 
 def run_model(model_dir: Path, out: Path, collective: str) -> None:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    r = Runner(RunnerOptions(model_path=model_dir, tp=world, collective=collective, max_num_seqs=4,
+    r = Runner(EngineOptions(model_path=model_dir, tp=world, collective=collective, max_num_seqs=4,
                              max_model_len=64, threads=1, dtype="float32"), rank, world)
     r.setup()
     if rank != 0:
@@ -39,17 +42,15 @@ def run_model(model_dir: Path, out: Path, collective: str) -> None:
     pos = torch.arange(T).expand(2, T).contiguous()
     assert r.model is not None
     tables = r.model.slot_tables(slots)  # every rank gets rank 0's block tables with the step
-    r.broadcast(STEP, ids, pos, slots, lens, lens, 0, tables)
-    logits = [r.step(ids, pos, slots, lens, lens, 0, tables)]
+    logits = [r.run(Step(ids, pos, slots, lens, lens, 0, tables))]
     ctx = lens.clone()
     for _ in range(6):
         nxt = logits[-1].argmax(-1).view(2, 1)
         positions = ctx.view(2, 1).clone()
         ctx = ctx + 1
         one = torch.ones(2, dtype=torch.int64)
-        r.broadcast(STEP, nxt, positions, slots, one, ctx, 2, tables)
-        logits.append(r.step(nxt, positions, slots, one, ctx, 2, tables))
-    r.broadcast(STOP)
+        logits.append(r.run(Step(nxt, positions, slots, one, ctx, 2, tables)))
+    r.signal(STOP)
     torch.save({"logits": torch.stack(logits), "collective": r.collective_info}, out)
     r.shutdown()
 

@@ -84,9 +84,10 @@ class ChatTokenizer:
         self.eos_ids = eos_ids
         self.vocab_size = tok.get_vocab_size()
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """Token ids of text; add_special: the BOS token first where the model wants one."""
         ids = self.tok.encode(text, add_special_tokens=False).ids
-        if self.add_bos and self.bos is not None:
+        if add_special and self.add_bos and self.bos is not None:
             bos_id = self.tok.token_to_id(self.bos)
             if bos_id is not None and (not ids or ids[0] != bos_id):
                 ids = [bos_id, *ids]

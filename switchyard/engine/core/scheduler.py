@@ -18,59 +18,20 @@ import collections
 import itertools
 import logging
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from switchyard.engine.chat.grammar import GrammarMasker, GrammarState
 from switchyard.engine.chat.tokenizer import ChatTokenizer, Detokenizer
-from switchyard.engine.core.kv_blocks import BlockPool, SeqBlocks
-from switchyard.engine.core.sampling import SamplingParams, make_generator, sample, token_logprobs
+from switchyard.engine.core.kv_blocks import BlockPool
+from switchyard.engine.core.output import OutputStage
+from switchyard.engine.core.sampling import make_generator
+from switchyard.engine.core.sequence import Sequence
 from switchyard.engine.errors import EngineFailed, QueueFull
-from switchyard.engine.runner.model_runner import HEARTBEAT, STEP, STOP, Runner
+from switchyard.engine.model.step import Step
+from switchyard.engine.runner.broadcast import HEARTBEAT, STOP
+from switchyard.engine.runner.model_runner import Runner
 
 log = logging.getLogger("switchyard.engine.core.scheduler")
-
-Event = dict[str, Any]
-_ids = itertools.count(1)
-
-
-@dataclass
-class Sequence:
-    prompt: list[int]
-    params: SamplingParams
-    sink: Callable[[Event], None]
-    id: int = field(default_factory=lambda: next(_ids))
-    slot: int = -1  # decode row while admitted (the GPU model's decode steps run in slot space)
-    computed: int = 0  # tokens whose keys and values are in the cache: prompt, then output
-    out: list[int] = field(default_factory=list)
-    detok: Detokenizer | None = None
-    generator: torch.Generator | None = None
-    emitted: int = 0  # characters of detok.text already sent
-    pending_logprobs: list[dict[str, Any]] = field(default_factory=list)
-    arrived: float = field(default_factory=time.monotonic)
-    first_token_at: float | None = None
-    grammar: GrammarState | None = None  # constrained decoding: the tokens it allows, each step
-    kv: SeqBlocks = field(default_factory=SeqBlocks)
-    cached_tokens: int = 0  # prompt tokens the prefix cache served at admission
-    admitted: int = 0  # admission order, kept through preemptions: the latest is preempted first
-    preemptions: int = 0
-
-    @property
-    def ctx_len(self) -> int:
-        return len(self.prompt) + len(self.out)
-
-    def tokens(self, a: int, b: int) -> list[int]:
-        """(prompt + out)[a:b] without building the whole list."""
-        n = len(self.prompt)
-        if b <= n:
-            return self.prompt[a:b]
-        if a >= n:
-            return self.out[a - n:b - n]
-        return self.prompt[a:] + self.out[:b - n]
 
 
 class Scheduler:
@@ -90,12 +51,11 @@ class Scheduler:
         # Chunked prefill where the model can continue a cached prompt: each step prefills at
         # most this many prompt tokens, then the running sequences take a decode step, so a
         # long prompt delays the others' next token by one chunk, not by its whole prefill.
-        model = getattr(runner, "model", None)
-        self.chunk = max_num_batched_tokens if getattr(model, "chunked_prefill", False) else 0
+        self.chunk = max_num_batched_tokens if runner is not None and runner.chunked_prefill else 0
         self.free_slots = list(range(max_num_seqs))
-        # Default: blocks of 16 for max_num_seqs sequences of max_model_len (serve passes the
-        # model's own pool size).
-        self.pool = pool or BlockPool(max_num_seqs * -(-max_model_len // 16), 16)
+        # Default: the runner's pool in blocks of 16 (rank 0's start-up passes the options' pool).
+        self.pool = pool or BlockPool(runner.num_kv_blocks if runner is not None
+                                      else max_num_seqs * -(-max_model_len // 16), 16)
         bs = self.pool.block_size
         # Each decode slot's block table, kept up to date as blocks are taken, so that a step's
         # tables are one index_select, not a tensor built from lists.
@@ -105,10 +65,8 @@ class Scheduler:
         self._cv = threading.Condition()
         self._stop = False
         self.failed: str | None = None
-        self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0, "preemptions": 0}
-        self.finished_by_reason: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
-        self.ttft: list[float] = []
-        self.masker: GrammarMasker | None = None  # made on the first constrained step
+        self.output = OutputStage(tokenizer, max_model_len)
+        self.stats = self.output.stats  # counters the output stage and the scheduler share
 
     # -- called from the HTTP thread -------------------------------------------------------
 
@@ -164,14 +122,14 @@ class Scheduler:
                             idle = False
                         self._admit()
                     if idle:
-                        self.runner.broadcast(HEARTBEAT)
+                        self.runner.signal(HEARTBEAT)
                         continue
                     # A prompt that finds no blocks (older sequences hold them) waits: decode goes on.
                     prefilled = bool(self.prefilling) and self._prefill()
                     # Unchunked, new prompts go first (as before); chunked, every step also decodes.
                     if self.running and (self.chunk or not prefilled):
                         self._decode()
-            self.runner.broadcast(STOP)
+            self.runner.signal(STOP)
         except BaseException as e:
             self.fail(f"{type(e).__name__}: {e}")
             raise
@@ -292,8 +250,7 @@ class Scheduler:
         tables = self._tables[slots, :self.pool.blocks_for(int(ctx.max()))]
         # A one-token step takes the decode path, which attends over a view of the slots.
         view = max(s.slot for s in batch) + 1 if T == 1 else 0
-        self.runner.broadcast(STEP, ids, positions, slots, lens, ctx, view, tables)
-        logits = self.runner.step(ids, positions, slots, lens, ctx, view, tables)
+        logits = self.runner.run(Step(ids, positions, slots, lens, ctx, view, tables))
         done_rows = []
         for i, (s, n) in enumerate(zip(batch, takes, strict=True)):
             s.computed += n
@@ -330,92 +287,17 @@ class Scheduler:
         ctx = torch.tensor([s.ctx_len for s in run], dtype=torch.int64)
         tables = self._tables[slots, :self.pool.blocks_for(int(ctx.max()))]
         view = int(slots.max()) + 1
-        self.runner.broadcast(STEP, ids, positions, slots, lens, ctx, view, tables)
-        logits = self.runner.step(ids, positions, slots, lens, ctx, view, tables)
+        logits = self.runner.run(Step(ids, positions, slots, lens, ctx, view, tables))
         for s in run:
             s.computed = s.ctx_len
             self.pool.commit(s.kv, s.tokens, s.computed)
         self._advance(list(run), logits)
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """Sample one token per sequence, stream it, and retire the finished ones."""
-        grammars = [s.grammar for s in seqs]
-        if any(g is not None for g in grammars):
-            if self.masker is None:
-                self.masker = GrammarMasker(logits.shape[1])
-            self.masker.apply(logits, grammars)
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        now = time.monotonic()
-        done: set[int] = set()
-        for i, (s, tok) in enumerate(zip(seqs, tokens, strict=True)):
-            if s.first_token_at is None:
-                s.first_token_at = now
-                self.ttft.append(now - s.arrived)
-            p = s.params
-            stop_tok = not p.ignore_eos and (tok in self.tok.eos_ids or tok in p.stop_token_ids)
-            if s.grammar is not None:
-                s.grammar.accept(tok)
-            if not stop_tok:
-                s.out.append(tok)
-                self.stats["generation_tokens"] += 1
-            if p.logprobs:
-                lp, top = token_logprobs(logits[i], tok, p.top_logprobs)
-                if not stop_tok:
-                    s.pending_logprobs.append({"id": tok, "logprob": lp, "top": top})
-            reason = None
-            if stop_tok:
-                reason = "stop"
-            else:
-                assert s.detok is not None
-                s.detok.push(tok)
-                if p.stop and self._hit_stop(s):
-                    reason = "stop"
-                elif s.grammar is not None and s.grammar.done:
-                    reason = "stop"  # the structure is complete: nothing but EOS could follow
-                elif len(s.out) >= p.max_tokens or s.ctx_len >= self.max_model_len:
-                    reason = "length"
-            self._emit(s, final=reason is not None)
-            if reason is not None:
-                done.add(s.id)
-                self._release(s)
-                self.stats["requests_finished"] += 1
-                self.finished_by_reason[reason] += 1
-                s.sink({"type": "finish", "reason": reason,
-                        "usage": {"prompt_tokens": len(s.prompt), "completion_tokens": len(s.out),
-                                  "total_tokens": len(s.prompt) + len(s.out),
-                                  "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}})
+        """The output stage takes the step's tokens; the scheduler frees what finished."""
+        done = self.output.advance(seqs, logits)
         if done:
-            self.running = [s for s in self.running if s.id not in done]
-
-    def _hit_stop(self, s: Sequence) -> bool:
-        assert s.detok is not None
-        text = s.detok.text
-        window = max(len(x) for x in s.params.stop) + 16
-        start = max(0, s.emitted - window)
-        best = -1
-        for x in s.params.stop:
-            j = text.find(x, start)
-            if j >= 0 and (best < 0 or j < best):
-                best = j
-        if best < 0:
-            return False
-        s.detok.text = text[:best]
-        return True
-
-    def _emit(self, s: Sequence, final: bool) -> None:
-        """Send text that can no longer change: hold back what might start a stop string."""
-        assert s.detok is not None
-        text = s.detok.text
-        limit = len(text)
-        if not final and s.params.stop:
-            limit -= max(len(x) for x in s.params.stop) - 1
-            if text.endswith("\ufffd"):
-                limit = min(limit, len(text) - 1)
-        if limit > s.emitted or (s.pending_logprobs and final):
-            delta = text[s.emitted:limit] if limit > s.emitted else ""
-            s.emitted = max(s.emitted, limit)
-            ev: Event = {"type": "delta", "text": delta}
-            if s.pending_logprobs:
-                ev["logprobs"] = s.pending_logprobs
-                s.pending_logprobs = []
-            s.sink(ev)
+            for s in done:
+                self._release(s)
+            ids = {s.id for s in done}
+            self.running = [s for s in self.running if s.id not in ids]

@@ -1,1 +1,1 @@
-"""model: the model's shape (config), one rank's weights (weights, random_weights), projections (linear), the Llama-family decoder."""
+"""model: shape (config), one rank's weights (weights, random_weights), projections (linear), the Step a forward takes (step), the decoders (decoder: CPU; cuda_decoder, cuda_layer, cuda_warmup: GPU) and what they share (common, parallel)."""

@@ -29,7 +29,6 @@ It also runs on CPU (eagerly, graphs off), which is how CI checks it against TPM
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,17 +37,19 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, DecodeGraphs, batch_bucket, len_bucket
+from switchyard.engine.backends.cuda.device import have_triton
+from switchyard.engine.backends.cuda.graphs import DecodeGraphs, batch_bucket, len_bucket
 from switchyard.engine.backends.cuda.ops import Ops, rms_norm
+from switchyard.engine.model.common import REFINE, embed_tokens, rope_inv_freq, rope_tables
 from switchyard.engine.model.config import ModelConfig
-from switchyard.engine.model.decoder import rope_inv_freq
+from switchyard.engine.model.cuda_layer import CudaLayer
 from switchyard.engine.model.parallel import CollectiveBackend
+from switchyard.engine.model.step import Step
 from switchyard.engine.model.weights import Shard
 
 MAX_FUSED_ROWS = 16  # cuda_kernels.MAX_ROWS, without importing triton here
 log = logging.getLogger("switchyard.engine.model.cuda_decoder")
 COMPILED_PREFILL_TOKENS = 4096  # prefills at least this long use the fused (compiled) ops
-_REFINE = 32  # candidates per row whose logits are recomputed in float32
 # Decode attention has a padding mask; flash attention takes none. Memory-efficient
 # attention takes one and is capturable; math is the CPU path.
 _DECODE_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -59,36 +60,10 @@ PREFILL_SDPA = {"flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTEN
                           SDPBackend.MATH]}
 
 
-class _Layer:
-    __slots__ = ("ln1", "ln2", "qkv", "qkv_b", "o", "gate_up", "down", "q_norm", "k_norm", "qk_norm")
-
-    def __init__(self, w: dict[str, torch.Tensor], p: str, dev: torch.device, dt: torch.dtype) -> None:
-        def mat(*names: str) -> torch.Tensor:
-            parts = [w[p + n] for n in names]
-            t = parts[0] if len(parts) == 1 else torch.cat(parts)
-            return t.to(device=dev, dtype=dt).contiguous()
-
-        def vec(name: str) -> torch.Tensor | None:
-            t = w.get(p + name)
-            return None if t is None else t.to(device=dev, dtype=torch.float32)
-
-        self.ln1 = vec("input_layernorm.weight")
-        self.ln2 = vec("post_attention_layernorm.weight")
-        self.qkv = mat("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
-        bias = [w.get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
-        self.qkv_b = torch.cat(bias).to(device=dev, dtype=dt) if bias[0] is not None else None  # type: ignore[arg-type]
-        self.o = mat("self_attn.o_proj.weight")
-        self.gate_up = mat("mlp.gate_proj.weight", "mlp.up_proj.weight")
-        self.down = mat("mlp.down_proj.weight")
-        self.q_norm = vec("self_attn.q_norm.weight")
-        self.k_norm = vec("self_attn.k_norm.weight")
-        # The fused kernel reads both from one buffer.
-        self.qk_norm = torch.cat((self.q_norm, self.k_norm)) if self.q_norm is not None and self.k_norm is not None \
-            else None
-
-
 class CudaModel:
     """One rank's shard on a device, with the same forward() contract as TPModel."""
+
+    chunked_prefill = False  # whole prompts a prefill step (a cached prefix is still skipped)
 
     def __init__(self, config: ModelConfig, shard: Shard, weights: dict[str, torch.Tensor],
                  comm: CollectiveBackend, max_slots: int, max_len: int,
@@ -106,7 +81,7 @@ class CudaModel:
         # (greedy choices and top logprobs as exact as the CPU engine's).
         self.lm_head_lowp = None if dtype == torch.float32 else self.lm_head.to(dtype)
         self.norm = weights["norm.weight"].to(device=dev, dtype=torch.float32)
-        self.layers = [_Layer(weights, f"layers.{i}.", dev, dtype) for i in range(config.num_layers)]
+        self.layers = [CudaLayer(weights, f"layers.{i}.", dev, dtype) for i in range(config.num_layers)]
         self.inv_freq = rope_inv_freq(config, weights.get("rope_freqs"))
         # Compiled ops cost ~0.1 ms of Python per call when run eagerly; inside a CUDA graph that
         # cost is gone and only their fusion remains. So: compiled inside graphs and for long
@@ -130,7 +105,7 @@ class CudaModel:
         if decode_kernels == "fused" or (decode_kernels == "auto" and dev.type == "cuda"):
             if shard.tp > 1:
                 self.decode_reason = "fused decode kernels run on one rank only (TP > 1 all-reduces mid-layer)"
-            elif not _have_triton():
+            elif not have_triton():
                 self.decode_reason = "fused decode kernels need triton"
             else:
                 self.decode_impl = "fused"
@@ -161,9 +136,8 @@ class CudaModel:
         shape = (c.num_layers, self.num_blocks + 1, self.kv_heads, bs, self.hd)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
-        freqs = torch.outer(torch.arange(max_len + 1, dtype=torch.float32), self.inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos, self.sin = emb.cos().to(dev), emb.sin().to(dev)
+        cos, sin = rope_tables(self.inv_freq, max_len + 1)
+        self.cos, self.sin = cos.to(dev), sin.to(dev)
         self.step_in = torch.zeros(3, max_slots, dtype=torch.int64, device=dev)  # ids, positions, ctx lens
         # Block tables of a decode step: the first S * (span / block_size) entries, viewed [S, span / block_size].
         self.step_tables = torch.zeros(max_slots * self.blocks_per_seq, dtype=torch.int64, device=dev)
@@ -198,19 +172,6 @@ class CudaModel:
         g = cache.index_select(0, tables.reshape(-1)).view(R, n, self.kv_heads, self.block_size, self.hd)
         return g.transpose(1, 2).reshape(R, self.kv_heads, n * self.block_size, self.hd)
 
-    def weight_bytes_per_token(self) -> int:
-        """Bytes a batch-1 decode step must read: every projection, the norms, the low-precision
-        LM head, one embedding row and the refined LM-head rows."""
-        n = 0
-        for layer in self.layers:
-            for t in (layer.qkv, layer.o, layer.gate_up, layer.down, layer.ln1, layer.ln2, layer.qkv_b):
-                if t is not None:
-                    n += t.numel() * t.element_size()
-        head = self.lm_head_lowp if self.lm_head_lowp is not None else self.lm_head
-        n += head.numel() * head.element_size() + self.norm.numel() * 4
-        n += (1 + (_REFINE if self.lm_head_lowp is not None else 0)) * self.embed.shape[1] * 4
-        return n
-
     def status(self) -> dict[str, Any]:
         return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "cuda_graphs": self.graphs.enabled, "graphs_captured": len(self.graphs.graphs),
@@ -221,101 +182,36 @@ class CudaModel:
                 "fused_ops": self.ops.status()}
 
     def warmup(self) -> float:
-        """Compile the fused ops and capture the decode graphs of every batch bucket (at the
-        shortest span) before serving, so the first requests do not pay for them. Writes only
-        into slot 0's blocks (and the spare), which no request reads before its own prefill or
-        decode writes them (the scheduler's pool has no keys for them). Every TP rank must call
-        it (its collectives pair up). Returns the seconds it took."""
-        start = time.perf_counter()
-        n = 8
-        one = torch.ones(1, dtype=torch.int64)
-        if self.decode_impl == "fused":
-            self._check_fused(n)
-        self.forward(torch.zeros(1, n, dtype=torch.int64), torch.arange(n).view(1, n), torch.zeros_like(one),
-                     one * n, one * n, 0)
-        for S in sorted({batch_bucket(b, self.max_slots) for b in BATCH_BUCKETS if b <= self.max_slots}
-                        | {self.max_slots}):
-            self.forward(torch.zeros(1, 1, dtype=torch.int64), (one * n).view(1, 1), torch.zeros_like(one), one,
-                         one * (n + 1), S)
-        if self.decode_impl == "fused" and self.device.type == "cuda":
-            self._compile_attention_spans()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter() - start
+        """Compile, check and capture before serving (model/cuda_warmup.py); seconds it took."""
+        from switchyard.engine.model.cuda_warmup import warmup
 
-    def _check_fused(self, n: int, tol: float = 0.5) -> None:
-        """Start-up check of the fused kernels (as the collectives have one): a prefill and one
-        decode step of slot 0 through both paths, graphs off; a failure or logits further apart
-        than `tol` x their std keeps the torch ops, with the reason in status(). It catches a
-        kernel that computes something else (NaN, or logits a std or more apart), not rounding:
-        two bfloat16 paths over a random 8B model's 32 layers differ by 0.18-0.25 x std on an
-        H200 (the accuracy bound against the float32 engine is the GPU tests' job)."""
-        one = torch.ones(1, dtype=torch.int64)
-        args = (torch.tensor([[3]]), (one * n).view(1, 1), torch.zeros_like(one), one, one * (n + 1), 1)
-        enabled, self.graphs.enabled = self.graphs.enabled, False
-        prompt = (torch.arange(n).view(1, n) % 7, torch.arange(n).view(1, n), torch.zeros_like(one), one * n, one * n, 0)
-        what = "prefill"
-        try:
-            for what, a in (("prefill", prompt), ("decode", args)):
-                self.decode_impl = "torch"
-                ref = self.forward(*a).float()
-                self.decode_impl = "fused"
-                err = float((self.forward(*a).float() - ref).abs().max() / ref.std())
-                if not err <= tol:  # NaN too
-                    self.decode_impl, self.decode_reason = "torch", f"fused {what} check: logits {err:.3g} x std apart"
-                    break
-        except Exception as e:  # a kernel that does not compile or launch on this device
-            self.decode_impl, self.decode_reason = "torch", f"fused {what} check failed: {type(e).__name__}: {e}"[:300]
-        finally:
-            self.graphs.enabled = enabled
-        if self.decode_reason:
-            log.warning("%s; decoding with the torch ops", self.decode_reason)
-
-    def _compile_attention_spans(self) -> None:
-        """The attention kernel is compiled once per span bucket (its split count and chunk are
-        constants): compile them all now, reading the spare block only, rather than on the step
-        whose context first crosses into a bucket."""
-        from switchyard.engine.backends.cuda import kernels as ck
-
-        q = torch.zeros(1, self.heads, self.hd, dtype=self.dtype, device=self.device)
-        ctx = torch.ones(1, dtype=torch.int64, device=self.device)
-        longest = 1
-        while longest < self.max_len:
-            longest = len_bucket(longest + 1, self.max_len)
-            span = -(-longest // self.block_size) * self.block_size  # as forward() rounds it
-            tables = torch.full((1, span // self.block_size), self.num_blocks, dtype=torch.int64, device=self.device)
-            ck.paged_attention(q, self.k_cache[0], self.v_cache[0], tables, ctx, span)  # type: ignore[index]
+        return warmup(self)
 
     # -- pieces --------------------------------------------------------------------------
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.shard.tp == 1:
-            return F.embedding(ids, self.embed)
-        local = ids - self.vocab_lo
-        inside = (local >= 0) & (local < self.vocab_hi - self.vocab_lo)
-        x = F.embedding(local.clamp(0, self.vocab_hi - self.vocab_lo - 1), self.embed) * inside.unsqueeze(-1)
-        return self.comm.all_reduce(x)
+        return embed_tokens(ids, self.embed, self.shard, self.comm)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """h: [N, hidden] float32 (normed) -> [N, local vocab] float32."""
         if self.lm_head_lowp is None:
             return F.linear(h, self.lm_head)
         logits = F.linear(h.to(self.dtype), self.lm_head_lowp).float()
-        top = logits.topk(_REFINE, dim=-1).indices
+        top = logits.topk(REFINE, dim=-1).indices
         exact = torch.bmm(self.lm_head[top], h.unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(1, top, exact)
 
-    def _qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor,
+    def _qkv(self, layer: CudaLayer, h: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qkv = F.linear(h, layer.qkv, layer.qkv_b)
         return self._ops.rope_qkv(qkv, cos, sin, self.heads, self.kv_heads, self.hd, layer.q_norm,
                                  layer.k_norm, self.c.rms_eps, self.dtype)
 
-    def _mlp_in(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _mlp_in(self, layer: CudaLayer, x: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = self.comm.all_reduce(F.linear(attn, layer.o))
         return self._ops.add_rms(x, y, layer.ln2, self.c.rms_eps, self.dtype)
 
-    def _mlp_out(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+    def _mlp_out(self, layer: CudaLayer, h: torch.Tensor) -> torch.Tensor:
         return self.comm.all_reduce(F.linear(self._ops.silu_mul(F.linear(h, layer.gate_up)), layer.down))
 
     def _next_norm(self, li: int) -> tuple[torch.Tensor, torch.dtype]:
@@ -400,10 +296,10 @@ class CudaModel:
     # -- the TPModel contract -----------------------------------------------------------
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                lens: torch.Tensor, ctx_lens: torch.Tensor, view_slots: int,
-                block_tables: torch.Tensor | None = None) -> torch.Tensor:
-        """Same arguments and result as TPModel.forward (logits of each row's last new token)."""
+    def forward(self, step: Step) -> torch.Tensor:
+        """As TPModel.forward: the logits of each row's last new token."""
+        ids, positions, slots, lens, ctx_lens = step.ids, step.positions, step.slots, step.lens, step.ctx_lens
+        view_slots, block_tables = step.view_slots, step.tables
         B, T = ids.shape
         if T > 1:
             tables = self.slot_tables(slots) if block_tables is None else block_tables.cpu()
@@ -468,13 +364,13 @@ class CudaModel:
         x = self._embed(ids)
         fused = self.decode_impl == "fused"  # the Triton RoPE and SiLU go with the decode kernels
         if fused:
-            from switchyard.engine.backends.cuda import kernels as ck
+            from switchyard.engine.backends.cuda import prefill_kernels as pk
         else:
             cos, sin = self.cos[pos], self.sin[pos]
         h = rms_norm(x, self.layers[0].ln1, eps, self.dtype)
         for li, layer in enumerate(self.layers):
             if fused:
-                q, k, v = ck.rope_split(F.linear(h, layer.qkv, layer.qkv_b), self.cos, self.sin, pos, H, Hkv, D,
+                q, k, v = pk.rope_split(F.linear(h, layer.qkv, layer.qkv_b), self.cos, self.sin, pos, H, Hkv, D,
                                         layer.qk_norm, eps)
             else:
                 q, k, v = self._qkv(layer, h, cos, sin)
@@ -494,27 +390,9 @@ class CudaModel:
             x, h = self._mlp_in(layer, x, o.transpose(1, 2).reshape(B * T, H * D))
             w, dt = self._next_norm(li)
             if fused:
-                y = self.comm.all_reduce(F.linear(ck.silu_mul(F.linear(h, layer.gate_up)), layer.down))
+                y = self.comm.all_reduce(F.linear(pk.silu_mul(F.linear(h, layer.gate_up)), layer.down))
             else:
                 y = self._mlp_out(layer, h)
             x, h = self._ops.add_rms(x, y, w, eps, dt)
         last = torch.arange(B, device=dev) * T + lens.to(dev) - 1
         return self._logits(h[last])
-
-
-
-def _have_triton() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
-
-
-def rank_device(rank: int) -> torch.device:
-    """This rank's GPU: LOCAL_RANK (torchrun) or the rank, modulo the visible GPUs; made current
-    so that NCCL and every allocation without an explicit device land on it."""
-    import os
-
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    dev = torch.device("cuda", local % max(1, torch.cuda.device_count()))
-    torch.cuda.set_device(dev)
-    return dev

@@ -17,31 +17,14 @@ import torch.nn.functional as F
 
 from switchyard.engine.backends.cpu.native import load as load_native
 from switchyard.engine.backends.cpu.rowops import RowOps, rotate_torch
+from switchyard.engine.model.common import REFINE, embed_tokens, rope_inv_freq, rope_tables
 from switchyard.engine.model.config import KV_CACHE_DTYPES, ModelConfig
 from switchyard.engine.model.linear import GROUP, Int4, make_linear
 from switchyard.engine.model.parallel import CollectiveBackend
+from switchyard.engine.model.step import Step
 from switchyard.engine.model.weights import Shard
 
-_REFINE = 32  # logits recomputed exactly per row when the LM head runs in bfloat16
 _LAYER_ERRORS = {1: "shape unsupported", 2: "position outside the cache", 3: "out of memory"}
-
-
-def rope_inv_freq(c: ModelConfig, freqs_factor: torch.Tensor | None = None) -> torch.Tensor:
-    d = c.head_dim
-    inv = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    rs = c.rope_scaling
-    if freqs_factor is not None:
-        inv = inv / freqs_factor.to(torch.float64)
-    elif rs.get("rope_type", rs.get("type")) == "llama3":
-        factor = float(rs.get("factor", 8.0))
-        low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
-        old = float(rs.get("original_max_position_embeddings", 8192))
-        wavelen = 2 * math.pi / inv
-        smooth = (old / wavelen - low) / (high - low)
-        scaled = torch.where(wavelen > old / low, inv / factor, inv)
-        mid = (wavelen <= old / low) & (wavelen >= old / high)
-        inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
-    return inv.to(torch.float32)
 
 
 class Layer:
@@ -72,7 +55,7 @@ def resolve_kv_dtype(requested: str, fmt: str, native_attention: bool) -> torch.
 
 
 @dataclass
-class _Step:
+class _Plan:
     """What every layer's attention in one forward shares, worked out once a step."""
 
     B: int
@@ -136,10 +119,7 @@ class TPModel:
         shape = (config.num_layers, self.num_blocks, self.kv_heads, block_size, self.hd)
         self.k_cache = torch.zeros(shape, dtype=resolve_kv_dtype(kv_dtype, fmt, self.attn is not None))
         self.v_cache = torch.zeros_like(self.k_cache)
-        inv = rope_inv_freq(config, weights.get("rope_freqs"))
-        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos, self.sin = emb.cos(), emb.sin()
+        self.cos, self.sin = rope_tables(rope_inv_freq(config, weights.get("rope_freqs")), max_len)
         self._q_size = self.heads * self.hd
         self.ops = RowOps(lib, self.cos, self.sin)
         self._kv_size = self.kv_heads * self.hd
@@ -151,6 +131,9 @@ class TPModel:
                                          for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
             for layer in self.layers))
         self._ws = torch.empty(0)
+
+    def status(self) -> dict[str, object]:
+        return {"device": "cpu"}
 
     def slot_tables(self, slots: torch.Tensor) -> torch.Tensor:
         """Block tables for callers that think in slots: slot s owns blocks
@@ -174,20 +157,14 @@ class TPModel:
         return out
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.shard.tp == 1:
-            return F.embedding(ids, self.embed).float()
-        local = ids - self.vocab_lo
-        inside = (local >= 0) & (local < self.vocab_hi - self.vocab_lo)
-        x = F.embedding(local.clamp(0, self.vocab_hi - self.vocab_lo - 1), self.embed)
-        x = x.float() * inside.unsqueeze(-1)
-        return self.comm.all_reduce(x)
+        return embed_tokens(ids, self.embed, self.shard, self.comm)
 
     def _plan(self, positions: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-              ctx_lens: torch.Tensor) -> _Step:
+              ctx_lens: torch.Tensor) -> _Plan:
         B, T = positions.shape
         bs = self.block_size
         fresh = T == 1 or bool((positions[:, 0] == 0).all())
-        step = _Step(B, T, positions, tables, fresh)
+        step = _Plan(B, T, positions, tables, fresh)
         if T == 1:
             step.pos_flat = positions[:, 0].contiguous()
             step.scale = 1.0 / math.sqrt(self.hd)
@@ -205,13 +182,13 @@ class TPModel:
                 step.mask = (torch.arange(L).view(1, 1, L) <= positions.unsqueeze(-1)).unsqueeze(1)
         return step
 
-    def _gather(self, cache: torch.Tensor, st: _Step) -> torch.Tensor:
+    def _gather(self, cache: torch.Tensor, st: _Plan) -> torch.Tensor:
         """The step's sequences' first L positions of one layer's cache: [B, kv_heads, L, head_dim], float32."""
         blocks = cache[st.tables[:, : st.L // self.block_size]]  # [B, L / bs, kv_heads, bs, head_dim]
         return blocks.transpose(1, 2).reshape(st.B, self.kv_heads, st.L, self.hd).float()
 
     def _attend(self, qkv: torch.Tensor, rotated: bool, layer: Layer, kc: torch.Tensor, vc: torch.Tensor,
-                st: _Step) -> torch.Tensor:
+                st: _Plan) -> torch.Tensor:
         """One layer's attention off the native decode path: q/k norms and RoPE in torch where
         they are still due, the cache written, then decode (native or torch), a fresh prefill
         or a later chunk of a prompt. Returns [B, T, heads * head_dim]."""
@@ -246,27 +223,21 @@ class TPModel:
         return o.transpose(1, 2).reshape(B, T, self._q_size)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                lens: torch.Tensor, ctx_lens: torch.Tensor, view_slots: int,
-                block_tables: torch.Tensor | None = None) -> torch.Tensor:
-        """Run one step and return this rank's slice of the logits of each row's last new token.
-
-        ids/positions: [B, T] (right-padded when T > 1: a prefill, each row either a new prompt
-        from position 0 or the continuation of one whose start is already cached);
-        lens: [B] valid new tokens per row; ctx_lens: [B] cached tokens after this step;
-        block_tables: [B, W] int64, the blocks holding each row's positions (None: slot_tables);
-        slots and view_slots: the GPU model's decode rows (unused here).
-        """
+    def forward(self, step: Step) -> torch.Tensor:
+        """Run one step and return this rank's slice of the logits of each row's last new token
+        (see model/step.py for what a step holds; slots and view_slots are the GPU decoder's)."""
+        ids, positions, lens, ctx_lens = step.ids, step.positions, step.lens, step.ctx_lens
+        block_tables = step.tables
         B, T = ids.shape
         x = self._embed(ids)  # the residual stream, float32, updated in place
         ops = self.ops
         eps = self.c.rms_eps
-        tables = self.slot_tables(slots) if block_tables is None else block_tables.contiguous()
-        step = self._plan(positions, tables, lens, ctx_lens)
+        tables = self.slot_tables(step.slots) if block_tables is None else block_tables.contiguous()
+        plan = self._plan(positions, tables, lens, ctx_lens)
         if self.fused:
-            self._fused_layers(x, step)
+            self._fused_layers(x, plan)
         else:
-            self._layers(x, step)
+            self._layers(x, plan)
         last = x[torch.arange(B), lens - 1]
         h = ops.rms_norm(last, self.norm, eps)
         if self.lm_head_q4 is None and self.lm_head_lowp is None:
@@ -275,17 +246,17 @@ class TPModel:
         # float32, so greedy choices and the top logprobs are exact.
         head = self.lm_head_q4 if self.lm_head_q4 is not None and (B <= 4 or self.lm_head_lowp is None) else None
         logits = (head(h) if head is not None else F.linear(h.to(torch.bfloat16), self.lm_head_lowp)).float()
-        top = ops.topk(logits, _REFINE)
+        top = ops.topk(logits, REFINE)
         exact = ops.gather_dot(self.lm_head, h.contiguous(), top)
         return logits.scatter_(1, top, exact)
 
-    def _attention(self, qkv: torch.Tensor, rotated: bool, layer: Layer, li: int, st: _Step) -> torch.Tensor:
+    def _attention(self, qkv: torch.Tensor, rotated: bool, layer: Layer, li: int, st: _Plan) -> torch.Tensor:
         kc, vc = self.k_cache[li], self.v_cache[li]
         if st.T == 1 and self.attn is not None and rotated:  # the usual decode step: no views, no copies
             return self._native_attention(qkv, kc, vc, st.tables, st.pos_flat, st.scale)
         return self._attend(qkv, rotated, layer, kc, vc, st)
 
-    def _layers(self, x: torch.Tensor, step: _Step) -> None:
+    def _layers(self, x: torch.Tensor, step: _Plan) -> None:
         """The layers op by op (any rank count, any weights), updating the residual x in place."""
         ops, eps, positions = self.ops, self.c.rms_eps, step.positions
         h = ops.rms_norm(x, self.layers[0].ln1, eps, self.dtype)
@@ -300,7 +271,7 @@ class TPModel:
             else:
                 x.add_(delta)
 
-    def _fused_layers(self, x: torch.Tensor, step: _Step) -> None:
+    def _fused_layers(self, x: torch.Tensor, step: _Plan) -> None:
         """The layers in two native calls each around attention (see native/layer.c)."""
         B, T, D = step.B, step.T, self.c.hidden_size
         M = B * T

@@ -1,1 +1,1 @@
-"""runner: one rank's model runner, the Step value it runs and broadcasts to the other ranks, the collectives (ring, oneshot, auto)."""
+"""runner: one rank's model runner (model_runner), a step's broadcast to the other ranks (broadcast), typed options checked once (options), the collectives (comm: ring, oneshot, auto)."""

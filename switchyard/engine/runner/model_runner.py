@@ -1,7 +1,7 @@
 """One rank's model runner: process group setup, weight loading, and the step protocol.
 
-Rank 0 decides each step and broadcasts it (a small header, then the token payload); every
-rank runs the same forward. When idle, rank 0 broadcasts a heartbeat so that followers'
+Rank 0 decides each step and broadcasts it (runner/broadcast.py); every rank runs the same
+forward. When idle, rank 0 broadcasts a heartbeat so that followers'
 collective timeouts stay short without firing, and so that a dead rank is noticed within
 about a second even when no request is running.
 """
@@ -11,46 +11,27 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from switchyard.engine.backends.cpu.native import load as load_native
-from switchyard.engine.model.config import ConfigError, ModelConfig
-from switchyard.engine.model.cuda_decoder import CudaModel, rank_device
+from switchyard.engine.backends.cuda.device import rank_device
+from switchyard.engine.errors import ConfigError
+from switchyard.engine.model.config import ModelConfig
+from switchyard.engine.model.cuda_decoder import CudaModel
 from switchyard.engine.model.decoder import TPModel
+from switchyard.engine.model.step import Step
 from switchyard.engine.model.weights import Shard, load_shard, open_source
+from switchyard.engine.runner import broadcast
 from switchyard.engine.runner.comm import GPU_ENV, CollectiveBackend, SingleRank, make_backend
+from switchyard.engine.runner.options import EngineOptions, auto_kv_blocks, resolved_len
 
 log = logging.getLogger("switchyard.engine.runner.model_runner")
 
-HEARTBEAT, STEP, STOP = 0, 1, 2
-_HEADER = 5  # kind, B, T, view_slots, block table width
 SMALL_STEP_TOKENS = 4  # steps with at most this many tokens count as small (see setup)
-
-
-@dataclass
-class RunnerOptions:
-    model_path: Path
-    tp: int = 1
-    collective: str = "auto"
-    max_num_seqs: int = 16
-    max_model_len: int = 2048
-    max_waiting: int = 256
-    max_num_batched_tokens: int = 512
-    dtype: str = "auto"
-    kv_cache_dtype: str = "auto"  # resolved at setup: float32 or float16 (CPU only)
-    block_size: int = 16  # positions per KV block
-    num_kv_blocks: int = 0  # blocks per rank; 0: enough for max_num_seqs sequences of max_model_len
-    prefix_caching: bool = True  # the scheduler's (rank 0) business; every rank holds the same tables
-    threads: int = 0
-    collective_timeout_s: float = 10.0
-    device: str = "cpu"
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def pick_threads(tp: int, requested: int = 0) -> int:
@@ -80,7 +61,7 @@ def resolve_dtype(requested: str, src: Any) -> str:
 class Runner:
     """Owns the model shard and the collectives of one rank."""
 
-    def __init__(self, opts: RunnerOptions, rank: int, world: int) -> None:
+    def __init__(self, opts: EngineOptions, rank: int, world: int) -> None:
         self.opts = opts
         self.rank, self.world = rank, world
         self.comm: CollectiveBackend = SingleRank()
@@ -132,9 +113,10 @@ class Runner:
                 list(range(self.world)), backend="gloo", timeout=timedelta(seconds=60))
             self.ctrl_group = cpu_group  # headers and token ids are CPU tensors: gloo even on GPU
         weights = load_shard(src, self.rank, self.world)
-        max_len = self.max_model_len = min(self.opts.max_model_len, cfg.max_position)
-        blocks, bs = self.opts.num_kv_blocks, self.opts.block_size
-        if blocks and blocks * bs < max_len:  # a lone sequence must always fit: preemption relies on it
+        max_len = self.max_model_len = resolved_len(self.opts, cfg.max_position)
+        bs = self.opts.block_size
+        blocks = self.opts.num_kv_blocks or auto_kv_blocks(self.opts.max_num_seqs, max_len, bs)
+        if blocks * bs < max_len:  # a lone sequence must always fit: preemption relies on it
             raise ConfigError(f"{blocks} KV blocks of {bs} positions ({blocks * bs}) cannot hold one sequence of "
                               f"the maximum length, {max_len}: raise --num-kv-blocks or lower --max-model-len")
         if self.world > 1:
@@ -148,9 +130,9 @@ class Runner:
             self.model = CudaModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
                                    max_slots=self.opts.max_num_seqs, max_len=max_len, device=device,
                                    dtype=getattr(torch, self.dtype),
-                                   cuda_graphs=bool(self.opts.extra.get("cuda_graphs", True)),
+                                   cuda_graphs=self.opts.cuda_graphs,
                                    block_size=bs, num_blocks=blocks,
-                                   decode_kernels=str(self.opts.extra.get("decode_kernels", "auto")))
+                                   decode_kernels=self.opts.decode_kernels)
             # Compile and capture now (every rank: the captures' collectives pair up), not on
             # the first requests.
             log.info("GPU warm-up (fused ops, decode graphs) took %.1fs", self.model.warmup())
@@ -169,54 +151,41 @@ class Runner:
 
     # -- the step protocol ------------------------------------------------------------------
 
-    def broadcast(self, kind: int, ids: torch.Tensor | None = None, positions: torch.Tensor | None = None,
-                  slots: torch.Tensor | None = None, lens: torch.Tensor | None = None,
-                  ctx_lens: torch.Tensor | None = None, view_slots: int = 0,
-                  tables: torch.Tensor | None = None) -> None:
-        """Rank 0: tell the followers what to do next (a step's block tables included: rank 0's
-        pool decides them, every rank's cache follows)."""
-        if self.world == 1:
-            return
-        header = torch.zeros(_HEADER, dtype=torch.int64)
-        header[0] = kind
-        if kind == STEP:
-            assert ids is not None and positions is not None and slots is not None
-            assert lens is not None and ctx_lens is not None and tables is not None
-            header[1], header[2], header[3], header[4] = ids.shape[0], ids.shape[1], view_slots, tables.shape[1]
-        dist.broadcast(header, src=0, group=self.ctrl_group)
-        if kind == STEP:
-            payload = torch.cat([ids.reshape(-1), positions.reshape(-1), slots, lens, ctx_lens,  # type: ignore[union-attr]
-                                 tables.reshape(-1)])  # type: ignore[union-attr]
-            dist.broadcast(payload, src=0, group=self.ctrl_group)
+    @property
+    def chunked_prefill(self) -> bool:
+        """Whether a prefill step may continue a prompt whose start is already cached."""
+        return self.model is not None and self.model.chunked_prefill
 
-    def step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
-             ctx_lens: torch.Tensor, view_slots: int, tables: torch.Tensor | None = None) -> torch.Tensor:
-        """Run one forward on this rank; returns the full-vocab logits [B, vocab]. tables: [B, W]
-        block ids (None: each slot's fixed run of blocks, see TPModel.slot_tables)."""
+    def signal(self, kind: int) -> None:
+        """Rank 0, between steps: a heartbeat while idle, or STOP."""
+        if self.world > 1:
+            broadcast.send(kind, self.ctrl_group)
+
+    def run(self, step: Step) -> torch.Tensor:
+        """Rank 0: broadcast the step to the followers, then run it here too."""
+        if self.world > 1:
+            broadcast.send(broadcast.STEP, self.ctrl_group, step)
+        return self.step(step)
+
+    def step(self, step: Step) -> torch.Tensor:
+        """Run one forward on this rank; returns the full-vocab logits [B, vocab]."""
         assert self.model is not None and self.config is not None
-        want = self.small_threads if ids.numel() <= SMALL_STEP_TOKENS else self.big_threads
+        want = self.small_threads if step.num_tokens <= SMALL_STEP_TOKENS else self.big_threads
         if want != self._threads:
             torch.set_num_threads(want)
             self._threads = want
-        local = self.model.forward(ids, positions, slots, lens, ctx_lens, view_slots, tables)
+        local = self.model.forward(step)
         full = self.comm.all_gather_last(local)
         return full[:, : self.config.vocab_size]
 
     def follow(self) -> int:
         """Follower ranks: run rank 0's steps until told to stop. Returns an exit code."""
-        header = torch.zeros(_HEADER, dtype=torch.int64)
         while True:
-            dist.broadcast(header, src=0, group=self.ctrl_group)
-            kind = int(header[0])
-            if kind == HEARTBEAT:
-                continue
-            if kind == STOP:
+            kind, step = broadcast.receive(self.ctrl_group)
+            if kind == broadcast.STOP:
                 return 0
-            B, T, view_slots, W = int(header[1]), int(header[2]), int(header[3]), int(header[4])
-            payload = torch.empty(2 * B * T + 3 * B + B * W, dtype=torch.int64)
-            dist.broadcast(payload, src=0, group=self.ctrl_group)
-            ids, positions, slots, lens, ctx_lens, tables = payload.split([B * T, B * T, B, B, B, B * W])
-            self.step(ids.view(B, T), positions.view(B, T), slots, lens, ctx_lens, view_slots, tables.view(B, W))
+            if step is not None:
+                self.step(step)
 
     def shutdown(self) -> None:
         if self.world > 1 and dist.is_initialized():

@@ -1,1 +1,1 @@
-"""serving: the HTTP API (http), rank 0's start-up (rank0), rank processes (launch), the CLI, request validation (protocol), model names (registry), typed options (options)."""
+"""serving: the HTTP API (http, state, metrics, tokenize), rank 0's start-up (rank0), rank processes (launch), the CLI, request validation (protocol), model names (registry)."""

@@ -46,7 +46,8 @@ def engine_serve(
     port: int = typer.Option(8101),
     served_model_name: str = typer.Option("", help="Name in /v1/models (default: --model)"),
     max_num_seqs: int = typer.Option(16, help="Sequences decoded together (KV slots)"),
-    max_model_len: int = typer.Option(2048, help="Context length per sequence"),
+    max_model_len: int = typer.Option(
+        0, help="Context length per sequence (0: the model's own window, e.g. 8192 for SmolLM2)"),
     max_waiting: int = typer.Option(256, help="Requests that may wait for a slot; beyond it: 429"),
     max_num_batched_tokens: int = typer.Option(
         512, help="Prompt tokens prefilled per step; longer prompts are prefilled in chunks between "
@@ -57,8 +58,8 @@ def engine_serve(
     block_size: int = typer.Option(16, help="Positions per KV-cache block (a multiple of 16 keeps the CPU's native "
                                              "decode attention)"),
     num_kv_blocks: int = typer.Option(
-        0, help="KV-cache blocks per rank (0: enough for --max-num-seqs sequences of --max-model-len); fewer "
-                "means preemption under load, more keeps more prefixes cached"),
+        0, help="KV-cache blocks per rank (0: one sequence of --max-model-len plus --max-num-seqs - 1 of 2048 "
+                "tokens); fewer means preemption under load, more keeps more prefixes cached"),
     prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching",
                                         help="Reuse the KV blocks of prompts' common prefixes"),
     threads: int = typer.Option(0, help="Torch threads per rank (0: cores / local ranks)"),
@@ -74,26 +75,24 @@ def engine_serve(
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from switchyard.engine.model.config import KV_CACHE_DTYPES, ConfigError
+    from switchyard.engine.errors import ConfigError
+    from switchyard.engine.runner.options import EngineOptions
     from switchyard.engine.serving import launch, registry
 
-    if collective not in ("ring", "oneshot", "auto"):
-        raise typer.BadParameter("--collective must be ring, oneshot or auto")
-    if dtype not in ("auto", "float32", "bfloat16", "int4"):
-        raise typer.BadParameter("--dtype must be auto, float32, bfloat16 or int4")
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise typer.BadParameter(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}")
-    if decode_kernels not in ("auto", "torch", "fused"):
-        raise typer.BadParameter("--decode-kernels must be auto, torch or fused")
-    if max_num_batched_tokens < 1:
-        raise typer.BadParameter("--max-num-batched-tokens must be at least 1")
-    if not 1 <= block_size <= 256:
-        raise typer.BadParameter("--block-size must be between 1 and 256")
-    if num_kv_blocks < 0 or 0 < num_kv_blocks * block_size < max_model_len:
-        raise typer.BadParameter(f"--num-kv-blocks must be 0 (auto) or hold one sequence of --max-model-len: at "
-                                 f"least {-(-max_model_len // block_size)} blocks of {block_size}")
-    if device not in ("cpu", "cuda"):
-        raise typer.BadParameter("--device must be cpu or cuda")
+    env_rank = launch.rank_from_env()
+    try:
+        opts = EngineOptions(
+            model_path=registry.resolve(model), tp=env_rank[1] if env_rank else tp, collective=collective,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len, max_waiting=max_waiting,
+            max_num_batched_tokens=max_num_batched_tokens, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size, num_kv_blocks=num_kv_blocks, prefix_caching=prefix_caching, threads=threads,
+            collective_timeout_s=collective_timeout, device=device, cuda_graphs=cuda_graphs,
+            decode_kernels=decode_kernels)
+    except ConfigError as e:
+        raise typer.BadParameter(str(e)) from None
+    except (registry.ModelNotFound, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
     if device == "cpu":
         from switchyard.engine.backends.cpu.native import keep_workers_spinning
 
@@ -104,14 +103,12 @@ def engine_serve(
         if not torch.cuda.is_available():
             typer.echo("error: --device cuda but this torch build sees no CUDA GPU", err=True)
             raise typer.Exit(2)
-    env_rank = launch.rank_from_env()
     try:
-        path = registry.resolve(model)
         if env_rank is None or env_rank[0] == 0:
             from switchyard.engine.model.weights import open_source
 
-            open_source(path).config.check_tp(env_rank[1] if env_rank else tp)
-    except (ConfigError, registry.ModelNotFound, RuntimeError) as e:
+            open_source(opts.model_path).config.check_tp(opts.tp)
+    except (ConfigError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     if env_rank is None and tp > 1:
@@ -120,12 +117,7 @@ def engine_serve(
     if env_rank and tp not in (1, world):
         typer.echo(f"error: --tp {tp} but WORLD_SIZE={world}", err=True)
         raise typer.Exit(2)
-    opts = {"collective": collective, "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
-            "max_waiting": max_waiting, "max_num_batched_tokens": max_num_batched_tokens, "dtype": dtype,
-            "kv_cache_dtype": kv_cache_dtype, "block_size": block_size, "num_kv_blocks": num_kv_blocks,
-            "prefix_caching": prefix_caching, "threads": threads, "collective_timeout_s": collective_timeout,
-            "device": device, "extra": {"cuda_graphs": cuda_graphs, "decode_kernels": decode_kernels}}
-    raise typer.Exit(launch.run_rank(path, served_model_name or model, rank, world, host, port, opts))
+    raise typer.Exit(launch.run_rank(opts, served_model_name or model, rank, world, host, port))
 
 
 if __name__ == "__main__":  # the engine alone, no gateway imports: python -m switchyard.engine.serving.cli --model ...

@@ -17,13 +17,15 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from switchyard.engine.chat.grammar import GrammarError, Grammars, GrammarState
+from switchyard.engine.chat.grammar import GrammarError, GrammarState
 from switchyard.engine.chat.structured import constraint
 from switchyard.engine.chat.tokenizer import ChatTokenizer
 from switchyard.engine.chat.tool_stream import ToolCallStream
-from switchyard.engine.core.scheduler import QueueFull, Scheduler, Sequence
+from switchyard.engine.core.scheduler import Scheduler
+from switchyard.engine.core.sequence import Sequence
+from switchyard.engine.errors import QueueFull
+from switchyard.engine.serving.metrics import Metrics
 from switchyard.engine.serving.protocol import (
     RequestError,
     chat_messages,
@@ -31,38 +33,8 @@ from switchyard.engine.serving.protocol import (
     sampling_params,
     tools_of,
 )
-
-
-@dataclass
-class EngineState:
-    """What /health reports; filled in by the engine thread as start-up proceeds."""
-
-    model_name: str
-    tp: int
-    phase: str = "loading"  # loading | ready | failed | stopping
-    reason: str = ""
-    collective: dict[str, Any] = field(default_factory=dict)
-    scheduler: Scheduler | None = None
-    tokenizer: ChatTokenizer | None = None
-    max_model_len: int = 0
-    started: float = field(default_factory=time.time)
-    load_seconds: float = 0.0
-    dtype: str = ""
-    device: dict[str, Any] = field(default_factory=dict)  # GPU: dtype, CUDA graphs, fused ops
-    grammars: Grammars | None = None  # structured output; None while loading or if unavailable
-    grammars_reason: str = ""  # why structured output is unavailable
-
-    def structured_output(self) -> dict[str, Any]:
-        """What /health and /v1/models say about constrained decoding."""
-        if self.grammars is None:
-            return {"supported": False, "reason": self.grammars_reason or self.phase}
-        return {"supported": True, **self.grammars.info(),
-                "tool_choice": ["none", "auto", "required", "function"],
-                "response_format": ["text", "json_object", "json_schema"], "parallel_tool_calls": True}
-
-    @property
-    def ready(self) -> bool:
-        return self.phase == "ready" and self.scheduler is not None and self.scheduler.failed is None
+from switchyard.engine.serving.state import EngineState
+from switchyard.engine.serving.tokenize import tokenize
 
 
 def _sse(obj: Any) -> bytes:
@@ -76,64 +48,6 @@ def _engine_failed(message: str) -> RequestError:
     """The one error a request gets when the engine fails under it (a JSON 500, or an SSE
     error event once a stream has started)."""
     return RequestError(message, status=500, type_="server_error", code="engine_failed")
-
-
-class _Metrics:
-    def __init__(self, state: EngineState) -> None:
-        self.registry = CollectorRegistry()
-        labels = ["model_name"]
-        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch", labels,
-                             registry=self.registry)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting for a slot", labels,
-                             registry=self.registry)
-        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV cache usage: share of the blocks held by requests (1 = full)",
-                        labels, registry=self.registry)
-        self.cache_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
-                                     labels, registry=self.registry)
-        self.cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache", labels,
-                                  registry=self.registry)
-        self.preemptions = Counter("vllm:num_preemptions", "Requests preempted for want of KV blocks", labels,
-                                   registry=self.registry)
-        self.prompt = Counter("vllm:prompt_tokens", "Prefilled tokens", labels, registry=self.registry)
-        self.gen = Counter("vllm:generation_tokens", "Generated tokens", labels, registry=self.registry)
-        self.success = Counter("vllm:request_success", "Finished requests", labels + ["finished_reason"],
-                               registry=self.registry)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token", labels,
-                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-                              registry=self.registry)
-        self.healthy = Gauge("switchyard_engine_ready", "1 when the replica serves", labels,
-                             registry=self.registry)
-        self.state = state
-        self._seen = {"prompt_tokens": 0, "generation_tokens": 0, "preemptions": 0, "queries": 0, "hits": 0}
-        self._seen_reason: dict[str, int] = {}
-        name = state.model_name
-        for g in (self.running, self.waiting, self.kv, self.healthy):
-            g.labels(name).set(0)  # present from the first scrape, before the engine is up
-        for c in (self.prompt, self.gen, self.cache_queries, self.cache_hits, self.preemptions):
-            c.labels(name)
-
-    def render(self) -> bytes:
-        st, name = self.state, self.state.model_name
-        s = st.scheduler
-        if s is not None:
-            self.running.labels(name).set(s.num_running)
-            self.waiting.labels(name).set(s.num_waiting)
-            self.kv.labels(name).set(s.kv_usage)
-            totals = {**s.stats, "queries": s.pool.queries, "hits": s.pool.hits}
-            for key, counter in (("prompt_tokens", self.prompt), ("generation_tokens", self.gen),
-                                 ("preemptions", self.preemptions), ("queries", self.cache_queries),
-                                 ("hits", self.cache_hits)):
-                now = totals[key]
-                counter.labels(name).inc(now - self._seen[key])
-                self._seen[key] = now
-            for reason, n in s.finished_by_reason.items():
-                self.success.labels(name, reason).inc(n - self._seen_reason.get(reason, 0))
-                self._seen_reason[reason] = n
-            fresh, s.ttft = s.ttft, []
-            for v in fresh:
-                self.ttft.labels(name).observe(v)
-        self.healthy.labels(name).set(1 if st.ready else 0)
-        return generate_latest(self.registry)
 
 
 @dataclass
@@ -190,7 +104,7 @@ class EngineHandlers:
 
     def __init__(self, state: EngineState) -> None:
         self.state = state
-        self.metrics = _Metrics(state)
+        self.metrics = Metrics(state)
 
     # -- plumbing shared by the generating endpoints ---------------------------------------
 
@@ -310,6 +224,11 @@ class EngineHandlers:
             return await asyncio.to_thread(grammars.compile, c), c.tools
         except GrammarError as e:
             raise RequestError(str(e), e.param, "invalid_schema") from None
+
+    async def tokenize(self, request: Request) -> JSONResponse:
+        body = await _body(request)
+        _, tok = self._engine()
+        return JSONResponse(tokenize(tok, body))
 
     async def chat(self, request: Request) -> Response:
         body = await _body(request)
@@ -457,4 +376,5 @@ def build_app(state: EngineState) -> FastAPI:
     app.add_api_route("/v1/models", h.models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", h.chat, methods=["POST"])
     app.add_api_route("/v1/completions", h.completions, methods=["POST"])
+    app.add_api_route("/tokenize", h.tokenize, methods=["POST"])
     return app

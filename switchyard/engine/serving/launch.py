@@ -18,6 +18,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from switchyard.engine.runner.options import EngineOptions
 
 log = logging.getLogger("switchyard.engine.serving.launch")
 SUPERVISED_ENV = "SWITCHYARD_SUPERVISED"
@@ -92,13 +96,11 @@ def rank_from_env() -> tuple[int, int] | None:
     return None
 
 
-def run_rank(model_path: Path, model_name: str, rank: int, world: int, host: str, port: int,
-             opts_kwargs: dict[str, object]) -> int:
+def run_rank(opts: EngineOptions, model_name: str, rank: int, world: int, host: str, port: int) -> int:
     """Body of one rank process: rank 0 serves HTTP and schedules, the others follow."""
-    from switchyard.engine.runner.model_runner import Runner, RunnerOptions
+    from switchyard.engine.runner.model_runner import Runner
 
-    opts = RunnerOptions(model_path=model_path, tp=world, **opts_kwargs)  # type: ignore[arg-type]
-    runner = Runner(opts, rank, world)
+    runner = Runner(opts.replace(tp=world), rank, world)
     if rank != 0:
         # Stopping is rank 0's to do: it tells the followers (STOP) once its requests are done.
         # torchrun signals every rank at once; a follower that died on it would leave rank 0 a

@@ -14,7 +14,8 @@ import uvicorn
 from switchyard.engine.core.kv_blocks import BlockPool
 from switchyard.engine.core.scheduler import Scheduler
 from switchyard.engine.runner.model_runner import Runner
-from switchyard.engine.serving.http import EngineState, build_app
+from switchyard.engine.serving.http import build_app
+from switchyard.engine.serving.state import EngineState
 
 log = logging.getLogger("switchyard.engine.serving.rank0")
 
@@ -60,8 +61,8 @@ def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
             state.max_model_len = runner.max_model_len
             state.load_seconds = runner.load_seconds
             state.dtype = runner.dtype
-            status = getattr(runner.model, "status", None)
-            state.device = status() if status is not None else {"device": "cpu"}
+            assert runner.model is not None
+            state.device = runner.model.status()
             state.device["kv_cache_dtype"] = runner.kv_cache_dtype
             if runner.dtype == "int4":
                 from switchyard.engine.model.linear import int4_kernel

@@ -29,28 +29,15 @@ tests check them.
 from __future__ import annotations
 
 import dataclasses
-import os
 
+# isort: off
+from switchyard.engine.backends.cuda.triton_common import _UPCAST, _dot  # sets TRITON_INTERPRET first
 import torch
-
-if not torch.cuda.is_available():  # read when the kernels below are defined: interpret them
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
+# isort: on
 
 MAX_ROWS = 16
-# Triton's interpreter multiplies bfloat16 tiles wrongly in tl.dot (numpy has no bfloat16), so
-# interpreted kernels upcast both operands first: the same products (a bfloat16 product is exact
-# in float32), summed in float32 as the tensor cores do.
-_UPCAST = os.environ.get("TRITON_INTERPRET", "") == "1"
-
-
-@triton.jit
-def _dot(a, b, acc, UPCAST: tl.constexpr):
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc, input_precision="ieee")
 
 
 @triton.jit
@@ -192,69 +179,6 @@ def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, si
 
 
 @triton.jit
-def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_ptr, mo_ptr, ml_ptr, sm_scale,
-                      H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                      GP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                      UPCAST: tl.constexpr):
-    # Program (row, kv head, split): the kv head's G query heads (padded to GP rows for tl.dot)
-    # over positions [split * CHUNK, (split + 1) * CHUNK) of the row's context.
-    row = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    G: tl.constexpr = H // HKV
-    g = tl.arange(0, GP)
-    d = tl.arange(0, D)
-    heads = kvh * G + g
-    q = tl.load(q_ptr + row * (H * D) + heads[:, None] * D + d[None, :], mask=(g < G)[:, None], other=0.0)
-    n_ctx = tl.maximum(tl.load(ctx_ptr + row), 1)  # an idle slot sees position 0 of the spare block
-    start = split * CHUNK
-    end = tl.minimum(start + CHUNK, n_ctx)
-    m_i = tl.full([GP], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile keeps alpha at 1, not NaN
-    l_i = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, D], dtype=tl.float32)
-    for t0 in range(start, end, BLOCK_N):
-        t = t0 + tl.arange(0, BLOCK_N)
-        valid = t < end
-        blk = tl.load(tables_ptr + row * stride_t + t // BS, mask=valid, other=0)
-        at = ((blk * HKV + kvh) * BS + t % BS)[:, None] * D + d[None, :]
-        k = tl.load(kc_ptr + at, mask=valid[:, None], other=0.0)
-        v = tl.load(vc_ptr + at, mask=valid[:, None], other=0.0)
-        s = _dot(q, tl.trans(k), tl.zeros([GP, BLOCK_N], dtype=tl.float32), UPCAST) * sm_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
-        m_i = m_new
-    live = (g < G)[:, None]
-    if SPLITS == 1:
-        out = acc / l_i[:, None]
-        tl.store(o_ptr + row * (H * D) + heads[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=live)
-    else:
-        part = (row * H + heads) * SPLITS + split
-        tl.store(mo_ptr + part[:, None] * D + d[None, :], acc, mask=live)
-        tl.store(ml_ptr + part * 2, m_i, mask=g < G)
-        tl.store(ml_ptr + part * 2 + 1, l_i, mask=g < G)
-
-
-@triton.jit
-def _combine_kernel(mo_ptr, ml_ptr, o_ptr, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
-    # Program (row, head): the splits' partial sums rescaled to their common maximum.
-    row = tl.program_id(0)
-    head = tl.program_id(1)
-    sp = tl.arange(0, SPLITS)
-    d = tl.arange(0, D)
-    base = (row * H + head) * SPLITS
-    m = tl.load(ml_ptr + (base + sp) * 2)
-    lsum = tl.load(ml_ptr + (base + sp) * 2 + 1)
-    w = tl.exp(m - tl.max(m, axis=0))
-    acc = tl.load(mo_ptr + (base + sp)[:, None] * D + d[None, :])
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(lsum * w, axis=0)
-    tl.store(o_ptr + (row * H + head) * D + d, out.to(o_ptr.dtype.element_ty))
-
-
-@triton.jit
 def _gemv_residual_kernel(a_ptr, w_ptr, x_ptr, out_ptr, M, N, K,
                           R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
                           UPCAST: tl.constexpr):
@@ -363,45 +287,6 @@ def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Ten
     return q
 
 
-def attention_shape(span: int) -> tuple[int, int]:
-    """(programs per row and kv head, positions per load) over a span. A decode step's attention
-    is a few programs' latency-bound loops unless the span is split: on an H200 16 splits of a
-    512-position span ran in 4-5 us where one program took 11-14 (SmolLM2, 8B), and 16 splits
-    with 128-position loads halved a 4096 span's time (bench/results/cuda_kernels_sweep.md)."""
-    splits = 1
-    while splits < 16 and span // (splits * 2) >= 32:
-        splits *= 2
-    block_n = 32
-    while block_n < 128 and span // splits >= block_n * 2:
-        block_n *= 2
-    return splits, block_n
-
-
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                    ctx: torch.Tensor, span: int, block_n: int = 0, splits: int = 0, warps: int = 4) -> torch.Tensor:
-    """q [M, H, D]; tables [M, span / block_size] block ids; ctx [M] positions each row attends
-    to (0: an idle row, which sees position 0 of its first block). Returns [M, H * D]."""
-    M, H, D = q.shape
-    kv_heads, bs = k_cache.shape[1], k_cache.shape[2]
-    G = H // kv_heads
-    auto_splits, auto_block = attention_shape(span)
-    splits, block_n = splits or auto_splits, block_n or auto_block
-    chunk = -(-span // (splits * block_n)) * block_n
-    out = torch.empty(M, H * D, dtype=q.dtype, device=q.device)
-    if splits > 1:
-        mo = torch.empty(M * H * splits, D, dtype=torch.float32, device=q.device)
-        ml = torch.empty(M * H * splits, 2, dtype=torch.float32, device=q.device)
-    else:
-        mo = ml = out
-    _attention_kernel[(M, kv_heads, splits)](q, k_cache, v_cache, tables, tables.stride(0), ctx, out, mo, ml,
-                                             1.0 / D ** 0.5, H=H, HKV=kv_heads, D=D, BS=bs,
-                                             GP=max(16, triton.next_power_of_2(G)), CHUNK=chunk, BLOCK_N=block_n,
-                                             SPLITS=splits, UPCAST=_UPCAST, num_warps=warps)
-    if splits > 1:
-        _combine_kernel[(M, H)](mo, ml, out, H=H, D=D, SPLITS=splits)
-    return out
-
-
 def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, tile: Tile | None = None) -> torch.Tensor:
     """x + (a @ w.T) rounded to w's dtype; a [M, K] model dtype, w [N, K], x float32 [M, N]."""
     M, K = a.shape
@@ -433,76 +318,8 @@ def gate_up_silu(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float,
 # 8B model (25 ms of its 240); rows of contiguous loads run them near the copy bandwidth.
 
 
-@triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, INTER, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = c < INTER
-    g = tl.load(gu_ptr + row * 2 * INTER + c, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + row * 2 * INTER + INTER + c, mask=m, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * INTER + c, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=m)
+# Kernel 2 of the five, in its own file.
+from switchyard.engine.backends.cuda.paged_attention import attention_shape, paged_attention  # noqa: E402
 
-
-def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up of a fused [N, 2 I] gate_up output -> [N, I] (computed in float32)."""
-    n, inter = gu.shape[0], gu.shape[1] // 2
-    out = torch.empty(n, inter, dtype=gu.dtype, device=gu.device)
-    block = min(2048, triton.next_power_of_2(inter))
-    _silu_mul_kernel[(n, triton.cdiv(inter, block))](gu, out, inter, BLOCK=block, num_warps=4)
-    return out
-
-
-@triton.jit
-def _rope_split_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, qkn_ptr, q_ptr, k_ptr, v_ptr, eps,
-                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HB: tl.constexpr, QK_NORM: tl.constexpr):
-    # Program (token, head block): HB heads of one token's fused QKV row, rotated (q, k) and
-    # written to q [N, H, D], k and v [N, HKV, D].
-    tok = tl.program_id(0).to(tl.int64)
-    hs = tl.program_id(1) * HB + tl.arange(0, HB)
-    NH: tl.constexpr = H + 2 * HKV
-    HALF: tl.constexpr = D // 2
-    d = tl.arange(0, HALF)
-    live = (hs < NH)[:, None]
-    at = qkv_ptr + tok * NH * D + hs[:, None] * D + d[None, :]
-    x1 = tl.load(at, mask=live, other=0.0).to(tl.float32)
-    x2 = tl.load(at + HALF, mask=live, other=0.0).to(tl.float32)
-    rot = (hs < H + HKV)[:, None]
-    if QK_NORM:
-        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
-        nw = qkn_ptr + (hs >= H).to(tl.int32)[:, None] * D + d[None, :]  # q_norm's weights, then k_norm's
-        x1 = tl.where(rot, x1 * inv[:, None] * tl.load(nw, mask=rot & live, other=1.0), x1)
-        x2 = tl.where(rot, x2 * inv[:, None] * tl.load(nw + HALF, mask=rot & live, other=1.0), x2)
-    p = tl.load(pos_ptr + tok)
-    c = tl.load(cos_ptr + p * D + d)[None, :]
-    s = tl.load(sin_ptr + p * D + d)[None, :]
-    o1 = tl.where(rot, x1 * c - x2 * s, x1)
-    o2 = tl.where(rot, x2 * c + x1 * s, x2)
-    odt = q_ptr.dtype.element_ty
-    is_q = (hs < H)[:, None]
-    is_k = rot & ~is_q
-    is_v = live & ~rot
-    qa = q_ptr + tok * H * D + hs[:, None] * D + d[None, :]
-    ka = k_ptr + tok * HKV * D + (hs - H)[:, None] * D + d[None, :]
-    va = v_ptr + tok * HKV * D + (hs - H - HKV)[:, None] * D + d[None, :]
-    tl.store(qa, o1.to(odt), mask=is_q)
-    tl.store(qa + HALF, o2.to(odt), mask=is_q)
-    tl.store(ka, o1.to(odt), mask=is_k)
-    tl.store(ka + HALF, o2.to(odt), mask=is_k)
-    tl.store(va, o1.to(odt), mask=is_v)
-    tl.store(va + HALF, o2.to(odt), mask=is_v)
-
-
-def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, heads: int,
-               kv_heads: int, head_dim: int, qk_norm: torch.Tensor | None,
-               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """cuda_ops.rope_qkv for a prefill: qkv [N, (H + 2 Hkv) D] in the model dtype, cos/sin the
-    whole [max_len, D] tables, pos [N]; qk_norm as qkv_rope's. Returns q [N,H,D], k, v [N,Hkv,D]."""
-    n = qkv.shape[0]
-    q = torch.empty(n, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    k = torch.empty(n, kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    v = torch.empty_like(k)
-    hb = 8
-    _rope_split_kernel[(n, triton.cdiv(heads + 2 * kv_heads, hb))](
-        qkv, cos, sin, pos, qk_norm if qk_norm is not None else cos, q, k, v, eps, H=heads, HKV=kv_heads,
-        D=head_dim, HB=hb, QK_NORM=qk_norm is not None, num_warps=4)
-    return q, k, v
+__all__ = ["MAX_ROWS", "Tile", "attention_shape", "gate_up_silu", "gemv_residual", "paged_attention", "qkv_rope",
+           "tile_for"]

@@ -1,0 +1,86 @@
+"""Triton kernels of a GPU prefill step, used with the fused decode kernels: RoPE (with
+Qwen3's q/k norm) splitting the QKV projection into q, k, v, and SiLU(gate) * up."""
+
+from __future__ import annotations
+
+# isort: off
+from switchyard.engine.backends.cuda import triton_common  # noqa: F401  (sets TRITON_INTERPRET first)
+import torch
+import triton
+import triton.language as tl
+# isort: on
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, INTER, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = c < INTER
+    g = tl.load(gu_ptr + row * 2 * INTER + c, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * INTER + INTER + c, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * INTER + c, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of a fused [N, 2 I] gate_up output -> [N, I] (computed in float32)."""
+    n, inter = gu.shape[0], gu.shape[1] // 2
+    out = torch.empty(n, inter, dtype=gu.dtype, device=gu.device)
+    block = min(2048, triton.next_power_of_2(inter))
+    _silu_mul_kernel[(n, triton.cdiv(inter, block))](gu, out, inter, BLOCK=block, num_warps=4)
+    return out
+
+
+@triton.jit
+def _rope_split_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, qkn_ptr, q_ptr, k_ptr, v_ptr, eps,
+                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HB: tl.constexpr, QK_NORM: tl.constexpr):
+    # Program (token, head block): HB heads of one token's fused QKV row, rotated (q, k) and
+    # written to q [N, H, D], k and v [N, HKV, D].
+    tok = tl.program_id(0).to(tl.int64)
+    hs = tl.program_id(1) * HB + tl.arange(0, HB)
+    NH: tl.constexpr = H + 2 * HKV
+    HALF: tl.constexpr = D // 2
+    d = tl.arange(0, HALF)
+    live = (hs < NH)[:, None]
+    at = qkv_ptr + tok * NH * D + hs[:, None] * D + d[None, :]
+    x1 = tl.load(at, mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(at + HALF, mask=live, other=0.0).to(tl.float32)
+    rot = (hs < H + HKV)[:, None]
+    if QK_NORM:
+        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
+        nw = qkn_ptr + (hs >= H).to(tl.int32)[:, None] * D + d[None, :]  # q_norm's weights, then k_norm's
+        x1 = tl.where(rot, x1 * inv[:, None] * tl.load(nw, mask=rot & live, other=1.0), x1)
+        x2 = tl.where(rot, x2 * inv[:, None] * tl.load(nw + HALF, mask=rot & live, other=1.0), x2)
+    p = tl.load(pos_ptr + tok)
+    c = tl.load(cos_ptr + p * D + d)[None, :]
+    s = tl.load(sin_ptr + p * D + d)[None, :]
+    o1 = tl.where(rot, x1 * c - x2 * s, x1)
+    o2 = tl.where(rot, x2 * c + x1 * s, x2)
+    odt = q_ptr.dtype.element_ty
+    is_q = (hs < H)[:, None]
+    is_k = rot & ~is_q
+    is_v = live & ~rot
+    qa = q_ptr + tok * H * D + hs[:, None] * D + d[None, :]
+    ka = k_ptr + tok * HKV * D + (hs - H)[:, None] * D + d[None, :]
+    va = v_ptr + tok * HKV * D + (hs - H - HKV)[:, None] * D + d[None, :]
+    tl.store(qa, o1.to(odt), mask=is_q)
+    tl.store(qa + HALF, o2.to(odt), mask=is_q)
+    tl.store(ka, o1.to(odt), mask=is_k)
+    tl.store(ka + HALF, o2.to(odt), mask=is_k)
+    tl.store(va, o1.to(odt), mask=is_v)
+    tl.store(va + HALF, o2.to(odt), mask=is_v)
+
+
+def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, heads: int,
+               kv_heads: int, head_dim: int, qk_norm: torch.Tensor | None,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """cuda_ops.rope_qkv for a prefill: qkv [N, (H + 2 Hkv) D] in the model dtype, cos/sin the
+    whole [max_len, D] tables, pos [N]; qk_norm as qkv_rope's. Returns q [N,H,D], k, v [N,Hkv,D]."""
+    n = qkv.shape[0]
+    q = torch.empty(n, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(n, kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    v = torch.empty_like(k)
+    hb = 8
+    _rope_split_kernel[(n, triton.cdiv(heads + 2 * kv_heads, hb))](
+        qkv, cos, sin, pos, qk_norm if qk_norm is not None else cos, q, k, v, eps, H=heads, HKV=kv_heads,
+        D=head_dim, HB=hb, QK_NORM=qk_norm is not None, num_warps=4)
+    return q, k, v

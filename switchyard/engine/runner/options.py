@@ -1,0 +1,101 @@
+"""A replica's options, typed and checked once, whoever builds them: `engine serve`'s flags,
+a JSON/YAML file (EngineOptions.from_mapping), a bench or a test. Nothing downstream checks
+them again; what depends on the model (its window, the KV pool's size) is resolved at load
+time by resolved_len / auto_kv_blocks below."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from switchyard.engine.errors import ConfigError
+from switchyard.engine.model.config import KV_CACHE_DTYPES
+
+COLLECTIVES = ("ring", "oneshot", "auto")
+DTYPES = ("auto", "float32", "bfloat16", "int4")
+DECODE_KERNELS = ("auto", "fused", "torch")
+DEVICES = ("cpu", "cuda")
+# The auto KV pool: one sequence of the whole window, the others at this many tokens on
+# average (an agent turn is rarely near the window, and preemption handles the rare crowd).
+AVERAGE_SEQ_TOKENS = 2048
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    model_path: Path
+    tp: int = 1
+    collective: str = "auto"
+    max_num_seqs: int = 16  # sequences decoded together (decode slots)
+    max_model_len: int = 0  # 0: the model's own window (GGUF context_length, max_position_embeddings)
+    max_waiting: int = 256
+    max_num_batched_tokens: int = 512  # prompt tokens a prefill step takes (CPU: chunked prefill)
+    dtype: str = "auto"  # auto -> int4 | float32 (CPU), bfloat16 | float32 (GPU)
+    kv_cache_dtype: str = "auto"  # CPU: float32 or float16, resolved at load
+    block_size: int = 16  # positions per KV block
+    num_kv_blocks: int = 0  # blocks per rank; 0: auto_kv_blocks
+    prefix_caching: bool = True  # the scheduler's (rank 0) business; every rank holds the same tables
+    threads: int = 0  # torch threads per rank; 0: cores / local ranks
+    collective_timeout_s: float = 10.0
+    device: str = "cpu"
+    cuda_graphs: bool = True  # GPU: replay decode steps as CUDA graphs
+    decode_kernels: str = "auto"  # GPU, one rank: fused Triton kernels | torch ops | auto
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_path", Path(self.model_path))
+        for name, allowed in (("collective", COLLECTIVES), ("dtype", DTYPES), ("kv_cache_dtype", KV_CACHE_DTYPES),
+                              ("decode_kernels", DECODE_KERNELS), ("device", DEVICES)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"--{_flag(name)} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        for name, lo in (("tp", 1), ("max_num_seqs", 1), ("max_model_len", 0), ("max_waiting", 0),
+                         ("max_num_batched_tokens", 1), ("num_kv_blocks", 0), ("threads", 0)):
+            if getattr(self, name) < lo:
+                raise ConfigError(f"--{_flag(name)} must be at least {lo}, got {getattr(self, name)}")
+        if not 1 <= self.block_size <= 256:
+            raise ConfigError(f"--block-size must be between 1 and 256, got {self.block_size}")
+        if self.collective_timeout_s <= 0:
+            raise ConfigError("--collective-timeout must be positive")
+        if self.max_model_len and 0 < self.num_kv_blocks * self.block_size < self.max_model_len:
+            raise ConfigError(f"--num-kv-blocks must be 0 (auto) or hold one sequence of --max-model-len: at least "
+                              f"{-(-self.max_model_len // self.block_size)} blocks of {self.block_size}")
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> EngineOptions:
+        """From a parsed file (keys as the fields are named, `-` or `_`): unknown keys and values
+        of the wrong type are refused, as the CLI would refuse them."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in fields:
+                raise ConfigError(f"unknown engine option {key!r}")
+            want = {"Path": (str, Path), "int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+            types = want[str(fields[name].type)]
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise ConfigError(f"engine option {key!r} must be {fields[name].type}, got {value!r}")
+            kw[name] = value
+        if "model_path" not in kw:
+            raise ConfigError("engine options need model_path")
+        return cls(**kw)
+
+    def replace(self, **changes: Any) -> EngineOptions:
+        return dataclasses.replace(self, **changes)
+
+
+def resolved_len(opts: EngineOptions, window: int) -> int:
+    """The context length served: --max-model-len, or the model's window when 0, never past it."""
+    return min(opts.max_model_len, window) if opts.max_model_len else window
+
+
+def auto_kv_blocks(max_num_seqs: int, max_len: int, block_size: int) -> int:
+    """KV blocks when --num-kv-blocks is 0: one sequence of the whole window (a lone sequence
+    must always fit: preemption relies on it) plus max_num_seqs - 1 of AVERAGE_SEQ_TOKENS.
+    SmolLM2 at its 8192 window and 16 sequences: 512 + 15 * 128 = 2432 blocks, 1.8 GB of float32
+    cache, where sixteen whole windows would take 6 GB."""
+    per_seq = -(-max_len // block_size)
+    return per_seq + (max_num_seqs - 1) * -(-min(max_len, AVERAGE_SEQ_TOKENS) // block_size)
+
+
+def _flag(name: str) -> str:
+    return {"collective_timeout_s": "collective-timeout"}.get(name, name.replace("_", "-"))
