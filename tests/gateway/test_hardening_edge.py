@@ -514,3 +514,42 @@ def test_a_cut_stream_reaches_a_messages_client_as_its_error_event(edge):
             seen.append(text)
     assert "".join(seen) == "one two "
     assert "stopped before its final event" in str(e.value), e.value
+
+
+def test_the_exact_count_ignores_brackets_in_strings_across_windows():
+    """api/body.py's count against a walk of the parsed value, on bodies whose strings hold
+    brackets, commas, quotes and backslashes and cross the 16 KB windows (escapes split at a
+    window's edge included): exact whenever the bound is over the limit, never a false refusal."""
+    import random
+
+    from switchyard import errors
+    from switchyard.api import body as B
+
+    rnd = random.Random(28)
+    atoms = ["a[b", 'x"{,', "\\", '\\"', "", 1, None, "[[[,,,{{{"]
+
+    def gen(d: int = 0):
+        r = rnd.random()
+        if d > 5 or r < 0.4:
+            return rnd.choice(atoms + ["\\" * rnd.randint(1, 5) + "q" * rnd.randint(0, 40_000)])
+        if r < 0.7:
+            return [gen(d + 1) for _ in range(rnd.randint(0, 5))]
+        return {f"k{j},[": gen(d + 1) for j in range(rnd.randint(0, 5))}
+
+    def walk(v) -> int:
+        n, stack = 0, [v]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, dict | list):
+                n += 1
+                stack.extend(x.values() if isinstance(x, dict) else x)
+        return n
+
+    for _ in range(200):
+        v = gen()
+        raw = orjson.dumps(v)
+        n = walk(v)
+        B.count(raw, B.BodyLimits(max_containers=n, max_items=10**9))  # exactly at the limit: passes
+        if n:
+            with pytest.raises(errors.BadRequest, match="arrays and objects"):
+                B.count(raw, B.BodyLimits(max_containers=n - 1, max_items=10**9))
