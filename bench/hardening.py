@@ -891,6 +891,7 @@ class LiveProbe(threading.Thread):
         self.url = url
         self.worst_ms = 0.0
         self.worst_at = 0.0  # perf_counter when the worst probe was sent
+        self.samples: list[float] = []
         self.failures = 0
         self.stop = threading.Event()
 
@@ -904,6 +905,7 @@ class LiveProbe(threading.Thread):
                     ok = False
                 self.failures += not ok
                 ms = (time.perf_counter() - t0) * 1000
+                self.samples.append(ms)
                 if ms > self.worst_ms:
                     self.worst_ms, self.worst_at = ms, t0
                 self.stop.wait(0.05)
@@ -1047,6 +1049,9 @@ def main() -> None:
                    "end": mem_end["VmRSS"]},
         "health_live_worst_ms": round(probe.worst_ms, 1),
         "health_live_worst_during": stalled_by,
+        "health_live_ms": {"n": len(probe.samples), "p50": round(statistics.median(probe.samples), 1),
+                           "p99": round(sorted(probe.samples)[int(0.99 * (len(probe.samples) - 1))], 1),
+                           "over_100": sum(1 for x in probe.samples if x > 100)} if probe.samples else None,
         "health_live_failures": probe.failures,
         "gateway_alive_after": alive and after.status_code == 200,
         "seconds": {"inputs": round(took, 1), "total": round(time.monotonic() - t_start, 1)},
@@ -1077,7 +1082,8 @@ def main() -> None:
           f"{lanes.get('chunked_2000_token_prompt_charged')}")
     for w in lanes["wrong"]:
         print(f"  wrong: [{w['kind']}] {w['input']}: {w['wrong']} (status {w['status']})")
-    print(f"/health/live worst {probe.worst_ms:.0f} ms ({stalled_by}), {probe.failures} failures")
+    print(f"/health/live worst {probe.worst_ms:.0f} ms ({stalled_by}), {probe.failures} failures; "
+          f"{result['health_live_ms']}")
     print(f"5xx from the gateway: {len(fives)}; hangs or client errors: {len(hangs)}; alive after: "
           f"{result['gateway_alive_after']}")
     for o in (fives + hangs)[:10]:
