@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from switchyard.api.workers import WorkerInfo
 
 PolicyOpt = Annotated[
     list[Path],
@@ -94,7 +98,32 @@ def serve(
     config: Annotated[Path | None, typer.Option(
         help="Gateway config YAML: any of these options by name (redis: URL, port: 8000, policy: [...]); "
              "options on the command line win")] = None,
+    workers: Annotated[int, typer.Option(
+        help="Gateway processes on the one port (SO_REUSEPORT), sharing state through --redis, else a local "
+             "redis-server child when installed, else each its own (said in the log and /health)")] = 1,
+    worker_restarts: Annotated[int, typer.Option(
+        help="--workers: times in all the parent restarts a worker that died (default: none)")] = 0,
+    local_redis: Annotated[bool, typer.Option(
+        help="--workers without --redis: start a private redis-server (unix socket, no persistence) "
+             "for the workers' shared state")] = True,
 ) -> None:
+    o = {k: v for k, v in locals().items() if k not in ("ctx", "config")}
+    if config is not None:
+        o = _config_file(ctx, config, o)
+    logging.basicConfig(level=o["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if o["workers"] < 1 or o["worker_restarts"] < 0:
+        typer.echo("--workers must be 1 or more and --worker-restarts 0 or more", err=True)
+        raise typer.Exit(2)
+    if o["workers"] > 1:
+        from switchyard.api.workers import supervise
+
+        raise typer.Exit(supervise(o, o["local_redis"]))
+    serve_one(o)
+
+
+def serve_one(o: dict, worker: WorkerInfo | None = None, sockets: list[socket.socket] | None = None) -> None:
+    """One gateway process: `serve`'s options checked, the app built, served until SIGTERM drains it.
+    `worker`/`sockets`: one of `serve --workers N` (api/workers.py), on its SO_REUSEPORT socket."""
     from switchyard.api.app import GatewayConfig, create_app
     from switchyard.api.guard import host_name, is_loopback
     from switchyard.api.server import (
@@ -105,10 +134,6 @@ def serve(
     )
     from switchyard.errors import PolicyError
 
-    o = {k: v for k, v in locals().items() if k not in ("ctx", "config")}
-    if config is not None:
-        o = _config_file(ctx, config, o)
-    logging.basicConfig(level=o["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     key = o["admin_key"]
     if o["admin_key_file"] is not None:
         try:
@@ -177,10 +202,12 @@ def serve(
     from switchyard.state.memory import MemoryStore
 
     state = MemoryStore(o["max_sessions"], o["max_sessions_per_caller"])
-    if o["redis"]:
+    # The workers' local redis-server holds their state only: keys stay where --keys-file / --redis say.
+    state_url = o["redis"] or (worker.state_url if worker is not None else None)
+    if state_url:
         from switchyard.state.redis import RedisStore
 
-        state = RedisStore(o["redis"], lease_ttl=o["lease_ttl"], local=state)
+        state = RedisStore(state_url, lease_ttl=o["lease_ttl"], local=state)
     try:
         app = create_app(gw_config, state, tracing)
     except PolicyError as e:
@@ -189,8 +216,13 @@ def serve(
     names = [lp.name for lp in app.state.gateway.policies()]
     tls = o["ssl_certfile"] is not None
     where = f"{'https' if tls else 'http'}://{o['host']}:{o['port']}"
-    typer.echo(f"switchyard: serving policies {', '.join(names)} on {where}/v1 (model 'auto' = {names[0]})")
-    if o["ui"]:
+    rt = app.state.runtime
+    if worker is not None:
+        rt.worker_info = lambda: worker.describe(rt.admitted)
+    if worker is None or worker.index == 0:  # the first worker speaks for all
+        typer.echo(f"switchyard: serving policies {', '.join(names)} on {where}/v1 (model 'auto' = {names[0]})"
+                   + (f", {worker.count} workers, state {worker.state}" if worker is not None else ""))
+    if o["ui"] and (worker is None or worker.index == 0):
         typer.echo(f"switchyard: dashboard and policy editor on {where}/ui")
     if tracing is not None:
         d = tracing.describe()
@@ -198,7 +230,6 @@ def serve(
                    + (f" to {d['endpoint']}" if "endpoint" in d else ""))
     if o["access_log"]:
         strip_query_strings_from_access_log()
-    rt = app.state.runtime
     limits = ServerLimits(header_timeout=o["header_timeout"], body_timeout=o["body_timeout"],
                           client_timeout=o["client_timeout"], max_connections=o["max_connections"])
     uv = GatewayServerConfig(
@@ -209,7 +240,7 @@ def serve(
         # which lets any local process pick the client address the UI's login throttle keys on.
         proxy_headers=bool(trusted), forwarded_allow_ips=trusted or None,
     )
-    DrainingServer(uv, rt, o["drain_grace"]).run()
+    DrainingServer(uv, rt, o["drain_grace"]).run(sockets=sockets)
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3}

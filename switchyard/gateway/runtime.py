@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ class Runtime:
         self.active = 0  # requests being served (streams included): the SIGTERM drain waits on it
         self.admitted = 0
         self.draining = False
+        self.worker_info: Callable[[], dict[str, Any]] | None = None  # one of `serve --workers N`: its place
         # The request path only appends (bounded, never waits); the dashboard reads.
         self.recent: deque[RecentDecision] = deque(maxlen=RECENT_KEPT)
 
@@ -95,4 +97,5 @@ class Runtime:
             "auth": self.auth.describe() if self.auth is not None else {"enabled": False},
             "tracing": self.tracer.describe() if self.tracer is not None else {"enabled": False},
             "policies": policies,
+            **({"worker": self.worker_info()} if self.worker_info is not None else {}),
         }
