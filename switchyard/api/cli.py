@@ -243,6 +243,24 @@ def serve_one(o: dict, worker: WorkerInfo | None = None, sockets: list[socket.so
     DrainingServer(uv, rt, o["drain_grace"]).run(sockets=sockets)
 
 
+def worker_main() -> None:
+    """A process of `serve --workers N`: options from the parent on stdin (api/workers.py), then one
+    gateway on its SO_REUSEPORT socket."""
+    import pickle
+    import sys
+
+    from switchyard.api.workers import reuse_port_socket
+
+    o, info = pickle.loads(sys.stdin.buffer.read())
+    logging.basicConfig(level=o["log_level"].upper(),
+                        format=f"%(asctime)s %(levelname)s %(name)s [w{info.index}]: %(message)s")
+    sock = reuse_port_socket(o["host"], o["port"])
+    try:
+        serve_one(o, info, [sock])
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+
+
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3}
 
 

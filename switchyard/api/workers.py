@@ -130,7 +130,7 @@ class Supervisor:
 
     def _spawn(self, index: int) -> None:
         info = WorkerInfo(index, self.count, self.info.state, self.info.state_url)
-        p = subprocess.Popen([sys.executable, "-c", "from switchyard.api.workers import worker_main; worker_main()"],
+        p = subprocess.Popen([sys.executable, "-c", "from switchyard.api.cli import worker_main; worker_main()"],
                              stdin=subprocess.PIPE, process_group=0,
                              preexec_fn=_die_with_parent)
         assert p.stdin is not None
@@ -201,19 +201,3 @@ def supervise(opts: dict[str, Any], local_redis: bool) -> int:
             server.stop()
     log.warning("all %d workers exited (%d)", count, rc)
     return rc
-
-
-def worker_main() -> None:
-    """A worker process: options from the parent on stdin, then one gateway on a SO_REUSEPORT socket."""
-    import typer
-
-    from switchyard.api.cli import serve_one
-
-    opts, info = pickle.loads(sys.stdin.buffer.read())
-    logging.basicConfig(level=opts["log_level"].upper(),
-                        format=f"%(asctime)s %(levelname)s %(name)s [w{info.index}]: %(message)s")
-    sock = reuse_port_socket(opts["host"], opts["port"])
-    try:
-        serve_one(opts, info, [sock])
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
