@@ -162,7 +162,8 @@ class Auth:
             used = lim.used(rec.id, "t", now)
             if used >= rec.tpm or (lim.outstanding(rec.id) > 0 and used + reserve > rec.tpm):
                 self._over(rec, "tokens", "TPM", rec.tpm, used, now)
-            res = lim.reserve(rec.id, reserve, now)
+            if reserve > 0:  # nothing to hold for a dry run (/v1/route, count_tokens)
+                res = lim.reserve(rec.id, reserve, now)
         lim.add(rec.id, "r", 1, now)
         self.m_requests.labels(rec.name, "admitted").inc()
         return res
