@@ -291,3 +291,19 @@ def test_gateway_max_sessions_bounds_what_it_keeps(tmp_path) -> None:
     finally:
         gw.stop()
         up.stop()
+
+
+async def test_redis_gateway_keeps_locally_only_its_cap(redis_server: RedisServer) -> None:
+    pre = f"t{uuid.uuid4().hex[:6]}:"
+    st = RedisStore(redis_server.url, prefix=pre, local=MemoryStore(100, 50))
+    try:
+        for c in ("a", "b", "c"):
+            for i in range(200):
+                await st.put_session(session_key("p", f"{c}{i}", c), _rec(), 600)
+        await st.flush()
+        assert st.local.session_count() == 100  # the local copies: within the cap, per caller too
+        assert max(st.local.session_owners().values()) <= 50
+        assert len(list(redis_server.client().scan_iter(f"{pre}sess:*", count=1000))) == 600  # Redis has them all
+        assert await st.get_session(session_key("p", "a0", "a")) == _rec()  # read back from Redis
+    finally:
+        await st.aclose()
