@@ -8,8 +8,10 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
+import inproc
 import orjson
 import pytest
 import yaml
@@ -288,65 +290,77 @@ def test_pin_pool_keeps_a_session_on_its_pool(tmp_path):
 
 
 # --- end to end: sessions, reload, CLI -------------------------------------------------------
+# In process (tests/gateway/inproc.py): the gateway's logic, real sockets to the upstreams. The
+# hot reload of a served folder stays a real `switchyard serve` process, the CLI a real command.
 
 
-def test_session_stickiness_and_replica_pin_end_to_end(tmp_path):
-    ups = [start_upstream(tmp_path, f"r{i}") for i in range(3)]
+@pytest.fixture
+def stk() -> Iterator[inproc.Stack]:
+    with inproc.stack() as s:
+        yield s
+
+
+def wait_for(cond, seconds: float = 4.0) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_session_stickiness_and_replica_pin_end_to_end(tmp_path, stk):
+    ups = [stk.upstream(f"r{i}") for i in range(3)]
     p = tmp_path / "pin.yaml"
     p.write_text(
         "version: 1\nname: pin\npools:\n  small:\n    model: m\n    strategy: round_robin\n    replicas:\n"
-        + "".join(f"      - {{url: {u}/v1, name: r{i}}}\n" for i, (_, u) in enumerate(ups))
+        + "".join(f"      - {{url: {u.url}/v1, name: r{i}}}\n" for i, u in enumerate(ups))
         + "session: {pin: replica}\nroutes:\n  - {name: default, pool: small}\n"
     )
-    gw, url = start_gateway(tmp_path, [p])
-    try:
-        def replica(sid: str | None) -> str:
-            req = {"model": "auto", "messages": [{"role": "user", "content": "x"}]}
-            if sid:
-                req["metadata"] = {"session_id": sid}
-            status, raw = http_post(url + "/v1/chat/completions", orjson.dumps(req))
-            assert status == 200
-            return orjson.loads(raw)["system_fingerprint"]
+    gw = stk.gateway([p])
 
-        assert len({replica(None) for _ in range(6)}) == 3  # round robin without a session
-        for sid in ("a", "b", "c", "d"):
-            assert len({replica(sid) for _ in range(5)}) == 1  # pinned to one replica
-        # The session id may also come from the header or `user`.
-        status, raw = http_post(url + "/v1/route", orjson.dumps({"model": "auto", "user": "u1",
-                                                                  "messages": [{"role": "user", "content": "x"}]}))
-        assert orjson.loads(raw)["session_id"] == "u1"
-    finally:
-        gw.stop()
-        for proc, _ in ups:
-            proc.stop()
+    def replica(sid: str | None) -> str:
+        req = {"model": "auto", "messages": [{"role": "user", "content": "x"}]}
+        if sid:
+            req["metadata"] = {"session_id": sid}
+        r = gw.post("/v1/chat/completions", json=req)
+        assert r.status_code == 200
+        return r.json()["system_fingerprint"]
+
+    assert len({replica(None) for _ in range(6)}) == 3  # round robin without a session
+    for sid in ("a", "b", "c", "d"):
+        assert len({replica(sid) for _ in range(5)}) == 1  # pinned to one replica
+    # The session id may also come from the header or `user`.
+    r = gw.post("/v1/route", json={"model": "auto", "user": "u1", "messages": [{"role": "user", "content": "x"}]})
+    assert r.json()["session_id"] == "u1"
 
 
+@pytest.mark.slow
 def test_hot_reload_swaps_a_good_edit_and_keeps_serving_on_a_broken_one(tmp_path):
+    """A real process serving a folder: the watcher, the log a broken edit leaves, a second policy."""
     (u0, url0), (u1, url1) = start_upstream(tmp_path, "a"), start_upstream(tmp_path, "b")
-    p = tmp_path / "live.yaml"
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    p = folder / "live.yaml"
     text = ("version: 1\nname: live\npools:\n  a: {{model: m, replicas: [{{url: {a}/v1}}]}}\n"
             "  b: {{model: m, replicas: [{{url: {b}/v1}}]}}\nroutes:\n  - {{name: r, pool: {target}}}\n")
     p.write_text(text.format(a=url0, b=url1, target="a"))
-    gw, url = start_gateway(tmp_path, [p])
+    (folder / "beta.yaml").write_text(f"version: 1\npools:\n  beta-pool: {{model: m-beta, replicas: [{{url: {url1}/v1}}]}}\n"
+                                      "routes:\n  - {name: r, pool: beta-pool}\n")
+    gw, url = start_gateway(tmp_path, [folder])  # a folder: every *.yaml in it
 
     def pool_now() -> str:
-        status, raw = http_post(url + "/v1/route", b'{"messages": [{"role": "user", "content": "x"}]}')
+        status, raw = http_post(url + "/v1/route", b'{"model": "live", "messages": [{"role": "user", "content": "x"}]}')
         return orjson.loads(raw)["pool"]
 
-    def wait_for(pred, timeout=10.0) -> bool:
-        end = time.time() + timeout
-        while time.time() < end:
-            if pred():
-                return True
-            time.sleep(0.1)
-        return False
-
     try:
+        ids = {m["id"] for m in orjson.loads(http_get(url + "/v1/models")[1])["data"]}
+        assert {"live", "beta", "beta-pool", "m-beta"} <= ids
         assert pool_now() == "a"
         p.write_text(text.format(a=url0, b=url1, target="b"))
-        assert wait_for(lambda: pool_now() == "b"), gw.output()
+        assert wait_for(lambda: pool_now() == "b", 10), gw.output()
         p.write_text(text.format(a=url0, b=url1, target="nowhere"))  # invalid: unknown pool
-        assert wait_for(lambda: "unknown pool 'nowhere'" in gw.output())
+        assert wait_for(lambda: "unknown pool 'nowhere'" in gw.output(), 10)
         assert f"{p}:7" in gw.output()
         assert pool_now() == "b"  # the running policy stays
         health = orjson.loads(http_get(url + "/health")[1])
@@ -360,6 +374,29 @@ def test_hot_reload_swaps_a_good_edit_and_keeps_serving_on_a_broken_one(tmp_path
         u1.stop()
 
 
+def test_hot_reload_in_process(tmp_path, stk):
+    a, b = stk.upstream("a"), stk.upstream("b")
+    p = tmp_path / "live.yaml"
+    text = ("version: 1\nname: live\npools:\n  a: {{model: m, replicas: [{{url: {a}/v1}}]}}\n"
+            "  b: {{model: m, replicas: [{{url: {b}/v1}}]}}\nroutes:\n  - {{name: r, pool: {target}}}\n")
+    p.write_text(text.format(a=a.url, b=b.url, target="a"))
+    gw = stk.gateway([p])
+
+    def pool_now() -> str:
+        return gw.post("/v1/route", json={"messages": [{"role": "user", "content": "x"}]}).json()["pool"]
+
+    assert pool_now() == "a"
+    p.write_text(text.format(a=a.url, b=b.url, target="b"))
+    assert wait_for(lambda: pool_now() == "b", 10), gw.output()
+    p.write_text(text.format(a=a.url, b=b.url, target="nowhere"))  # invalid: unknown pool
+    assert wait_for(lambda: "unknown pool 'nowhere'" in gw.output(), 10)
+    assert f"{p}:7" in gw.output()
+    assert pool_now() == "b"  # the running policy stays
+    assert gw.get("/health").json()["policies"]["live"]["last_reload"]["ok"] is False
+    r = gw.post("/v1/chat/completions", json={"model": "live", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200 and r.json()["system_fingerprint"] == "b"
+
+
 def _connections_to(port: int) -> int:
     """Established TCP connections to 127.0.0.1:port on this host (from /proc/net/tcp)."""
     n = 0
@@ -371,94 +408,62 @@ def _connections_to(port: int) -> int:
     return n
 
 
-def test_a_policy_edit_that_drops_a_replica_closes_its_connections(tmp_path):
+def test_a_policy_edit_that_drops_a_replica_closes_its_connections(tmp_path, stk):
     # The upstreams keep idle connections a minute: only the gateway closing them ends them soon.
-    (u0, url0) = start_upstream(tmp_path, "keep", None, "--keep-alive", "60")
-    (u1, url1) = start_upstream(tmp_path, "drop", None, "--keep-alive", "60")
-    port1 = int(url1.rsplit(":", 1)[1])
+    u0, u1 = stk.upstream("keep", keep_alive=60), stk.upstream("drop", keep_alive=60)
     p = tmp_path / "live.yaml"
     text = ("version: 1\nname: live\npools:\n  a: {{model: m, replicas: [{replicas}]}}\n"
             "routes:\n  - {{name: r, pool: a}}\n")
-    both = f"{{url: {url0}/v1}}, {{url: {url1}/v1}}"
-    p.write_text(text.format(replicas=both))
-    gw, url = start_gateway(tmp_path, [p], "--no-health-checks")
-    body = b'{"model": "live", "messages": [{"role": "user", "content": "x"}]}'
-    try:
-        for _ in range(4):  # round the pool: both replicas get a kept-alive connection
-            assert http_post(url + "/v1/chat/completions", body)[0] == 200
-        assert _connections_to(port1) >= 1
-        p.write_text(text.format(replicas=f"{{url: {url0}/v1}}"))
-        deadline = time.time() + 4
-        while time.time() < deadline and _connections_to(port1):
-            time.sleep(0.1)
-        assert _connections_to(port1) == 0, "the dropped replica's connection pool is still open"
-        assert http_post(url + "/v1/chat/completions", body)[0] == 200
-    finally:
-        gw.stop()
-        u0.stop()
-        u1.stop()
+    p.write_text(text.format(replicas=f"{{url: {u0.url}/v1}}, {{url: {u1.url}/v1}}"))
+    gw = stk.gateway([p], health_checks=False)
+    body = {"model": "live", "messages": [{"role": "user", "content": "x"}]}
+    for _ in range(4):  # round the pool: both replicas get a kept-alive connection
+        assert gw.post("/v1/chat/completions", json=body).status_code == 200
+    assert _connections_to(u1.port) >= 1
+    p.write_text(text.format(replicas=f"{{url: {u0.url}/v1}}"))
+    assert wait_for(lambda: _connections_to(u1.port) == 0), "the dropped replica's connection pool is still open"
+    assert gw.post("/v1/chat/completions", json=body).status_code == 200
 
 
-def test_a_replica_dropped_while_serving_is_closed_when_its_last_request_ends(tmp_path):
+def test_a_replica_dropped_while_serving_is_closed_when_its_last_request_ends(tmp_path, stk):
     # The edit's prune must leave the busy replica alone (the request is answered), and with no
     # further edit to come, the end of that request is what closes its connection pool.
-    (u0, url0) = start_upstream(tmp_path, "keep", None, "--keep-alive", "60")
-    (u1, url1) = start_upstream(tmp_path, "slow", None, "--keep-alive", "60")
-    port1 = int(url1.rsplit(":", 1)[1])
+    u0, u1 = stk.upstream("keep", keep_alive=60), stk.upstream("slow", keep_alive=60)
     p = tmp_path / "live.yaml"
     text = "version: 1\nname: live\npools:\n  a: {{model: m, replicas: [{{url: {url}/v1}}]}}\nroutes:\n  - {{name: r, pool: a}}\n"
-    p.write_text(text.format(url=url1))
-    gw, url = start_gateway(tmp_path, [p], "--no-health-checks")
-    body = b'{"model": "live", "messages": [{"role": "user", "content": "x"}]}'
+    p.write_text(text.format(url=u1.url))
+    gw = stk.gateway([p], health_checks=False)
+    body = {"model": "live", "messages": [{"role": "user", "content": "x"}]}
 
     def replicas() -> list[dict]:
-        health = orjson.loads(http_get(url + "/health")[1])
-        return health["policies"]["live"]["pools"]["a"]["replicas"]
-
-    def wait_for(cond, seconds: float = 4.0) -> bool:
-        deadline = time.time() + seconds
-        while time.time() < deadline:
-            if cond():
-                return True
-            time.sleep(0.05)
-        return False
+        return gw.get("/health").json()["policies"]["live"]["pools"]["a"]["replicas"]
 
     answered: list[int] = []
-    try:
-        assert http_post(url + "/v1/chat/completions", body)[0] == 200
-        assert http_post(url1 + "/_control", b'{"delay_ms": 3000}')[0] == 200
-        slow = threading.Thread(target=lambda: answered.append(http_post(url + "/v1/chat/completions", body, 10)[0]))
-        slow.start()
-        assert wait_for(lambda: replicas()[0]["inflight"] == 1), gw.output()
-        p.write_text(text.format(url=url0))
-        assert wait_for(lambda: [r["url"] for r in replicas()] == [f"{url0}/v1"]), gw.output()
-        assert slow.is_alive() and _connections_to(port1) >= 1, "the edit cut the request in flight"
-        slow.join(10)
-        assert answered == [200]
-        assert wait_for(lambda: _connections_to(port1) == 0), "the dropped replica's connection pool is still open"
-        assert http_post(url + "/v1/chat/completions", body)[0] == 200
-    finally:
-        gw.stop()
-        u0.stop()
-        u1.stop()
+    assert gw.post("/v1/chat/completions", json=body).status_code == 200
+    assert http_post(u1.url + "/_control", b'{"delay_ms": 3000}')[0] == 200
+    slow = threading.Thread(target=lambda: answered.append(gw.post("/v1/chat/completions", json=body).status_code))
+    slow.start()
+    assert wait_for(lambda: replicas()[0]["inflight"] == 1), gw.output()
+    p.write_text(text.format(url=u0.url))
+    assert wait_for(lambda: [r["url"] for r in replicas()] == [f"{u0.url}/v1"]), gw.output()
+    assert slow.is_alive() and _connections_to(u1.port) >= 1, "the edit cut the request in flight"
+    slow.join(10)
+    assert answered == [200]
+    assert wait_for(lambda: _connections_to(u1.port) == 0), "the dropped replica's connection pool is still open"
+    assert gw.post("/v1/chat/completions", json=body).status_code == 200
 
 
-def test_several_policies_are_several_virtual_models(tmp_path):
-    (u, uurl) = start_upstream(tmp_path, "u")
+def test_several_policies_are_several_virtual_models(tmp_path, stk):
+    u = stk.upstream("u")
     for name in ("alpha", "beta"):
         (tmp_path / f"{name}.yaml").write_text(
-            f"version: 1\npools:\n  {name}-pool: {{model: m-{name}, replicas: [{{url: {uurl}/v1}}]}}\n"
+            f"version: 1\npools:\n  {name}-pool: {{model: m-{name}, replicas: [{{url: {u.url}/v1}}]}}\n"
             f"routes:\n  - {{name: r, pool: {name}-pool}}\n")
-    gw, url = start_gateway(tmp_path, [tmp_path])  # a folder: every *.yaml in it
-    try:
-        ids = {m["id"] for m in orjson.loads(http_get(url + "/v1/models")[1])["data"]}
-        assert {"alpha", "beta", "auto", "alpha-pool", "beta-pool", "m-alpha", "m-beta"} <= ids
-        status, raw = http_post(url + "/v1/chat/completions",
-                                b'{"model": "beta", "messages": [{"role": "user", "content": "x"}]}')
-        assert status == 200 and orjson.loads(raw)["model"] == "m-beta"
-    finally:
-        gw.stop()
-        u.stop()
+    gw = stk.gateway([tmp_path])  # a folder: every *.yaml in it
+    ids = {m["id"] for m in gw.get("/v1/models").json()["data"]}
+    assert {"alpha", "beta", "auto", "alpha-pool", "beta-pool", "m-alpha", "m-beta"} <= ids
+    r = gw.post("/v1/chat/completions", json={"model": "beta", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200 and r.json()["model"] == "m-beta"
 
 
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
