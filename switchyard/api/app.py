@@ -198,6 +198,24 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
         raw = await responses.retrieve(await caller_of(request), rid)
         return no_response(rid) if raw is None else Response(raw, media_type=JSON)
 
+    @app.get("/v1/responses/{rid}/input_items")
+    async def response_input_items(rid: str, request: Request, order: str = "desc", limit: int = 20,
+                                   after: str | None = None) -> Response:
+        items = await responses.input_items(await caller_of(request), rid)
+        if items is None:
+            return no_response(rid)
+        if order not in ("asc", "desc"):
+            raise errors.BadRequest("order must be asc or desc", "order")
+        if order == "desc":
+            items.reverse()
+        if after is not None:
+            ids = [i["id"] for i in items]
+            items = items[ids.index(after) + 1:] if after in ids else []
+        page = items[:max(1, min(limit, 100))]
+        return Response(orjson.dumps({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                                      "last_id": page[-1]["id"] if page else None,
+                                      "has_more": len(items) > len(page)}), media_type=JSON)
+
     @app.delete("/v1/responses/{rid}")
     async def delete_response(rid: str, request: Request) -> Response:
         if not await responses.delete(await caller_of(request), rid):

@@ -446,7 +446,9 @@ class ResponsesDialect:
         if not ctx.store or self.state is None or response.get("status") == "failed":
             return
         messages = ctx.history + ctx.input_messages + input_messages(response.get("output") or [], "output")
-        record = orjson.dumps({"root": ctx.root, "messages": messages, "response": response})
+        start = len(ctx.history)  # this response's own input: messages[start:end] (GET .../input_items)
+        record = orjson.dumps({"root": ctx.root, "messages": messages, "input_at": [start, start + len(ctx.input_messages)],
+                               "response": response})
         await self.state.put_response(caller, ctx.id, record, self.ttl)
 
     async def retrieve(self, caller: str, response_id: str) -> bytes | None:
@@ -455,6 +457,22 @@ class ResponsesDialect:
         if raw is None:
             return None
         return orjson.dumps(orjson.loads(raw)["response"])
+
+    async def input_items(self, caller: str, response_id: str) -> list[dict] | None:
+        """The stored response's input as Responses items (each with an id), oldest first; None when
+        this caller has none of that id. Instructions are not items, as OpenAI lists them."""
+        raw = await self.state.get_response(caller, response_id) if self.state is not None else None
+        if raw is None:
+            return None
+        rec = orjson.loads(raw)
+        start, end = rec.get("input_at") or (0, 0)
+        items = chat_to_items(rec["messages"][start:end])
+        tag = response_id.removeprefix("resp_")
+        for i, item in enumerate(items):
+            prefix = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}[item["type"]]
+            item["id"] = f"{prefix}{tag}{i:04d}"
+            item["status"] = "completed"
+        return items
 
     async def delete(self, caller: str, response_id: str) -> bool:
         return self.state is not None and await self.state.delete_response(caller, response_id)

@@ -94,6 +94,8 @@ def test_store_retrieve_delete_and_unknown_ids(fresh):
     assert c.responses.retrieve(first.id).output_text == first.output_text
     second = c.responses.create(model="auto", input="two", previous_response_id=first.id, instructions="New rules.")
     assert c.responses.retrieve(second.id).previous_response_id == first.id
+    items = list(c.responses.input_items.list(second.id, order="asc"))  # its own input, not the chain's
+    assert [(i.type, i.role, i.content[0].text) for i in items] == [("message", "user", "two")]
     c.responses.delete(second.id)
     with pytest.raises(openai.NotFoundError) as e:
         c.responses.retrieve(second.id)
