@@ -185,3 +185,105 @@ def test_one_gateway_killed_mid_load_fails_no_request(shared: Shared, hosts: Hos
     assert rr.retried >= 1  # requests that hit the dead gateway went to the other one
     # The survivor stays healthy; the dead gateway's in-flight counts expire with its lease.
     assert health(survivor_url)["status"] in ("ok", "degraded")
+
+
+HAPROXY_CFG = """
+global
+  maxconn 512
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 20s
+  timeout server 20s
+  retries 2
+  option redispatch
+  # A request that met a closed keep-alive connection (or none at all) goes to the other server;
+  # one that reached a gateway is never sent twice.
+  retry-on conn-failure empty-response
+frontend fe
+  bind 127.0.0.1:{port}
+  default_backend gateways
+backend gateways
+  balance roundrobin
+  option httpchk GET /health/ready
+  http-check expect status 200
+  default-server inter 100ms fall 1 rise 2
+  server victim 127.0.0.1:{victim}{check}
+  server survivor 127.0.0.1:{survivor}{check}
+"""
+
+
+def test_haproxy_health_checks_drain_a_sigtermed_gateway(shared: Shared, hosts: Hosts, tmp_path) -> None:
+    """HAProxy (Debian's) in front: readiness 503 on SIGTERM takes the gateway out of rotation
+    before it closes its listener; no request fails and the drained gateway exits 0."""
+    import shutil
+    import subprocess
+    from urllib.parse import urlsplit
+
+    from procs import free_port
+
+    if shutil.which("haproxy") is None:
+        pytest.skip("haproxy is not installed (apt-get install haproxy)")
+    shared.control("s0", delay_ms=60)
+    shared.control("s1", delay_ms=60)
+    victim, victim_url = shared.gateway("--auth", "--admin-key", ADMIN_KEY, "--drain-grace", "5", "--access-log",
+                                        name="host-drained")
+    port = free_port()
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(HAPROXY_CFG.format(port=port, victim=urlsplit(victim_url).port,
+                                      survivor=urlsplit(hosts.urls[0]).port, check=" check"))
+    lb = subprocess.Popen(["haproxy", "-f", str(cfg), "-db"], stdout=(tmp_path / "haproxy.log").open("w"),
+                          stderr=subprocess.STDOUT, start_new_session=True)
+    lb_url = f"http://127.0.0.1:{port}"
+    h = {"Content-Type": "application/json", "Authorization": f"Bearer {hosts.keys['rr-open']}"}
+    outcomes: list[int] = []
+    stop = [time.time() + 30.0]
+
+    async def client(i: int, s: aiohttp.ClientSession) -> None:
+        n = 0
+        while time.time() < stop[0]:
+            n += 1
+            body = chat(f"lb {i}", stream=(i + n) % 3 == 0)
+            try:
+                async with s.post(lb_url + "/v1/chat/completions", data=body, headers=h) as r:
+                    raw = await r.read()
+                    ok = r.status == 200 and (raw.rstrip().endswith(b"data: [DONE]") or raw.startswith(b'{"id"'))
+                    outcomes.append(200 if ok else r.status)
+            except RETRYABLE:
+                outcomes.append(-1)
+
+    async def scenario() -> int:
+        async with aiohttp.ClientSession() as s:
+            deadline = time.time() + 10
+            while True:  # HAProxy up, and both servers seen healthy
+                try:
+                    async with s.get(lb_url + "/health/live") as r:
+                        if r.status == 200:
+                            break
+                except RETRYABLE:
+                    pass
+                assert time.time() < deadline, "haproxy did not come up"
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)
+            tasks = [asyncio.ensure_future(client(i, s)) for i in range(8)]
+            await asyncio.sleep(1.5)
+            victim.p.send_signal(15)  # SIGTERM: readiness 503, then the listener closes after a quiet spell
+            rc = await asyncio.get_running_loop().run_in_executor(None, victim.p.wait, 20)
+            stop[0] = time.time() + 1.0  # a second more on the survivor alone
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+            return rc
+
+    try:
+        rc = asyncio.run(scenario())
+    finally:
+        victim.stop()
+        lb.terminate()
+        lb.wait(10)
+        shared.control("s0", delay_ms=0)
+        shared.control("s1", delay_ms=0)
+    served_by_victim = victim.log.read_text().count("POST /v1/chat/completions")
+    assert rc == 0
+    assert served_by_victim > 0  # HAProxy did balance onto it before the drain
+    assert outcomes and all(o == 200 for o in outcomes), [o for o in outcomes if o != 200]
+    log = (tmp_path / "haproxy.log").read_text()
+    assert "victim is DOWN" in log, log[-2000:]
