@@ -1,6 +1,8 @@
-"""Thousands of random and mutated request bodies and headers against a running gateway (a real
-process in front of a real upstream process): never a 5xx from the gateway itself, never a hang,
-memory bounded."""
+"""Thousands of random and mutated request bodies and headers against a running gateway: never a
+5xx from the gateway itself, never a hang, memory bounded.
+
+The thousands run in process (tests/gateway/inproc.py: the app under ASGITransport, a real upstream
+socket); a real `switchyard serve` process gets a few hundred of them and its RSS is checked (slow)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import copy
 from pathlib import Path
 
 import httpx
+import inproc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -68,15 +71,27 @@ header_names = st.sampled_from(["x-session-id", "content-type", "x-canary", "ori
 header_values = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=60).map(str.strip)
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory):
-    tmp: Path = tmp_path_factory.mktemp("fuzz")
-    up, url = start_upstream(tmp, "u")
+def _policy(tmp: Path, url: str) -> Path:
     pol = tmp / "p.yaml"
     pol.write_text(f"version: 1\nname: p\npools:\n  small:\n    model: m\n    replicas: [{{url: '{url}/v1'}}]\n"
                    "session: {pin: pool}\nroutes:\n  - {name: canary, when: {header.x-canary: '1', text: 'a+b'}, "
                    "pool: small}\n  - {name: default, pool: small}\n")
-    gw, gurl = start_gateway(tmp, [pol])
+    return pol
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    """In process: `post` has httpx.Client.post's shape."""
+    with inproc.stack() as s:
+        up = s.upstream("u")
+        yield s.gateway([_policy(tmp_path_factory.mktemp("fuzz"), up.url)])
+
+
+@pytest.fixture(scope="module")
+def real_gateway(tmp_path_factory):
+    tmp: Path = tmp_path_factory.mktemp("fuzz-real")
+    up, url = start_upstream(tmp, "u")
+    gw, gurl = start_gateway(tmp, [_policy(tmp, url)])
     client = httpx.Client(base_url=gurl, timeout=10, trust_env=False)
     rss = [_rss_kb(gw.p.pid)]
     yield client, gw, rss
@@ -94,26 +109,42 @@ def _check(r: httpx.Response) -> None:
 
 FUZZ = settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.function_scoped_fixture])
+REAL = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                        HealthCheck.function_scoped_fixture])
+bodies = st.one_of(mutated(), json_values)
+paths = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/route"])
+headers = st.dictionaries(header_names, header_values, max_size=4)
 
 
 @FUZZ
-@given(body=st.one_of(mutated(), json_values), path=st.sampled_from(["/v1/chat/completions", "/v1/completions",
-                                                                      "/v1/route"]))
+@given(body=bodies, path=paths)
 def test_random_and_mutated_bodies(gateway, body, path):
-    client, gw, _ = gateway
-    _check(client.post(path, json=body))
+    _check(gateway.post(path, json=body))
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(headers=st.dictionaries(header_names, header_values, max_size=4), raw=st.binary(max_size=300))
+@given(headers=headers, raw=st.binary(max_size=300))
 def test_random_headers_and_bytes(gateway, headers, raw):
-    client, gw, _ = gateway
+    _check(gateway.post("/v1/chat/completions", json=VALID, headers=headers))
+    _check(gateway.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"}))
+
+
+@pytest.mark.slow
+@REAL
+@given(body=bodies, path=paths, headers=headers, raw=st.binary(max_size=300))
+def test_a_real_gateway_process_too(real_gateway, body, path, headers, raw):
+    client, _, _ = real_gateway
+    _check(client.post(path, json=body))
     _check(client.post("/v1/chat/completions", json=VALID, headers=headers))
     _check(client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"}))
 
 
-def test_memory_stayed_bounded(gateway):
-    client, gw, rss = gateway
+@pytest.mark.slow
+def test_memory_stayed_bounded(real_gateway):
+    client, gw, rss = real_gateway
+    for i in range(300):  # past the fuzz above: a steady load of valid and broken requests
+        _check(client.post("/v1/chat/completions", json={**VALID, "metadata": {"session_id": f"s{i}"}}))
+        _check(client.post("/v1/chat/completions", content=b"{" * (i % 50)))
     assert gw.p.poll() is None
     assert _rss_kb(gw.p.pid) - rss[0] < 100_000, (rss[0], _rss_kb(gw.p.pid))
 
