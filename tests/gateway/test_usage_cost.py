@@ -1,8 +1,9 @@
 """Tokens and cost: usage from upstream answers (streams included), prices per pool, the cost
 header, the Prometheus counters, and the usage event a client did not ask for kept from it.
 
-Real processes: a gateway in front of two test upstreams (tests/fake_upstream.py), which
-answer OpenAI's way (a usage-only chunk before [DONE] when stream_options.include_usage is set).
+A gateway in front of two test upstreams (tests/fake_upstream.py), which answer OpenAI's way (a
+usage-only chunk before [DONE] when stream_options.include_usage is set): in process
+(tests/gateway/inproc.py), and for the cost of an answer also a real `switchyard serve` process.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import inproc
 import orjson
 import pytest
-from procs import Proc, http_get, http_post, start_gateway, start_upstream
+from procs import http_get, http_post, start_gateway, start_upstream
 
 from switchyard.gateway.usage import Usage, UsageTap, parse_usage
 
@@ -44,28 +46,48 @@ routes:
 
 @dataclass
 class Setup:
-    gw: Proc
-    url: str
-    ups: dict[str, tuple[Proc, str]]
+    """`post` and `scrape` reach the gateway (a process at `url`, or `inproc` in this one)."""
+
+    ups: dict[str, str]  # name -> base URL
+    url: str = ""
+    inproc: inproc.Gateway | None = None
+
+    def post(self, path: str, body: dict) -> tuple[int, dict[str, str], bytes]:
+        if self.inproc is not None:
+            r = self.inproc.post(path, content=orjson.dumps(body), headers={"Content-Type": "application/json"})
+            return r.status_code, dict(r.headers), r.content
+        return post(self.url + path, body)
+
+    def scrape(self) -> str:
+        if self.inproc is not None:
+            return self.inproc.get("/metrics").text
+        return http_get(self.url + "/metrics")[1].decode()
 
     def control(self, name: str, **kw) -> None:
-        assert http_post(self.ups[name][1] + "/_control", orjson.dumps(kw))[0] == 200
+        assert http_post(self.ups[name] + "/_control", orjson.dumps(kw))[0] == 200
 
     def upstream(self, name: str) -> dict:
-        return orjson.loads(http_get(self.ups[name][1] + "/_state")[1])
+        return orjson.loads(http_get(self.ups[name] + "/_state")[1])
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> Iterator[Setup]:
+def setup(tmp_path_factory, request) -> Iterator[Setup]:
+    """In process unless a test asks for "process" (indirect parametrization)."""
     tmp: Path = tmp_path_factory.mktemp("usage")
-    ups = {n: start_upstream(tmp, n) for n in ("s0", "l0")}
     policy = tmp / "priced.yaml"
-    policy.write_text(POLICY.format(s=ups["s0"][1], l=ups["l0"][1]))
-    gw, url = start_gateway(tmp, [policy])
-    yield Setup(gw, url, ups)
-    gw.stop()
-    for p, _ in ups.values():
-        p.stop()
+    if getattr(request, "param", "inproc") == "process":
+        procs = {n: start_upstream(tmp, n) for n in ("s0", "l0")}
+        policy.write_text(POLICY.format(s=procs["s0"][1], l=procs["l0"][1]))
+        gw, url = start_gateway(tmp, [policy])
+        yield Setup({n: u for n, (_, u) in procs.items()}, url=url)
+        gw.stop()
+        for p, _ in procs.values():
+            p.stop()
+        return
+    with inproc.stack() as s:
+        ups = {n: s.upstream(n).url for n in ("s0", "l0")}
+        policy.write_text(POLICY.format(s=ups["s0"], l=ups["l0"]))
+        yield Setup(ups, inproc=s.gateway([policy]))
 
 
 def post(url: str, body: dict) -> tuple[int, dict[str, str], bytes]:
@@ -86,7 +108,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 
 def scrape(s: Setup) -> str:
-    return http_get(s.url + "/metrics")[1].decode()
+    return s.scrape()
 
 
 def scrape_when(s: Setup, cond) -> str:
@@ -103,11 +125,12 @@ def chat(text: str, **kw) -> dict:
     return {"model": "priced", "messages": [{"role": "user", "content": text}], **kw}
 
 
+@pytest.mark.parametrize("setup", ["inproc", pytest.param("process", marks=pytest.mark.slow)], indirect=True)
 def test_cost_header_and_counters_for_an_answer(setup: Setup) -> None:
     setup.control("s0", cached_tokens=4)
     try:
         before = scrape(setup)
-        status, h, _ = post(setup.url + "/v1/chat/completions", chat("hello"))
+        status, h, _ = setup.post("/v1/chat/completions", chat("hello"))
     finally:
         setup.control("s0", cached_tokens=0)
     assert status == 200 and h["x-switchyard-pool"] == "small"
@@ -128,12 +151,12 @@ def test_cost_header_and_counters_for_an_answer(setup: Setup) -> None:
 def test_stream_usage_is_asked_for_and_kept_from_a_client_that_did_not(setup: Setup) -> None:
     body = chat("count", stream=True)
     before = scrape(setup)
-    status, h, through = post(setup.url + "/v1/chat/completions", body)
+    status, h, through = setup.post("/v1/chat/completions", body)
     assert status == 200
     sent = setup.upstream("s0")["last_body"]
     assert sent["stream_options"] == {"include_usage": True}  # the gateway asked upstream
     # What the client got is byte for byte what the upstream sends a client that did not ask.
-    _, _, direct = post(setup.ups["s0"][1] + "/v1/chat/completions", {**body, "model": "small-model"})
+    _, _, direct = post(setup.ups["s0"] + "/v1/chat/completions", {**body, "model": "small-model"})
     assert through == direct and b'"usage"' not in through and through.endswith(b"data: [DONE]\n\n")
     assert h["x-switchyard-price"].startswith("prompt=0.1; completion=0.4; cached=0.025")
     assert "x-switchyard-cost-usd" not in h  # headers leave before the usage exists
@@ -148,7 +171,7 @@ def test_stream_usage_is_asked_for_and_kept_from_a_client_that_did_not(setup: Se
 def test_stream_usage_a_client_asked_for_reaches_it(setup: Setup) -> None:
     body = chat("count", stream=True, stream_options={"include_usage": True})
     before = scrape(setup)
-    _, _, through = post(setup.url + "/v1/chat/completions", body)
+    _, _, through = setup.post("/v1/chat/completions", body)
     events = [orjson.loads(line[6:]) for line in through.split(b"\n\n") if line.startswith(b"data: {")]
     assert events[-1]["choices"] == [] and events[-1]["usage"]["total_tokens"] == 15
     after = scrape_when(setup, lambda t: metric(t, "switchyard_tokens_total", pool="small", kind="prompt")
@@ -159,7 +182,7 @@ def test_stream_usage_a_client_asked_for_reaches_it(setup: Setup) -> None:
 
 def test_a_pool_that_opts_out_gets_the_clients_body(setup: Setup) -> None:
     before = scrape(setup)
-    _, h, through = post(setup.url + "/v1/chat/completions", chat("a hard one", stream=True))
+    _, h, through = setup.post("/v1/chat/completions", chat("a hard one", stream=True))
     assert h["x-switchyard-pool"] == "large"
     assert "stream_options" not in setup.upstream("l0")["last_body"]
     assert b'"usage"' not in through
