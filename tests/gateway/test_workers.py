@@ -164,12 +164,27 @@ def test_rpm_is_counted_over_all_workers(workers: Workers) -> None:
 def test_sigterm_drains_every_worker_and_the_parent_exits_0(workers: Workers, tmp_path: Path) -> None:
     for name in ("w0", "w1"):
         assert http_post(workers.ups[name][1] + "/_control", orjson.dumps({"delay_ms": 300, "chunk_delay_ms": 60}))[0] == 200
-    gw, url = start_gateway(tmp_path, [workers.policy], "--workers", "2", "--no-local-redis", "--admin-key", ADMIN,
-                            "--drain-grace", "10", "--no-watch", name="gw-drain")
+    policy = tmp_path / "workers.yaml"
+    policy.write_text(workers.policy.read_text())
+    gw, url = start_gateway(tmp_path, [policy], "--workers", "2", "--no-local-redis", "--admin-key", ADMIN,
+                            "--drain-grace", "10", name="gw-drain")
     try:
         blocks = per_worker(url, 2)
         assert {b["state"] for b in blocks.values()} == {"per-worker"}
         assert "state is per worker" in gw.output()
+        # Hot reload: every worker watches the file and swaps in the edit.
+        edited_at = time.time()
+        policy.write_text(workers.policy.read_text().replace("name: default", "name: edited"))
+        reloaded: set[int] = set()
+        deadline = time.time() + 15
+        while reloaded != {0, 1}:
+            assert time.time() < deadline, f"only workers {reloaded} reloaded the edit"
+            h = _health(url)
+            st = h["policies"]["workers"]["last_reload"]
+            if st is not None and st["ok"] and st["at"] >= edited_at:
+                reloaded.add(h["worker"]["index"])
+            time.sleep(0.05)
+        assert {_post(url, "unused")[1]["x-switchyard-rule"] for _ in range(6)} == {"edited"}
         outcomes: list[tuple[int, bool]] = []
         ready_503: list[int] = []
 
