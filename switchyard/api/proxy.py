@@ -129,7 +129,13 @@ class Proxy:
         if prepare is not None:
             pools = target.policy.spec.pools
             native = any(parsed.api in pools[p].api for p in ((target.pool,) if target.pool else pools))
+            n = len(body["messages"])
             await prepare(parsed, key.id if key else "", native)
+            if len(body["messages"]) != n:  # a chain's history joined: rules and the classifier see it all
+                check_request(body, limits)
+                features = extract(body, headers, text_cues=False)
+                if adm is not None and adm.key is not None:
+                    adm.prompt_tokens = features.prompt_tokens
         sid = session_id_of(body, request.headers, parsed.session_hint)
         if trace is None:
             routed = await self.rt.gateway.route(target, features, body, sid, key.id if key else "")
@@ -381,7 +387,11 @@ class Proxy:
                 rt.auth.admit_key(key, body["model"], target)
             prepare = getattr(self.dialect_of(parsed.native, parsed.api), "prepare", None)
             if prepare is not None:  # a Responses chain's root is its session (read, never written)
+                n = len(body["messages"])
                 await prepare(parsed, key.id if key else "", True)
+                if len(body["messages"]) != n:  # its history joined: routed on all of it, as the proxy does
+                    check_request(body, limits)
+                    features = extract(body, headers)
             # A dry run: it reads the session's state but never writes it.
             routed = await rt.gateway.route(target, features, body, session_id_of(body, headers, parsed.session_hint),
                                             key.id if key else "", commit=False)

@@ -262,6 +262,7 @@ def test_route_explains_any_of_the_three_apis(fresh):
 
     r = route({"input": "a hard problem", "previous_response_id": first.id})
     assert r["api"] == "responses" and r["rule"] == "keyword" and r["session_id"] == first.id
+    assert r["features"]["turns"] == 2  # the chain's first turn and this one
     m = route({"max_tokens": 10, "system": "be brief", "messages": [{"role": "user", "content": "hi"}]})
     assert m["api"] == "messages" and m["pool"] == "small"
     assert route({"messages": [{"role": "user", "content": "hi"}]})["api"] == "chat"
