@@ -76,6 +76,16 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _listening(host: str, port: int) -> bool:
+    """Whether a server already accepts connections on host:port (a wildcard address: on loopback)."""
+    target = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    try:
+        with socket.create_connection((target, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 class LocalRedis:
     """A private redis-server for the workers' state: a unix socket in a fresh 0700 folder, no
     persistence, killed with the parent (it holds nothing that outlives the gateway)."""
@@ -162,11 +172,11 @@ class Supervisor:
                 if rc is None:
                     continue
                 del self.procs[i]
-                if self.stopping is not None:
-                    worst = worst or (rc if rc != 0 else 0)
+                if self.stopping is not None:  # asked to stop: a clean exit is 0, a signal's or an error's not
+                    worst = worst or (0 if rc == 0 else rc if rc > 0 else 1)
                     continue
                 log.error("worker %d (pid %d) exited with %d", i, p.pid, rc)
-                worst = rc or 1
+                worst = rc if rc > 0 else 1  # one died unasked: the parent's exit says so (1 for a signal)
                 if self.restarts_left > 0:
                     self.restarts_left -= 1
                     log.warning("restarting worker %d (%d restarts left)", i, self.restarts_left)
@@ -179,6 +189,10 @@ class Supervisor:
 def supervise(opts: dict[str, Any], local_redis: bool) -> int:
     """The parent of `serve --workers N`: shared state first, then the workers; their exit code."""
     count, restarts = int(opts["workers"]), int(opts["worker_restarts"])
+    if _listening(opts["host"], opts["port"]):
+        # Another process of this user with SO_REUSEPORT would silently share the port with us.
+        log.error("cannot listen on %s:%s: something already listens there", opts["host"], opts["port"])
+        return 1
     try:
         reuse_port_socket(opts["host"], opts["port"]).close()  # a port already taken says so once, here
     except OSError as e:

@@ -228,3 +228,25 @@ def test_sigterm_drains_every_worker_and_the_parent_exits_0(workers: Workers, tm
     log = (tmp_path / "gw-drain.log").read_text()
     assert log.count("SIGTERM: draining") == 2 and log.count("Finished server process") == 2
     assert "all 2 workers exited (0)" in log
+
+
+def test_a_dead_worker_is_restarted_only_when_asked(workers: Workers, tmp_path: Path) -> None:
+    gw, url = start_gateway(tmp_path, [workers.policy], "--workers", "2", "--worker-restarts", "1",
+                            "--no-local-redis", "--admin-key", ADMIN, "--no-watch", name="gw-restarts")
+    try:
+        first = per_worker(url, 2)[0]["pid"]
+        os.kill(first, signal.SIGKILL)
+        time.sleep(0.5)  # connections the kernel had queued on the dead worker's socket are reset
+        deadline = time.time() + 20
+        while (again := per_worker(url, 2)[0]["pid"]) == first:  # the parent starts a new worker 0
+            assert time.time() < deadline, "worker 0 was not restarted"
+        os.kill(again, signal.SIGKILL)  # no restart left: worker 1 serves alone
+        time.sleep(1.0)
+        answered = {_health(url)["worker"]["index"] for _ in range(20)}
+        assert answered == {1}
+        assert gw.p.poll() is None
+        out = gw.output()
+        assert "restarting worker 0 (0 restarts left)" in out and "1 workers left serving" in out
+    finally:
+        gw.stop(group=False)
+    assert gw.p.returncode == 1  # workers died unasked: the parent's exit says so, after draining the rest
