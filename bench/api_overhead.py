@@ -5,7 +5,8 @@ Messages request against a Chat Completions request of the same content, in one 
 
 One stub upstream (tests/fake_upstream.py, chat only) and the client on core 0, the gateway alone
 on core 1. Each round sends N sequential requests per API (keep-alive, aiohttp), the APIs
-interleaved round by round so that drift hits them alike, plus N straight to the upstream (chat).
+interleaved round by round (their order reversed every other round) so that drift hits them
+alike, plus N straight to the upstream (chat).
 Added latency = p50 through the gateway - p50 direct; "own" = the median of the gateway's own
 x-switchyard-overhead-ms (its time outside the upstream wait, rendering and storing included),
 which a busy machine's scheduling disturbs less. CPU per request: the gateway process's user +
@@ -93,13 +94,14 @@ async def run(gw: str, up: str, pid: int, n: int, rounds: int) -> dict:
         for path, body in BODIES.values():  # warm-up
             await batch(s, gw + path, body, 50, False)
             await batch(s, gw + path, body, 20, True)
-        for _ in range(rounds):
+        for r in range(rounds):
             d = await batch(s, up + "/v1/chat/completions", BODIES["chat"][1], n, False)
             direct["p50"].append(statistics.median(d))
             direct["p99"].append(statistics.quantiles(d, n=100)[98])
             direct["ttfb"].append(statistics.median(await batch(s, up + "/v1/chat/completions", BODIES["chat"][1],
                                                                 n // 2, True)))
-            for name, (path, body) in BODIES.items():
+            order = list(BODIES.items())
+            for name, (path, body) in (order if r % 2 == 0 else order[::-1]):  # no API always first
                 c0 = cpu_seconds(pid)
                 own: list[float] = []
                 lat = await batch(s, gw + path, body, n, False, own)
