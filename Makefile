@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up serve test sysdeps lint bench llama-cpp agents-check outcomes routing-quality clean
+.PHONY: up serve test test-fast sysdeps lint bench llama-cpp agents-check outcomes routing-quality clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,14 @@ sysdeps:
 	@command -v redis-server >/dev/null || (apt-get update -q && apt-get install -y -q redis-server)
 	@[ -x /usr/bin/chromium ] || (apt-get update -q && apt-get install -y -q chromium)
 
+# Everything, real components included (CI: .ci/run).
 test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15
+
+# The inner loop: no `slow` test (many processes) and no `engine` test (torch, SmolLM2 weights);
+# the gateway's logic runs in process (tests/gateway/inproc.py).
+test-fast: $(STAMP) sysdeps
+	$(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15 -m "not slow and not engine"
 
 # ruff, and the layering contract in pyproject.toml (no upward import, no import circle).
 lint: $(STAMP)
