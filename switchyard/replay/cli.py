@@ -178,11 +178,18 @@ def replay(
                               "instead of the trace's")] = None,
     large_pool: Annotated[str | None, typer.Option(help="Pool counted as 'large' (default: large, else the last pool)")] = None,
     bfcl_data: Annotated[Path | None, typer.Option(help="bfcl-eval wheel or its data/ folder (default: the pinned wheel)")] = None,
+    max_steps: Annotated[int, typer.Option(min=1, help="Sessions (bfcl:multi_turn_*): model calls a turn may take before the session is cut short (BFCL: 20)")] = 20,
 ) -> None:
     """Replay tool-use traces through policies: score, routing split, latency, tokens."""
     console = Console()
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     policies = list(policy or [])
+    from switchyard.replay.multiturn.cli import is_session_source
+
+    if sources and any(is_session_source(s) for s in sources):  # agent sessions: replay/multiturn/
+        _sessions(sources, policies, gateway, pool, model, concurrency, timeout, retries, max_tokens, max_steps,
+                  large_pool, bfcl_data, out, console, err)
+        return
     try:
         runs, line_errors, comparison = _replay(
             list(sources or []), policies, gateway, dry_run, pool, outcomes, list(from_outcomes or []), sweep,
@@ -215,6 +222,28 @@ def replay(
     if any(r.aborted for r in runs):
         err.print("[red]error:[/red] " + "; ".join(r.aborted for r in runs if r.aborted))
         raise typer.Exit(1)
+
+
+def _sessions(sources: list[str], policies: list[Path], gateway: str | None, pool: str | None, model: str | None,
+              concurrency: int, timeout: float, retries: int, max_tokens: int | None, max_steps: int,
+              large_pool: str | None, bfcl_data: Path | None, out: Path | None, console: Console, err: Console) -> None:
+    from switchyard.replay.multiturn.cli import replay_sessions
+
+    if gateway is None and not policies:
+        err.print("[red]error:[/red] give --gateway URL, or --policy FILE to start a gateway for the sessions")
+        raise typer.Exit(2)
+    try:
+        replay_sessions(sources, policies, gateway, pool, model, concurrency, timeout, retries, max_tokens,
+                        max_steps, large_pool, bfcl_data, out, console)
+    except (TraceError, ReplayUsageError) as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    except PolicyError as e:
+        err.print(f"[red]policy error:[/red]\n{e}")
+        raise typer.Exit(2) from None
+    except RuntimeError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
 
 
 def _replay(
@@ -288,6 +317,15 @@ def reference_pool(
     from switchyard.replay.sources import load_sources
 
     err = Console(stderr=True, soft_wrap=True, highlight=False)
+    from switchyard.replay.multiturn.cli import is_session_source, serve_reference
+
+    if any(is_session_source(s) for s in sources):  # sessions: turn k of case c answered with its ground truth
+        try:
+            serve_reference(list(sources), host, port, bfcl_data, err)
+        except TraceError as e:
+            err.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(2) from None
+        return
     try:
         cases, line_errors = load_sources(list(sources), bfcl_data)
     except TraceError as e:

@@ -119,9 +119,16 @@ def load_sessions(category: str, data: BfclData | None = None, limit: int | None
 
 
 def load_session_source(source: str, data: BfclData | None = None) -> list[SessionCase]:
-    """`bfcl:multi_turn_base[:N]`, `multi_turn_base[:N]`, or `multi_turn` (all four suites)."""
+    """`bfcl:multi_turn_base[:N]`, `multi_turn_base[:N]`, `multi_turn` (all four suites), or
+    `bfcl:multi_turn_base:ids=100,104` (those cases)."""
     spec = source.removeprefix("bfcl:")
     name, _, n = spec.partition(":")
+    if n.startswith("ids="):
+        wanted = {f"{name}_{i.strip()}" for i in n[4:].split(",") if i.strip()}
+        got = load_sessions(name, data, ids=wanted)
+        if len(got) != len(wanted):
+            raise TraceError(f"{source!r}: not found: {sorted(wanted - {c.id for c in got})}")
+        return got
     if n and (not n.isdigit() or int(n) < 1):
         raise TraceError(f"{source!r}: N must be a whole number >= 1")
     limit = int(n) if n else None
