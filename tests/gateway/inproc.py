@@ -25,6 +25,7 @@ from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import gwkit
 import httpx
 import uvicorn
 from procs import ROOT
@@ -66,12 +67,38 @@ class Upstream:
         self.module.STATE.update(self.module._config(argparse.Namespace(
             name=name, delay_ms=0.0, fail=0, fail_first=0, max_model_len=max_model_len)))
         self.loop = loop
+        self.http = Served(loop, self.module.app, keep_alive)
+        self.port, self.url = self.http.port, self.http.url
+        self.stopped = False
+
+    @property
+    def state(self) -> dict:
+        return self.module.STATE
+
+    @property
+    def p(self) -> Upstream:  # gwkit.Cluster asks a process `ups[name][0].p.poll()`
+        return self
+
+    def poll(self) -> int | None:
+        return 0 if self.stopped else None
+
+    def stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.http.stop()
+
+
+class Served:
+    """An ASGI app on a loopback socket, served by uvicorn on the kit's loop (lifespan off: the
+    caller runs it)."""
+
+    def __init__(self, loop: Loop, app: Any, keep_alive: float = 5.0) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port: int = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.module.app, log_level="warning", access_log=False,
-                                                    lifespan="off", timeout_keep_alive=keep_alive))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                                    timeout_keep_alive=keep_alive))
         # _serve, not serve: serve would take over the test process's signal handlers.
         self._task = asyncio.run_coroutine_threadsafe(self.server._serve(sockets=[self.sock]), loop.loop)
         loop.run(self._started())
@@ -81,10 +108,6 @@ class Upstream:
             if self._task.done():
                 self._task.result()
             await asyncio.sleep(0.005)
-
-    @property
-    def state(self) -> dict:
-        return self.module.STATE
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -106,6 +129,7 @@ class Gateway:
         self.app = create_app(config, **app_kw)
         self._lifespan = self.app.router.lifespan_context(self.app)
         loop.run(self._lifespan.__aenter__())
+        self._served: Served | None = None
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://127.0.0.1",
                                         timeout=30)
 
@@ -121,7 +145,15 @@ class Gateway:
     def output(self) -> str:
         return self._log.text()
 
+    def serve(self) -> str:
+        """Also serve the app on a loopback socket (for real clients: the OpenAI SDK, aiohttp); its URL."""
+        if self._served is None:
+            self._served = Served(self.loop, self.app)
+        return self._served.url
+
     def stop(self) -> None:
+        if self._served is not None:
+            self._served.stop()
         self.loop.run(self.client.aclose())
         self.loop.run(self._lifespan.__aexit__(None, None, None))
         gc.unfreeze()  # the lifespan froze the GC generations, as a long-lived server should; a test is not one
@@ -168,6 +200,18 @@ class Stack:
             with contextlib.suppress(Exception):
                 u.stop()
         self.loop.close()
+
+
+def make_cluster(s: Stack, tmp: Path, *, max_inflight: int = 32, queue_size: int = 64, timeout: str = "10s",
+                 pin: str = "none") -> gwkit.Cluster:
+    """gwkit's cluster (its policy, three upstreams) in process, the gateway served on a loopback
+    socket so that tests written for a process (SDK clients, `c.url`) run unchanged."""
+    ups = {n: s.upstream(n) for n in ("s0", "s1", "l0")}
+    policy = tmp / "test.yaml"
+    policy.write_text(gwkit.POLICY.format(max_inflight=max_inflight, queue_size=queue_size, timeout=timeout, pin=pin,
+                                          s0=ups["s0"].url, s1=ups["s1"].url, l0=ups["l0"].url))
+    gw = s.gateway([policy])
+    return gwkit.Cluster(tmp, {n: (u, u.url) for n, u in ups.items()}, gw, gw.serve(), policy)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager

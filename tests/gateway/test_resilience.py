@@ -1,4 +1,9 @@
-"""Failures: dead replicas, broken streams, circuit breakers, full queues, clients that leave."""
+"""Failures: dead replicas, broken streams, circuit breakers, full queues, clients that leave.
+
+A replica killed, a replica dying mid-stream and clients that leave need processes (`own`: a real
+gateway in front of real upstreams); breakers, queues, fallback, 502 and 504 are the gateway's
+logic and run in process (`light`: tests/gateway/inproc.py, the same cluster served on loopback
+sockets, the same SDK clients)."""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import asyncio
 import time
 
 import aiohttp
+import inproc
 import openai
 import orjson
 import pytest
@@ -27,6 +33,12 @@ def own(tmp_path):
         stop_cluster(c)
 
 
+@pytest.fixture
+def light(tmp_path):
+    with inproc.stack() as s:
+        yield lambda **kw: inproc.make_cluster(s, tmp_path, **kw)
+
+
 BODY = {"model": "small", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -39,6 +51,7 @@ async def _load(url: str, n: int, concurrency: int, body: dict = BODY) -> list[t
         return await asyncio.gather(*(one() for _ in range(n)))
 
 
+@pytest.mark.slow
 def test_replica_killed_under_load_loses_no_request(own):
     c = own()
     c.control("s0", delay_ms=20)
@@ -80,6 +93,7 @@ def test_replica_killed_under_load_loses_no_request(own):
     assert any(int(h.get("x-switchyard-attempts", 1)) > 1 for _, _, h in results)
 
 
+@pytest.mark.slow
 def test_replica_dying_mid_stream_gives_a_clean_error(own):
     c = own()
     c.control("s0", die_midstream=True, die_after_chunks=2, chunk_delay_ms=20)
@@ -96,8 +110,8 @@ def test_replica_dying_mid_stream_gives_a_clean_error(own):
     assert "mid-stream" in str(e.value)
 
 
-def test_circuit_opens_after_failures_and_closes_after_a_good_trial(own):
-    c = own()
+def test_circuit_opens_after_failures_and_closes_after_a_good_trial(light):
+    c = light()
     c.control("s0", fail=500)
     cl = openai.OpenAI(base_url=c.url + "/v1", api_key="x", max_retries=0)
     for _ in range(12):  # every request still succeeds: retried on s1
@@ -121,8 +135,8 @@ def test_circuit_opens_after_failures_and_closes_after_a_good_trial(own):
     assert "switchyard_retries_total" in metrics
 
 
-def test_queue_then_429_with_retry_after(own):
-    c = own(max_inflight=1, queue_size=1)
+def test_queue_then_429_with_retry_after(light):
+    c = light(max_inflight=1, queue_size=1)
     c.control("s0", delay_ms=800)
     c.control("s1", delay_ms=800)
     c.control("l0", fail=503)  # the fallback pool cannot help either
@@ -135,8 +149,8 @@ def test_queue_then_429_with_retry_after(own):
     assert all(int(h["retry-after"]) >= 1 for h in rejected)
 
 
-def test_pool_with_no_healthy_replica_falls_back(own):
-    c = own()
+def test_pool_with_no_healthy_replica_falls_back(light):
+    c = light()
     c.control("s0", health=503)
     c.control("s1", health=503)
     time.sleep(1.2)  # health checks every 0.5 s mark both unhealthy
@@ -149,8 +163,8 @@ def test_pool_with_no_healthy_replica_falls_back(own):
     assert headers["x-switchyard-pool"] == "small" and headers["x-switchyard-replica"] == "s0"
 
 
-def test_every_replica_failing_is_a_502(own):
-    c = own()
+def test_every_replica_failing_is_a_502(light):
+    c = light()
     for n in ("s0", "s1", "l0"):
         c.control(n, fail=500)
     cl = openai.OpenAI(base_url=c.url + "/v1", api_key="x", max_retries=0)
@@ -159,8 +173,8 @@ def test_every_replica_failing_is_a_502(own):
     assert e.value.status_code == 502 and e.value.body["type"] == "upstream_error"
 
 
-def test_upstream_timeout_is_a_504(own):
-    c = own(timeout="300ms")
+def test_upstream_timeout_is_a_504(light):
+    c = light(timeout="300ms")
     c.control("s0", delay_ms=2000)
     c.control("s1", delay_ms=2000)
     c.control("l0", delay_ms=2000)
@@ -172,6 +186,7 @@ def test_upstream_timeout_is_a_504(own):
     assert time.time() - t0 < 3
 
 
+@pytest.mark.slow
 def test_client_disconnect_cancels_the_upstream_request(own):
     c = own()
     c.control("s0", delay_ms=3000)
@@ -200,6 +215,7 @@ def test_client_disconnect_cancels_the_upstream_request(own):
     assert 'switchyard_inflight{pool="test/small",replica="s1"} 0.0' in metrics
 
 
+@pytest.mark.slow
 def test_stream_client_disconnect_closes_upstream(own):
     c = own()
     c.control("s0", chunk_delay_ms=300, stream_chunks=20)
