@@ -185,10 +185,12 @@ def replay(
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     policies = list(policy or [])
     from switchyard.replay.multiturn.cli import is_session_source
+    from switchyard.replay.multiturn.outcomes import is_turn_outcomes
 
-    if sources and any(is_session_source(s) for s in sources):  # agent sessions: replay/multiturn/
-        _sessions(sources, policies, gateway, pool, model, concurrency, timeout, retries, max_tokens, max_steps,
-                  large_pool, bfcl_data, out, console, err)
+    from_turns = bool(from_outcomes) and all(is_turn_outcomes(f) for f in from_outcomes or [])
+    if from_turns or (sources and any(is_session_source(s) for s in sources)):  # agent sessions: replay/multiturn/
+        _sessions(sources or [], policies, gateway, pool, model, concurrency, timeout, retries, max_tokens, max_steps,
+                  large_pool, bfcl_data, out, console, err, outcomes, list(from_outcomes or []) if from_turns else [])
         return
     try:
         runs, line_errors, comparison = _replay(
@@ -226,15 +228,22 @@ def replay(
 
 def _sessions(sources: list[str], policies: list[Path], gateway: str | None, pool: str | None, model: str | None,
               concurrency: int, timeout: float, retries: int, max_tokens: int | None, max_steps: int,
-              large_pool: str | None, bfcl_data: Path | None, out: Path | None, console: Console, err: Console) -> None:
-    from switchyard.replay.multiturn.cli import replay_sessions
+              large_pool: str | None, bfcl_data: Path | None, out: Path | None, console: Console, err: Console,
+              outcomes: Path | None = None, from_outcomes: list[Path] | None = None) -> None:
+    from switchyard.replay.multiturn.cli import collect_turn_outcomes, replay_sessions, sessions_report
 
-    if gateway is None and not policies:
+    if not from_outcomes and gateway is None and not policies:
         err.print("[red]error:[/red] give --gateway URL, or --policy FILE to start a gateway for the sessions")
         raise typer.Exit(2)
     try:
-        replay_sessions(sources, policies, gateway, pool, model, concurrency, timeout, retries, max_tokens,
-                        max_steps, large_pool, bfcl_data, out, console)
+        if from_outcomes:
+            sessions_report(from_outcomes, policies, large_pool, bfcl_data, out, console)
+        elif outcomes:
+            collect_turn_outcomes(sources, policies, gateway, pool, model, concurrency, timeout, retries,
+                                  max_tokens, max_steps, bfcl_data, outcomes, console)
+        else:
+            replay_sessions(sources, policies, gateway, pool, model, concurrency, timeout, retries, max_tokens,
+                            max_steps, large_pool, bfcl_data, out, console)
     except (TraceError, ReplayUsageError) as e:
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

@@ -29,11 +29,11 @@ CASES = ["multi_turn_base_100", "multi_turn_base_104"]  # TradingBot only: ~3k t
 SOURCE = "bfcl:multi_turn_base"
 
 
-def _policy(path: Path, small: str, large: str) -> Path:
+def _policy(path: Path, small: str, large: str, small_model: str = "small-model") -> Path:
     # Turn 0 on small, later turns on large: per-turn routing a session must show in its records.
     path.write_text(f"""version: 1
 pools:
-  small: {{model: small-model, retries: 0, replicas: [{{url: "{small}"}}]}}
+  small: {{model: {small_model}, retries: 0, replicas: [{{url: "{small}"}}]}}
   large: {{model: large-model, retries: 0, replicas: [{{url: "{large}"}}]}}
 routes:
   - name: later-turns
@@ -112,7 +112,7 @@ def test_sessions_with_smollm2_small_and_reference_large(reference: str, bfcl: B
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2, trust_env=False).json().get("status") == "ok":
                 break
             time.sleep(0.2)
-        pol = _policy(tmp_path / "mixed.yaml", f"http://127.0.0.1:{port}/v1", reference)
+        pol = _policy(tmp_path / "mixed.yaml", f"http://127.0.0.1:{port}/v1", reference, "smollm2-135m")
         t0 = time.perf_counter()
         with GatewayProcess(pol) as gw:
             res = CliRunner().invoke(app, ["replay", f"{SOURCE}:ids=100,104", "--gateway", gw.url, "-p", str(pol),
@@ -134,4 +134,5 @@ def test_sessions_with_smollm2_small_and_reference_large(reference: str, bfcl: B
             assert {(s.pool, s.served_by) for s in r.turns[1].steps} == {("large", "reference (upper bound)")}
         assert isinstance(r.verdict["valid"], bool)
     _agree(bfcl, records)
-    print(f"2 sessions, SmolLM2 small + reference large: {[r.verdict['valid'] for r in records]}, {wall:.0f} s")
+    steps = [(s.pool, s.served_by) for r in records for t in r.turns for s in t.steps]
+    print(f"2 sessions, SmolLM2 small + reference large: {[r.verdict for r in records]}, {steps}, {wall:.0f} s")

@@ -93,3 +93,47 @@ def serve_reference(sources: list[str], host: str, port: int, bfcl_data: Path | 
     cases = load_cases(sources, bfcl_data)
     err.print(f"{MODEL}: {len(cases)} sessions on http://{host}:{port}/v1 (session id PREFIX/CASE_ID)")
     serve(cases, host, port)
+
+
+def collect_turn_outcomes(
+    sources: list[str], policies: list[Path], gateway: str | None, pool: str | None, model: str | None,
+    concurrency: int, timeout: float, retries: int, max_tokens: int | None, max_steps: int,
+    bfcl_data: Path | None, outcomes: Path, console: Console,
+) -> None:
+    """Every turn of every session on one pool, from the ground truth's history (outcomes.py)."""
+    from switchyard.replay.gateway import GatewayProcess
+    from switchyard.replay.multiturn.outcomes import collect
+    from switchyard.replay.multiturn.session import SessionClient
+
+    if not pool:
+        raise TraceError("--outcomes with sessions needs --pool NAME (run it once per pool)")
+    cases = load_cases(sources, bfcl_data)
+    extra: dict[str, Any] = {"temperature": 0, **({"max_tokens": max_tokens} if max_tokens else {})}
+    policy = policies[0] if policies else None
+    starter = GatewayProcess(policy) if gateway is None and policy is not None else nullcontext()
+    with starter as proc:
+        url = proc.url if isinstance(proc, GatewayProcess) else gateway
+        assert url is not None
+        got = asyncio.run(collect(cases, SessionClient(url, model or pool, timeout, retries, extra, max_steps),
+                                  pool, concurrency, outcomes))
+    passed = sum(o.passed for o in got)
+    console.print(f"pool {pool}: {passed}/{len(got)} turns of {len(cases)} sessions pass from the ground truth's "
+                  f"history; {len(got)} outcomes appended to {outcomes}")
+
+
+def sessions_report(files: list[Path], policies: list[Path], large_pool: str | None, bfcl_data: Path | None,
+                    out: Path | None, console: Console, small_pool: str = "small") -> dict[str, Any]:
+    from switchyard.replay.bfcl import BfclData
+    from switchyard.replay.multiturn.outcomes import load_turn_outcomes
+    from switchyard.replay.multiturn.report import build, markdown, write
+
+    try:
+        rep = asyncio.run(build(load_turn_outcomes(files), policies, small_pool, large_pool or "large", large_pool,
+                                BfclData(bfcl_data) if bfcl_data else None))
+    except ValueError as e:
+        raise TraceError(str(e)) from None
+    console.print(markdown(rep))
+    if out:
+        paths = write(out, rep)
+        console.print(f"report: {paths['html']}  {paths['md']}  {paths['json']}")
+    return rep

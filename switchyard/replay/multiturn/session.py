@@ -128,45 +128,49 @@ class SessionClient:
         messages: list[dict[str, Any]] = []
         t_start = time.perf_counter()
         for k in range(len(case.turns)):
-            tools, _ = case.tools_at(k)
-            messages.extend(case.turn_messages(k))
-            turn = Turn()
+            turn, cut, error = await self.run_turn(client, case, k, env, messages, session_id)
             rec.turns.append(turn)
-            while True:
-                step = Step()
-                turn.steps.append(step)
-                body = {"model": self.model, "messages": messages, "tools": tools, "stream": False,
-                        "user": session_id, **self.extra}
-                t0 = time.perf_counter()
-                resp, error = await self._ask(client, body, session_id)
-                step.latency_ms = round((time.perf_counter() - t0) * 1000, 2)
-                if resp is None or resp.status_code != 200:
-                    step.http_status = resp.status_code if resp is not None else None
-                    step.error = error or f"HTTP {resp.status_code if resp else '?'}: {resp.text[:200] if resp else ''}"
-                    rec.error = step.error
-                    rec.wall_s = round(time.perf_counter() - t_start, 3)
-                    return rec  # a session the gateway could not serve is cut short: it fails
-                h = resp.headers
-                step.http_status, step.pool, step.rule = 200, h.get("x-switchyard-pool"), h.get("x-switchyard-rule")
-                step.label, step.confidence = _label_headers(h)
-                data = resp.json()
-                step.served_by = data.get("model") if isinstance(data, dict) else None
-                message = ((data.get("choices") or [{}])[0].get("message") or {}) if isinstance(data, dict) else {}
-                step.response, step.calls = decode(message)
-                if step.calls is None:
-                    # The turn ends here (BFCL: empty or undecodable). Unreadable calls leave the
-                    # history without them, so the next turn is still a valid conversation.
-                    messages.append({"role": "assistant", "content": message.get("content") or ""})
-                    break
-                raw_calls = message.get("tool_calls") or []
-                messages.append({"role": "assistant", "content": message.get("content"), "tool_calls": raw_calls})
-                step.results = env.execute([Call.of(n, a) for c in step.calls for n, a in c.items()])
-                for i, result in enumerate(step.results):
-                    call_id = raw_calls[i].get("id") if i < len(raw_calls) else None
-                    messages.append({"role": "tool", "content": result, "tool_call_id": call_id or f"call_{i}"})
-                if len(turn.steps) > self.max_steps:
-                    rec.force_quit = True
-                    rec.wall_s = round(time.perf_counter() - t_start, 3)
-                    return rec
+            if cut or error:
+                rec.force_quit, rec.error = cut, error
+                break
         rec.wall_s = round(time.perf_counter() - t_start, 3)
         return rec
+
+    async def run_turn(self, client: httpx.AsyncClient, case: SessionCase, k: int, env: Environment,
+                       messages: list[dict[str, Any]], session_id: str) -> tuple[Turn, bool, str | None]:
+        """Turn k on `messages` (extended in place) and `env`: (the turn, cut short, error)."""
+        tools, _ = case.tools_at(k)
+        messages.extend(case.turn_messages(k))
+        turn = Turn()
+        while True:
+            step = Step()
+            turn.steps.append(step)
+            body = {"model": self.model, "messages": messages, "tools": tools, "stream": False,
+                    "user": session_id, **self.extra}
+            t0 = time.perf_counter()
+            resp, error = await self._ask(client, body, session_id)
+            step.latency_ms = round((time.perf_counter() - t0) * 1000, 2)
+            if resp is None or resp.status_code != 200:
+                step.http_status = resp.status_code if resp is not None else None
+                step.error = error or f"HTTP {resp.status_code if resp else '?'}: {resp.text[:200] if resp else ''}"
+                return turn, False, step.error  # a session the gateway could not serve is cut short: it fails
+            h = resp.headers
+            step.http_status, step.pool, step.rule = 200, h.get("x-switchyard-pool"), h.get("x-switchyard-rule")
+            step.label, step.confidence = _label_headers(h)
+            data = resp.json()
+            step.served_by = data.get("model") if isinstance(data, dict) else None
+            message = ((data.get("choices") or [{}])[0].get("message") or {}) if isinstance(data, dict) else {}
+            step.response, step.calls = decode(message)
+            if step.calls is None:
+                # The turn ends here (BFCL: empty or undecodable). Unreadable calls leave the
+                # history without them, so the next turn is still a valid conversation.
+                messages.append({"role": "assistant", "content": message.get("content") or ""})
+                return turn, False, None
+            raw_calls = message.get("tool_calls") or []
+            messages.append({"role": "assistant", "content": message.get("content"), "tool_calls": raw_calls})
+            step.results = env.execute([Call.of(n, a) for c in step.calls for n, a in c.items()])
+            for i, result in enumerate(step.results):
+                call_id = raw_calls[i].get("id") if i < len(raw_calls) else None
+                messages.append({"role": "tool", "content": result, "tool_call_id": call_id or f"call_{i}"})
+            if len(turn.steps) > self.max_steps:
+                return turn, True, None
