@@ -7,7 +7,9 @@ not, the plan notes that the check was skipped.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 
 def _local_path(model: str, base: Path | None) -> Path | None:
@@ -22,9 +24,20 @@ def _local_path(model: str, base: Path | None) -> Path | None:
         return None
 
 
+@functools.lru_cache(maxsize=8)
+def _gguf_config(path: str, mtime_ns: int, size: int) -> Any:
+    """GGUFReader parses every field, the tokenizer's 49k strings included (seconds on 2 cores):
+    once per file version, not once per pool that names the model."""
+    import gguf  # the engine extra's; a gateway-only install cannot read GGUF
+
+    from switchyard.engine.config import from_gguf
+
+    return from_gguf(gguf.GGUFReader(path))
+
+
 def tp_problem(pool: str, model: str, tp: int, base: Path | None) -> tuple[str | None, str | None]:
     """(error, note): the error when TP cannot split this model, a note when it was not checked."""
-    from switchyard.engine.config import ConfigError, from_gguf, from_hf
+    from switchyard.engine.config import ConfigError, from_hf
 
     path = _local_path(model, base)
     if path is None:
@@ -33,9 +46,8 @@ def tp_problem(pool: str, model: str, tp: int, base: Path | None) -> tuple[str |
         if path.is_dir():
             config = from_hf(path / "config.json")
         else:
-            import gguf  # the engine extra's; a gateway-only install cannot read GGUF
-
-            config = from_gguf(gguf.GGUFReader(str(path)))
+            st = path.stat()
+            config = _gguf_config(str(path), st.st_mtime_ns, st.st_size)
     except ImportError:
         return None, f"pool {pool}: TP {tp} not checked against the model's heads (install the engine extra)"
     except ConfigError as e:
