@@ -37,7 +37,7 @@ pools:
   small:
     model: small-model
     strategy: round_robin
-    health: {{interval: 0.5s, timeout: 0.5s}}
+    health: {{interval: 1s, timeout: 3s}}
     replicas:
       - {{url: {u0}/v1, name: r0}}
       - {{url: {u1}/v1, name: r1}}
@@ -86,8 +86,7 @@ def _post(url: str, key: str, headers: dict | None = None, text: str = "hello") 
             r.read()
             return r.status, dict(r.headers)
     except urllib.error.HTTPError as e:
-        e.read()
-        return e.code, dict(e.headers)
+        return e.code, {**dict(e.headers), "body": e.read()[:300]}  # the body says why, in a failed assert
 
 
 def _key(keys_file: Path, name: str, *extra: str) -> str:
@@ -132,7 +131,9 @@ def test_workers_share_a_local_redis_and_say_so(workers: Workers) -> None:
 def test_a_sessions_turns_stay_pinned_across_workers(workers: Workers) -> None:
     key = workers.keys["open"]
     # Without a session, round_robin alternates: the pin below is what keeps one replica.
-    assert {_post(workers.url, key)[1]["x-switchyard-replica"] for _ in range(6)} == {"r0", "r1"}
+    plain = [_post(workers.url, key) for _ in range(6)]
+    assert all(st == 200 for st, _ in plain), plain
+    assert {h["x-switchyard-replica"] for _, h in plain} == {"r0", "r1"}
     before = {i: b["admitted"] for i, b in per_worker(workers.url, WORKERS).items()}
     sid = f"sess-{uuid.uuid4().hex[:8]}"
     replicas = []
