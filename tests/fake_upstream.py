@@ -138,7 +138,10 @@ async def app(scope, receive, send) -> None:
         STATE.update(orjson.loads(raw or b"{}"))
         return await _send_json(send, 200, {"ok": True})
     if path == "/tokenize" and method == "POST" and STATE["tokenize"]:  # llama-server's: one token a word here
-        return await _send_json(send, 200, {"tokens": list(range(len(orjson.loads(raw)["content"].split())))})
+        req = orjson.loads(raw)
+        if "content" not in req:  # llama-server takes text only; our engine and vLLM take messages too
+            return await _send_json(send, 400, {"error": {"message": "'content' is required", "type": "invalid"}})
+        return await _send_json(send, 200, {"tokens": list(range(len(req["content"].split())))})
     if path == "/v1/responses" and method == "POST":  # a server that speaks the Responses API itself
         return await _responses(raw, path, scope, send)
     if path not in ("/v1/chat/completions", "/v1/completions") or method != "POST":

@@ -453,12 +453,13 @@ class Proxy:
             return http_errors.response(e, None, MESSAGES)
         pool = target.policy.pools[routed.decision.pool]
         out = decision_headers(routed.decision)
-        n = await count_tokens(pool, count_text(body))
-        if n is None:
+        counted = await count_tokens(pool, body, count_text(body))
+        if counted is None:
             n = estimate_tokens(body)
             out["x-switchyard-token-count"] = "estimate: about 4 characters a token (the pool has no /tokenize)"
         else:
-            out["x-switchyard-token-count"] = f"tokenizer of pool {routed.decision.pool} (text, without the chat template)"
+            n, how = counted
+            out["x-switchyard-token-count"] = f"tokenizer of pool {routed.decision.pool} ({how})"
         return Response(count_tokens_body(n), headers=out, media_type=JSON)
 
     def models(self, key: KeyRecord | None = None) -> Response:

@@ -160,3 +160,15 @@ def test_agents_sdk_runs_a_tool_loop(gws):
         out = ""
     assert calls, "the tool never ran"
     assert len(calls) >= 1 and (out or len(calls) > 1)
+
+
+def test_count_tokens_by_the_engines_own_tokenizer(gws):
+    """/v1/messages/count_tokens asks the routed pool's engine (POST /tokenize with the messages:
+    the chat template's tokens counted too)."""
+    import httpx
+
+    body = {"model": "auto", "system": "Be brief.", "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
+    r = httpx.post(gws.a_url + "/v1/messages/count_tokens", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-switchyard-token-count"] == "tokenizer of pool small (chat template)"
+    assert 10 < r.json()["input_tokens"] < 60
