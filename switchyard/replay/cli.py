@@ -189,8 +189,13 @@ def replay(
 
     from_turns = bool(from_outcomes) and all(is_turn_outcomes(f) for f in from_outcomes or [])
     if from_turns or (sources and any(is_session_source(s) for s in sources)):  # agent sessions: replay/multiturn/
+        if dry_run:
+            err.print("[red]error:[/red] unsupported category for --dry-run: multi-turn sessions need model calls "
+                      "(leave out --dry-run and give --gateway or --policy)")
+            raise typer.Exit(2)
         _sessions(sources or [], policies, gateway, pool, model, concurrency, timeout, retries, max_tokens, max_steps,
-                  large_pool, bfcl_data, out, console, err, outcomes, list(from_outcomes or []) if from_turns else [])
+                  large_pool, bfcl_data, out, console, err, outcomes, list(from_outcomes or []) if from_turns else [],
+                  held_out)
         return
     try:
         runs, line_errors, comparison = _replay(
@@ -229,7 +234,7 @@ def replay(
 def _sessions(sources: list[str], policies: list[Path], gateway: str | None, pool: str | None, model: str | None,
               concurrency: int, timeout: float, retries: int, max_tokens: int | None, max_steps: int,
               large_pool: str | None, bfcl_data: Path | None, out: Path | None, console: Console, err: Console,
-              outcomes: Path | None = None, from_outcomes: list[Path] | None = None) -> None:
+              outcomes: Path | None = None, from_outcomes: list[Path] | None = None, held_out: bool = False) -> None:
     from switchyard.replay.multiturn.cli import collect_turn_outcomes, replay_sessions, sessions_report
 
     if not from_outcomes and gateway is None and not policies:
@@ -237,7 +242,7 @@ def _sessions(sources: list[str], policies: list[Path], gateway: str | None, poo
         raise typer.Exit(2)
     try:
         if from_outcomes:
-            sessions_report(from_outcomes, policies, large_pool, bfcl_data, out, console)
+            sessions_report(from_outcomes, policies, large_pool, bfcl_data, out, console, held_out=held_out)
         elif outcomes:
             collect_turn_outcomes(sources, policies, gateway, pool, model, concurrency, timeout, retries,
                                   max_tokens, max_steps, bfcl_data, outcomes, console)

@@ -133,3 +133,36 @@ def test_checker_agrees_with_bfcl_on_recorded_and_wrong_sessions(bfcl: BfclCheck
     assert failures >= {"multi_turn:instance_state_mismatch", "multi_turn:execution_response_mismatch",
                         "multi_turn:empty_turn_model_response", "multi_turn:force_terminated"}, failures
     print(f"{checked} sessions, {kinds[True]} pass, {kinds[False]} fail: verdicts and failure kinds agree")
+
+
+def test_reference_pool_refuses_what_it_cannot_place() -> None:
+    case = load_sessions("multi_turn_base", limit=1)[0]
+
+    async def go() -> list[httpx.Response]:
+        runner = web.AppRunner(build_app([case]))
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        turn0 = {"messages": case.turn_messages(0), "user": f"x/{case.id}"}
+        try:
+            async with httpx.AsyncClient(trust_env=False) as http:
+                return [await http.post(url, json=b) for b in (
+                    turn0,
+                    {**turn0, "user": "x/multi_turn_base_999"},
+                    {**turn0, "stream": True},
+                    {"messages": [m for k in range(6) for m in case.turn_messages(0)
+                                  + [{"role": "assistant", "content": "ok"}]], "user": f"x/{case.id}"},
+                    {"messages": "nope"},
+                )] + [await http.post(url, content=b"{", headers={"content-type": "application/json"})]
+        finally:
+            await runner.cleanup()
+
+    ok, unknown, stream, too_far, bad, not_json = asyncio.run(go())
+    msg = ok.json()["choices"][0]["message"]
+    assert ok.status_code == 200 and ok.json()["model"] == "reference (upper bound)"
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == ["cd", "mkdir", "mv"]
+    for r, code in ((unknown, "unknown_case"), (stream, "unsupported"), (too_far, "unknown_turn"), (bad, None),
+                    (not_json, None)):
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["code"] == code and err["type"] == "invalid_request_error", r.text

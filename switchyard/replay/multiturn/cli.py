@@ -122,14 +122,14 @@ def collect_turn_outcomes(
 
 
 def sessions_report(files: list[Path], policies: list[Path], large_pool: str | None, bfcl_data: Path | None,
-                    out: Path | None, console: Console, small_pool: str = "small") -> dict[str, Any]:
+                    out: Path | None, console: Console, small_pool: str = "small", held_out: bool = False) -> dict[str, Any]:
     from switchyard.replay.bfcl import BfclData
     from switchyard.replay.multiturn.outcomes import load_turn_outcomes
     from switchyard.replay.multiturn.report import build, markdown, write
 
     try:
         rep = asyncio.run(build(load_turn_outcomes(files), policies, small_pool, large_pool or "large", large_pool,
-                                BfclData(bfcl_data) if bfcl_data else None))
+                                BfclData(bfcl_data) if bfcl_data else None, held_out))
     except ValueError as e:
         raise TraceError(str(e)) from None
     console.print(markdown(rep))

@@ -68,7 +68,7 @@ async def _policy_scores(policy: Path, cases: dict[str, SessionCase], large_pool
 
 
 async def build(outcomes: list[TurnOutcome], policies: list[Path], small: str, large: str,
-                large_pool: str | None = None, data: BfclData | None = None) -> dict[str, Any]:
+                large_pool: str | None = None, data: BfclData | None = None, held_out: bool = False) -> dict[str, Any]:
     table, incomplete = build_table(outcomes, small, large)
     if not table:
         raise ValueError(f"no case has outcomes of every turn on both {small!r} and {large!r}")
@@ -77,6 +77,21 @@ async def build(outcomes: list[TurnOutcome], policies: list[Path], small: str, l
     for cid in table:
         by_cat.setdefault(cid.rsplit("_", 1)[0], set()).add(cid)
     cases = {c.id: c for cat, ids in by_cat.items() for c in load_sessions(cat, data, ids=ids)}
+    notes = [LIMITS] + ([f"{len(incomplete)} cases left out: not every turn on both pools"] if incomplete else [])
+    if held_out:
+        from switchyard.replay.heldout import HeldOutError, held_out_filter
+
+        try:
+            keep, what = held_out_filter(policies, [(c.id, turn_bodies(c, "auto")[0]) for c in cases.values()])
+        except HeldOutError as e:
+            raise ValueError(str(e)) from None
+        table = {c: v for c, v in table.items() if keep(c)}
+        cases = {c: v for c, v in cases.items() if keep(c)}
+        by_cat = {k: {c for c in v if keep(c)} for k, v in by_cat.items()}
+        by_cat = {k: v for k, v in by_cat.items() if v}
+        notes.append(f"--held-out: {what}")
+        if not table:
+            raise ValueError(f"--held-out: no case is left ({what})")
     all_small = {c: [False] * len(v[small]) for c, v in table.items()}
     all_large = {c: [True] * len(v[small]) for c, v in table.items()}
     small_only, large_only = evaluate(table, all_small, small, large)[1], evaluate(table, all_large, small, large)[1]
@@ -96,7 +111,7 @@ async def build(outcomes: list[TurnOutcome], policies: list[Path], small: str, l
         "large": {"pool": large, "served_by": served[large], "solve_rate": round(large_only, 2),
                   "upper_bound": "reference (upper bound)" in served[large]},
         "routers": operating_points(curves, large_only),
-        "notes": [LIMITS] + ([f"{len(incomplete)} cases left out: not every turn on both pools"] if incomplete else []),
+        "notes": notes,
     }
 
 

@@ -157,7 +157,11 @@ class SessionClient:
             h = resp.headers
             step.http_status, step.pool, step.rule = 200, h.get("x-switchyard-pool"), h.get("x-switchyard-rule")
             step.label, step.confidence = _label_headers(h)
-            data = resp.json()
+            try:
+                data = resp.json()
+            except ValueError:
+                step.error = f"HTTP 200 with a body that is not JSON: {resp.text[:200]!r}"
+                return turn, False, step.error
             step.served_by = data.get("model") if isinstance(data, dict) else None
             message = ((data.get("choices") or [{}])[0].get("message") or {}) if isinstance(data, dict) else {}
             step.response, step.calls = decode(message)
