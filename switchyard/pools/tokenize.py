@@ -43,7 +43,7 @@ async def count_tokens(pool: Pool, chat: dict[str, Any], text: str) -> tuple[int
     replica = next((r for r in pool.replicas if r.available(now)), None)
     if replica is None:
         return None
-    body: dict[str, Any] = {"messages": chat.get("messages") or []}
+    body: dict[str, Any] = {"model": pool.model, "messages": chat.get("messages") or []}  # vLLM wants the model
     if chat.get("tools"):
         body["tools"] = chat["tools"]
     n = await _tokens(pool, replica, body)
