@@ -189,6 +189,9 @@ class Supervisor:
 def supervise(opts: dict[str, Any], local_redis: bool) -> int:
     """The parent of `serve --workers N`: shared state first, then the workers; their exit code."""
     count, restarts = int(opts["workers"]), int(opts["worker_restarts"])
+    if not opts["port"]:
+        log.error("--workers needs a port (with --port 0 each worker would pick its own)")
+        return 2
     if _listening(opts["host"], opts["port"]):
         # Another process of this user with SO_REUSEPORT would silently share the port with us.
         log.error("cannot listen on %s:%s: something already listens there", opts["host"], opts["port"])
