@@ -89,3 +89,32 @@ routes:
     assert "reference (upper bound)" in (out / "report.md").read_text()
     assert (out / "report.html").read_text().count("data:image/png;base64,") == 1
     assert (out / "sessions_curve.png").stat().st_size > 5000
+
+
+def test_router_curves_on_known_outcomes() -> None:
+    from switchyard.replay.multiturn.counterfactual import (
+        build_table,
+        escalation_curves,
+        oracle_curve,
+        random_curve,
+        reach,
+    )
+    from switchyard.replay.multiturn.outcomes import TurnOutcome
+
+    def o(cid: str, k: int, pool: str, passed: bool, calls: int = 1, err: bool = False) -> TurnOutcome:
+        return TurnOutcome(cid, "multi_turn_base", k, 2, pool, pool, passed, None, 1, calls, err, False, 1.0)
+
+    # a: small passes both turns; b: small fails turn 1 (after a tool error there, 3 calls); c: nobody solves turn 0.
+    rows = [o("a", 0, "small", True), o("a", 1, "small", True), o("b", 0, "small", True),
+            o("b", 1, "small", False, 3, True), o("c", 0, "small", False), o("c", 1, "small", True)]
+    rows += [o(x.id, x.turn, "large", x.id != "c" or x.turn != 0) for x in rows]
+    table, incomplete = build_table(rows, "small", "large")
+    assert not incomplete and len(table) == 3
+    oracle = oracle_curve(table, "small", "large")
+    assert oracle.points == [(0.0, pytest.approx(100 / 3)), (1 / 6, pytest.approx(200 / 3))]
+    rnd = random_curve(table, "small", "large", steps=2)  # p = 0, 0.5, 1: a always, b with p, c never
+    assert [r for _, r in rnd.points] == [pytest.approx(100 / 3), pytest.approx(50.0), pytest.approx(200 / 3)]
+    err, calls = escalation_curves(table, "small", "large", ns=(3,))
+    assert err.points == [(1 / 6, pytest.approx(200 / 3))]  # b's turn 1 escalated: solved
+    assert calls.points == [(1 / 6, pytest.approx(200 / 3))]
+    assert reach(oracle, 0.9 * 200 / 3) == pytest.approx(1 / 6) and reach(oracle, 80.0) is None
