@@ -129,9 +129,10 @@ def ignored() -> tuple[str, ...]:
 @cache
 def roots() -> dict[str, Path]:
     """First path segments a doc's path may start with, and where they resolve: the repo's own
-    top-level entries, else the package's (`api/dialect.py` is `switchyard/api/dialect.py`)."""
+    top-level entries, else the package's (`api/dialect.py` is `switchyard/api/dialect.py`), else
+    the engine's (docs/engine.md's map: `core/scheduler.py`)."""
     out: dict[str, Path] = {}
-    for base in (ROOT / "switchyard", ROOT):
+    for base in (ROOT / "switchyard" / "engine", ROOT / "switchyard", ROOT):
         for entry in base.iterdir():
             name = entry.name
             if name.startswith(".") or name == "__pycache__" or any(fnmatch.fnmatch(name, g) for g in ignored()):
