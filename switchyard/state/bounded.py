@@ -81,6 +81,10 @@ class OwnedLRU(Generic[V]):
             w -= 1 if self._weigh is None else self._weigh(old)
         b = self._bucket_of(value)
         if b != o.cur:
+            # The bucket left behind may have been emptied by the unlink above (a key put again):
+            # an empty bucket at the front would be taken for the oldest.
+            if not o.buckets.get(o.cur, True):
+                del o.buckets[o.cur]
             o.cur, o.filled = b, 0
         keys = o.buckets.get(b)
         if keys is None:

@@ -156,6 +156,18 @@ async def test_memory_responses_expire() -> None:
     assert await st.get_response("a", "r") is None
 
 
+async def test_memory_response_put_again_many_times_stays_one_entry() -> None:
+    # A key put again unlinks it from its bucket; when that emptied the bucket just left behind,
+    # the empty bucket was taken for the oldest and the next eviction raised StopIteration.
+    store = MemoryStore()
+    for _ in range(30_000):
+        await store.put_response("k", "resp_same", b"x" * 10, 60)
+    for i in range(30_000):
+        await store.put_response("k", f"resp_{i % 50}", b"y", 60)
+    assert await store.get_response("k", "resp_same") == b"x" * 10
+    assert await store.get_response("k", "resp_3") == b"y"
+
+
 async def test_memory_responses_bounded_per_caller_in_size_and_in_total() -> None:
     st = MemoryStore(max_responses_per_caller=50, max_response_bytes=10_000, max_responses_memory=2_000_000)
     await st.put_response("other", "keep", b"k" * 1000, 600)
