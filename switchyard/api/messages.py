@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from switchyard.api.dialect import Parsed
-from switchyard.api.messages_render import error_body, render, status
+from switchyard.api.messages_render import error_body, error_event, render, status
 from switchyard.api.messages_stream import MessagesStream
 from switchyard.errors import BadRequest
 
@@ -366,6 +366,11 @@ class MessagesDialect:
 
     def status(self, status_code: int, kind: str, code: str | None) -> int:
         return status(status_code, kind, code)
+
+    def native_stream_error(self, message: str) -> bytes:
+        """A stream passed through from a pool that serves Messages itself, failing mid-way:
+        Anthropic's own error event (the SDK and Claude Code raise on it)."""
+        return error_event("api_error", message)
 
 
 MESSAGES = MessagesDialect()

@@ -380,6 +380,23 @@ def test_a_failure_mid_stream_is_an_error_event_the_sdk_raises():
             pass
 
 
+def test_a_passed_through_stream_that_breaks_ends_in_anthropics_error_event():
+    # A pool that serves Messages itself: its bytes go to the client untouched, so a cut needs
+    # the dialect's own error event (not the chat-style one the relay writes by default).
+    tail = MESSAGES.native_stream_error("upstream n0 failed mid-stream: ClientPayloadError")
+    assert tail.startswith(b"event: error\ndata: ")
+    assert json.loads(tail.split(b"data: ", 1)[1]) == {
+        "type": "error", "error": {"type": "api_error", "message": "upstream n0 failed mid-stream: ClientPayloadError"}}
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=tail)
+
+    with pytest.raises(anthropic.APIStatusError, match="failed mid-stream"), \
+            sdk_client(handler).messages.stream(**REQ) as s:
+        for _ in s:
+            pass
+
+
 def test_an_upstream_error_chunk_becomes_an_error_event():
     err = b'data: {"error": {"message": "the engine failed: CUDA error", "type": "server_error", "code": null}}\n\n'
     first_two = b"\n\n".join(ANSWERS["text"][1].split(b"\n\n")[:2]) + b"\n\n"
