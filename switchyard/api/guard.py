@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from switchyard import errors
 from switchyard.api import errors as http_errors
+from switchyard.api.messages import MESSAGES
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
@@ -83,7 +84,10 @@ class EdgeGuard:
                 except ValueError:
                     refusal = errors.BadRequest("invalid Content-Length header")
         if refusal is not None:
-            await http_errors.response(refusal)(scope, receive, send)
+            # Each client API reads its own error shape: Claude Code shows Anthropic's message,
+            # not an OpenAI envelope it cannot parse.
+            shape = MESSAGES if scope["path"].startswith("/v1/messages") else None
+            await http_errors.response(refusal, shape=shape)(scope, receive, send)
             return
         await self.app(scope, _BoundedBody(receive, limit, cfg.body_timeout), send)
 

@@ -102,3 +102,31 @@ def test_an_upstream_context_error_reads_as_claude_codes_prompt_too_long(own):
         client(c).messages.create(model="small", max_tokens=5, messages=ASK)
     assert e.value.body == {"type": "error", "error": {"type": "invalid_request_error",
                                                        "message": "prompt is too long: 5000 tokens > 2048 maximum"}}
+
+
+def test_the_edges_own_refusals_in_anthropics_shape(own):
+    # The edge guard answers before any handler (a body over the limit, a Host that is not
+    # served): on /v1/messages in Anthropic's shape, as Claude Code parses it.
+    import httpx
+
+    c = own()
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(c.url)
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:  # a Content-Length no client sends
+        s.sendall(b"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 67108864\r\nConnection: close\r\n\r\n{}")
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413")
+    assert json.loads(body)["type"] == "error" and json.loads(body)["error"]["type"] == "request_too_large"
+    host = httpx.post(c.url + "/v1/messages", json={"model": "small", "max_tokens": 5, "messages": ASK},
+                      headers={"host": "evil.example"})
+    assert host.status_code == 403 and host.json()["error"]["type"] == "permission_error"
+    chat = httpx.post(c.url + "/v1/chat/completions", json={"model": "small", "messages": ASK},
+                      headers={"host": "evil.example"})
+    assert chat.status_code == 403 and chat.json()["error"]["code"] == "host_not_allowed"  # OpenAI's envelope
