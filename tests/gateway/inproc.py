@@ -195,6 +195,11 @@ class Stack:
         return g
 
     def close(self) -> None:
+        for u in self.upstreams:  # all at once: each server notices on its next 0.1 s tick
+            u.http.server.should_exit = True
+        for g in self.gateways:
+            if g._served is not None:
+                g._served.server.should_exit = True
         for g in self.gateways:
             with contextlib.suppress(Exception):
                 g.stop()
