@@ -1,15 +1,34 @@
-"""The gateway as a client sees it: the official OpenAI SDK against real processes on loopback."""
+"""The gateway as a client sees it: the official OpenAI SDK against a gateway on loopback.
+
+Every test runs twice under `make test`: against gwkit's cluster in process (tests/gateway/inproc.py,
+the app served by uvicorn in this process) and against real processes (slow; `make test-fast` skips it)."""
 
 from __future__ import annotations
 
 import json
 import time
 import urllib.request
+from collections.abc import Iterator
 
+import inproc
 import openai
 import orjson
 import pytest
+from gwkit import Cluster, make_cluster, stop_cluster
 from procs import http_get, http_post
+
+
+@pytest.fixture(scope="module", params=["inproc", pytest.param("process", marks=pytest.mark.slow)])
+def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
+    """Overrides gwkit's (which `fresh` resets before each test)."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    if request.param == "process":
+        c = make_cluster(tmp)
+        yield c
+        stop_cluster(c)
+        return
+    with inproc.stack() as s:
+        yield inproc.make_cluster(s, tmp)
 
 
 def client(c, **kw) -> openai.OpenAI:
