@@ -6,7 +6,9 @@ the UI preview, `switchyard policy explain --json`, replay's dry run and its cou
 The requests cover a fail-open label, a session pinned to its pool through a tool loop,
 escalate-only, a weighted split fixed per session, and a fallback chain. The classifier is
 real: an llm classifier asking a real label server (its own process) over HTTP, and one whose
-pool is dead, so it fails open.
+pool is dead, so it fails open. The gateway (recording as `serve --record` does) and its
+upstreams run in process (tests/gateway/inproc.py); `serve --record` as a process is tested by
+test_hardening*.py and tests/replay/test_live.py.
 
 `/v1/route` and the preview read a session's state and never write it: each is asked about a
 turn just before the proxy serves it, so it starts from the state the proxy's earlier turns
@@ -21,9 +23,10 @@ import time
 from pathlib import Path
 
 import httpx
+import inproc
 import orjson
 import pytest
-from procs import ROOT, Proc, free_port, start_gateway, start_upstream
+from procs import ROOT, Proc, free_port
 from typer.testing import CliRunner
 
 from switchyard.cli import app as cli_app
@@ -98,18 +101,16 @@ def setup(tmp_path_factory):
     port = free_port()
     judge = Proc([sys.executable, str(LABEL_SERVER), "--port", str(port), "--mode", "keyword"],
                  f"http://127.0.0.1:{port}/health", tmp / "judge.log")
-    small, small_url = start_upstream(tmp, "small")
-    large, large_url = start_upstream(tmp, "large")
-    live = _policy(tmp / "live.yaml", "live", f"http://127.0.0.1:{port}", small_url, large_url)
-    dead = _policy(tmp / "dead.yaml", "dead", f"http://127.0.0.1:{free_port()}", small_url, large_url)
-    record = tmp / "recorded.jsonl"
-    gw, url = start_gateway(tmp, [live, dead], "--record", str(record), "--no-health-checks")
     try:
-        yield tmp, url, live, dead, record
+        with inproc.stack() as s:
+            small_url, large_url = s.upstream("small").url, s.upstream("large").url
+            live = _policy(tmp / "live.yaml", "live", f"http://127.0.0.1:{port}", small_url, large_url)
+            dead = _policy(tmp / "dead.yaml", "dead", f"http://127.0.0.1:{free_port()}", small_url, large_url)
+            record = tmp / "recorded.jsonl"
+            gw = s.gateway([live, dead], record=str(record), health_checks=False)
+            yield tmp, gw.serve(), live, dead, record
     finally:
-        gw.stop()
-        for p in (judge, small, large):
-            p.stop()
+        judge.stop()
 
 
 def _send_all(url: str, policy: str, path: Path) -> tuple[list[dict], list[dict], list[dict]]:
