@@ -15,14 +15,19 @@ sys.path.insert(0, str(TESTS))
 # Fixtures that hand out the SmolLM2 weights (tests/engine/conftest.py): a test that reaches them,
 # directly or through another fixture, needs the engine wherever it lives.
 ENGINE_FIXTURES = frozenset({"gguf_path", "server_tp1"})
+# A real Chromium (tests/ui/uikit.py) is a dozen processes and seconds a page: `slow`.
+BROWSER_FIXTURES = frozenset({"browser", "page"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`engine` on every test under tests/engine/ (its conftest imports torch) and on every test
-    that uses the weights' fixtures, so `-m "not engine"` never loads a model."""
+    that uses the weights' fixtures, so `-m "not engine"` never loads a model; `slow` on every
+    test that drives a real browser."""
     engine_dir = TESTS / "engine"
     for item in items:
-        if item.get_closest_marker("engine"):
-            continue
-        if engine_dir in Path(str(item.path)).parents or ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if not item.get_closest_marker("engine") and (
+                engine_dir in Path(str(item.path)).parents or ENGINE_FIXTURES & fixtures):
             item.add_marker(pytest.mark.engine)
+        if not item.get_closest_marker("slow") and BROWSER_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.slow)

@@ -56,6 +56,7 @@ def setup(tmp_path: Path, upstream):
     return cases, pol
 
 
+@pytest.mark.slow  # a replay run against a real gateway process
 def test_live_through_gateway_and_counterfactual_matches(setup, tmp_path: Path) -> None:
     cases, pol = setup
     ids = [c.id for c in cases]
@@ -113,6 +114,7 @@ def test_live_through_gateway_and_counterfactual_matches(setup, tmp_path: Path) 
         assert png in html and (tmp_path / "live" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # a replay run against a real gateway process
 def test_gateway_started_from_policy_and_bfcl_source(setup, tmp_path: Path) -> None:
     # No --gateway: replay starts `switchyard serve --policy` itself and stops it.
     _, pol = setup
@@ -138,6 +140,7 @@ def test_unreachable_gateway_keeps_partial_results(tmp_path: Path) -> None:
     assert not outcomes.exists() or outcomes.read_text() == ""  # an outage is not a wrong answer
 
 
+@pytest.mark.slow  # a replay run against a real gateway process
 def test_retries_counted_and_timeouts(tmp_path: Path, upstream) -> None:
     # Straight at an OpenAI-compatible server (no gateway): the first 3 answers are 503.
     cases = load_category("simple_python", limit=4)
@@ -173,6 +176,7 @@ def test_outcomes_keep_refusals_and_leave_out_outages(tmp_path: Path, upstream) 
     assert not (tmp_path / "t.jsonl").exists() or (tmp_path / "t.jsonl").read_text() == ""
 
 
+@pytest.mark.slow  # a replay run against a real gateway process
 def test_sigterm_keeps_partial_results(tmp_path: Path, upstream) -> None:
     cases = load_category("simple_python", limit=20)
     slow = upstream(cases, delay=1.0)
