@@ -36,6 +36,7 @@ def _write_outcomes(path: Path, cases: list[Case]) -> None:
                                     "prompt_tokens": 10, "completion_tokens": 5, "request": c.body}) + "\n")
 
 
+@pytest.mark.slow  # trains, evaluates and calibrates a classifier: ~20 s on 2 cores
 def test_train_from_outcomes_learns_small_model_failures(tmp_path: Path, bfcl_cases: list[Case]) -> None:
     pytest.importorskip("sklearn")
     cases = bfcl_cases[::6]
