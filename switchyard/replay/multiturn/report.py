@@ -27,7 +27,8 @@ from switchyard.replay.multiturn.env import Environment
 from switchyard.replay.multiturn.outcomes import TurnOutcome, truth_history
 
 LIMITS = ("Per-turn outcomes are teacher-forced: each turn ran from the ground truth's history, and a "
-          "routed session solves iff each turn passes on its pool. An escalated turn counts as large whole.")
+          "routed session solves iff each turn passes on its pool. An escalated turn counts as large whole. "
+          "In the plot, markers are a router's operating points; lines only join them.")
 
 
 def turn_bodies(case: SessionCase, model: str) -> list[dict[str, Any]]:
@@ -103,7 +104,7 @@ async def build(outcomes: list[TurnOutcome], policies: list[Path], small: str, l
         curves.append(threshold_curve(f"{name}: classifier per session", table, per_session, small, large))
     curves += escalation_curves(table, small, large)
     curves += [random_curve(table, small, large), oracle_curve(table, small, large)]
-    served = {p: sorted({o.served_by or "?" for v in table.values() for o in v[p]}) for p in (small, large)}
+    served = {p: sorted({o.served_by for v in table.values() for o in v[p] if o.served_by}) for p in (small, large)}
     return {
         "sessions": len(table), "turns": sum(len(v[small]) for v in table.values()),
         "categories": {c: len(v) for c, v in sorted(by_cat.items())},
@@ -151,7 +152,8 @@ def plot(rep: dict[str, Any], path: Path) -> Path:
         if r["kind"] == "point":
             ax.scatter(xs, ys, label=r["router"], marker="x", zorder=3)
         else:
-            ax.plot(xs, ys, label=r["router"], marker="." if len(xs) < 12 else None, **style)
+            # Markers are the operating points a router has; lines only join them.
+            ax.plot(xs, ys, label=r["router"], marker="o" if len(xs) < 12 else None, markersize=3, **style)
     for side, color in (("small", "tab:red"), ("large", "tab:green")):
         ax.axhline(rep[side]["solve_rate"], color=color, linewidth=0.8, alpha=0.6)
         ax.annotate(f"{side} only ({_label(rep[side])})", (1, rep[side]["solve_rate"]), fontsize=7,
