@@ -86,20 +86,30 @@ def build_app(cases: list[Case]) -> web.Application:
         if message is None:
             return _error(400, "not a case this reference pool was started with (it knows cases by their "
                                "messages and tool names)", "messages", "unknown_case")
-        return web.json_response({
-            "id": "chatcmpl-ref-" + request_key(body)[:16],
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": MODEL,
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
-        })
+        return completion("chatcmpl-ref-" + request_key(body)[:16], message)
+
+    return reference_app(chat, {"cases": len(answers)})
+
+
+def completion(ident: str, message: dict[str, Any]) -> web.Response:
+    """One chat.completion whose answer is `message` (tool calls, or text)."""
+    return web.json_response({
+        "id": ident, "object": "chat.completion", "created": int(time.time()), "model": MODEL,
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+    })
+
+
+def reference_app(chat: Any, health_extra: dict[str, Any]) -> web.Application:
+    """A reference pool's server around its chat handler: /v1/chat/completions, /v1/models and
+    /health, with OpenAI's error envelope for whatever goes wrong (the single-request pool here,
+    the agent-session pool in replay/multiturn/reference.py)."""
 
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "switchyard"}]})
 
     async def health(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "model": MODEL, "cases": len(answers)})
+        return web.json_response({"status": "ok", "model": MODEL, **health_extra})
 
     app = web.Application(client_max_size=MAX_BODY, middlewares=[_openai_errors])
     app.router.add_post("/v1/chat/completions", chat)

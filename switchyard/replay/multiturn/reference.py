@@ -11,14 +11,13 @@ number of assistant messages after it. Anything else is a 400 in OpenAI's error 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from aiohttp import web
 
 from switchyard.replay.multiturn.data import SessionCase
 from switchyard.replay.multiturn.env import Environment, parse_call
-from switchyard.replay.reference import MAX_BODY, MODEL, _error, _openai_errors
+from switchyard.replay.reference import _error, completion, reference_app
 
 TURN_DONE = "Done."
 
@@ -81,24 +80,9 @@ def build_app(cases: list[SessionCase]) -> web.Application:
         if env is None:
             env = envs[case.id] = Environment(case.involved_classes, {}, False)
         message = answer(case, turn, step, env)
-        return web.json_response({
-            "id": f"chatcmpl-ref-{case.id}-{turn}-{step}", "object": "chat.completion",
-            "created": int(time.time()), "model": MODEL,
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
-        })
+        return completion(f"chatcmpl-ref-{case.id}-{turn}-{step}", message)
 
-    async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "switchyard"}]})
-
-    async def health(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "model": MODEL, "sessions": len(by_id)})
-
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[_openai_errors])
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    return app
+    return reference_app(chat, {"sessions": len(by_id)})
 
 
 def serve(cases: list[SessionCase], host: str, port: int) -> None:
