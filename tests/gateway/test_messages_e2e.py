@@ -147,10 +147,10 @@ def test_count_tokens(client):
     longer = client.messages.count_tokens(model="auto", messages=ASK, system="You are a terse meteorologist.",
                                           tools=[WEATHER])
     assert 5 < short.input_tokens < longer.input_tokens
-    # Counted from the text by the engine's tokenizer: less than the prompt the engine builds of it
-    # (the chat template's role markers and SmolLM2's default system prompt come on top).
+    # Counted by the engine's /tokenize over the messages (and tools) through its chat template:
+    # exactly the prompt the engine builds for the same request.
     m = create(client, max_tokens=1)
-    assert short.input_tokens < prompt_of(m) < short.input_tokens + 40
+    assert short.input_tokens == prompt_of(m)
 
 
 def test_claude_code_shaped_request(client):
