@@ -56,6 +56,9 @@ from procs import Proc, free_port, start_gateway, start_upstream  # noqa: E402 -
 
 
 def _load_fuzz() -> Any:
+    # test_fuzz.py imports its neighbours (inproc, gwkit) as the gateway tests' conftest allows.
+    if str(ROOT / "tests" / "gateway") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests" / "gateway"))
     spec = importlib.util.spec_from_file_location("hardening_fuzz", ROOT / "tests" / "gateway" / "test_fuzz.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
