@@ -134,7 +134,7 @@ def _served_window(models: Any) -> bool:
 
 async def _get_json(replica: Replica, url: str, timeout: float) -> Any:
     async with replica.client().get(url, timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False,
-                                    auth=getattr(replica, "auth", None)) as resp:  # credentials of a user:pw@ URL
+                                    auth=replica.auth) as resp:  # credentials of a user:pw@ URL
         if resp.status != 200:
             return None
         return orjson.loads(await resp.content.read(MAX_DISCOVERY_BYTES))
