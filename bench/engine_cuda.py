@@ -6,7 +6,7 @@ the memory-bandwidth limit reached at batch 1.
   python bench/engine_cuda.py --shapes smollm2-135m --batches 1,4 --tokens 8 --device cpu  # smoke
 
 Weights are random, made on the device, with the real models' shapes (SmolLM2-135M and an
-8B Llama); speed depends on the shapes only. Our engine is timed through CudaModel.forward,
+8B Llama); speed depends on the shapes only. Our engine is timed through Decoder.forward,
 the runner's per-step call, with the host loop the scheduler runs: build the step's input
 tensors on the host, run the step (one CUDA graph replay), greedy argmax on the GPU, read the
 tokens back (one host sync per step). HTTP and detokenisation are not included.
@@ -31,8 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from switchyard.engine.model.config import ModelConfig  # noqa: E402
-from switchyard.engine.model.cuda_decoder import CudaModel  # noqa: E402
-from switchyard.engine.model.cuda_layer import weight_bytes_per_token  # noqa: E402
+from switchyard.engine.model.decoder import Decoder, weight_bytes_per_token  # noqa: E402
 from switchyard.engine.model.random_weights import SHAPES  # noqa: E402
 from switchyard.engine.model.step import Step
 from switchyard.engine.model.weights import Shard  # noqa: E402
@@ -105,7 +104,7 @@ def our_weights(model: Any, c: ModelConfig) -> dict[str, torch.Tensor]:
     return w
 
 
-def decode_rate(m: CudaModel, batch: int, tokens: int, vocab: int) -> dict[str, float]:
+def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int) -> dict[str, float]:
     """Prefill `batch` prompts into slots 0..batch-1, then time `tokens` greedy decode steps."""
     dev = m.device
     ids = torch.randint(0, vocab, (batch, PROMPT))
@@ -137,7 +136,7 @@ def decode_rate(m: CudaModel, batch: int, tokens: int, vocab: int) -> dict[str, 
     return {"tok_s": batch * tokens / dt, "step_ms": dt / tokens * 1000, "first_step_ms": first * 1000}
 
 
-def ttft(m: CudaModel, n: int, vocab: int, reps: int = 3) -> float:
+def ttft(m: Decoder, n: int, vocab: int, reps: int = 3) -> float:
     ids = torch.randint(0, vocab, (1, n))
     lens = torch.tensor([n])
     samples = []
@@ -175,14 +174,15 @@ def bench_shape(name: str, dev: torch.device, batches: list[int], tokens: int, h
     t = time.perf_counter()
     model = hf_model(c, dev)
     w = our_weights(model, c)
-    m = CudaModel(c, Shard(0, 1, c), w, SingleRank(), max_slots=max(batches), max_len=2 * PROMPT,
-                  device=dev, dtype=torch.bfloat16, cuda_graphs=True)
+    m = Decoder(c, Shard(0, 1, c), w, SingleRank(), max_slots=max(batches), max_len=2 * PROMPT,
+                device=dev, dtype=torch.bfloat16, cuda_graphs=True, backend="auto" if dev.type == "cuda" else "torch")
     del w
     log(f"{name}: weights made and loaded in {time.perf_counter() - t:.1f}s; "
         f"{weight_bytes_per_token(m) / 1e9:.3f} GB read per batch-1 step")
     t = time.perf_counter()
     decode_rate(m, 1, min(tokens, 8), c.vocab_size)  # compiles the fused ops
-    log(f"  warm-up (compile + first graphs) {time.perf_counter() - t:.1f}s; ops {m.ops.status()}")
+    log(f"  warm-up (compile + first graphs) {time.perf_counter() - t:.1f}s; {m.backend_name} backend, "
+        f"ops {m.status().get('fused_ops')}")
     for b in batches:
         if clock.left() < 45:
             log(f"  batch {b}: skipped (time)")
@@ -193,10 +193,9 @@ def bench_shape(name: str, dev: torch.device, batches: list[int], tokens: int, h
             limit = bw / weight_bytes_per_token(m)
             add("ours (graphs)", "bw_limit_fraction", 1, r["tok_s"] / limit, "x",
                 f"limit {limit:.0f} tok/s at {bw / 1e12:.2f} TB/s")
-    m.graphs.enabled = False
-    r = decode_rate(m, 1, tokens, c.vocab_size)
+    # The same weights, cache and backend, decode steps run eagerly.
+    r = decode_rate(m.view(m.backend_name, cuda_graphs=False, max_slots=m.max_slots), 1, tokens, c.vocab_size)
     add("ours (no graphs)", "decode_tok_s", 1, r["tok_s"], "tok/s", f"step {r['step_ms']:.2f} ms")
-    m.graphs.enabled = dev.type == "cuda"
     if ttft_lens:
         m.allocate_cache(1, max(ttft_lens) + 16)
         ttft(m, min(ttft_lens), c.vocab_size, reps=1)  # warm-up

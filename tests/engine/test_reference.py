@@ -28,12 +28,12 @@ def reference(gguf_path: Path) -> tuple[Any, Any]:
 @pytest.fixture(scope="module")
 def ours(gguf_path: Path) -> tuple[Any, Any]:
     from switchyard.engine.chat.tokenizer import from_gguf
-    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.decoder import Decoder
     from switchyard.engine.model.weights import Shard, load_shard, open_source
     from switchyard.engine.runner.comm import SingleRank
 
     src = open_source(gguf_path)
-    model = TPModel(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), max_slots=2,
+    model = Decoder(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), max_slots=2,
                     max_len=256)
     return model, from_gguf(src.reader)
 

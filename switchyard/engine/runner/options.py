@@ -60,6 +60,14 @@ class EngineOptions:
             raise ConfigError(f"--num-kv-blocks must be 0 (auto) or hold one sequence of --max-model-len: at least "
                               f"{-(-self.max_model_len // self.block_size)} blocks of {self.block_size}")
 
+    @property
+    def backend(self) -> str:
+        """The decoder backend asked for (backends/registry.py): cpu on a CPU; on a GPU cuda
+        (--decode-kernels fused), torch, or auto (cuda where it can run, else torch)."""
+        if self.device == "cpu":
+            return "cpu"
+        return {"auto": "auto", "fused": "cuda", "torch": "torch"}[self.decode_kernels]
+
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> EngineOptions:
         """From a parsed file (keys as the fields are named, `-` or `_`): unknown keys and values

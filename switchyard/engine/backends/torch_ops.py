@@ -1,4 +1,5 @@
-"""The elementwise pieces of a GPU step, fused by torch.compile where it works.
+"""The torch backend's elementwise pieces (backends/torch_backend.py), fused by torch.compile
+where it works.
 
 Unfused, a decode layer runs ~25 tiny kernels (norm, RoPE, casts, SiLU, residual adds);
 at batch 1 their fixed cost rivals the time to read the layer's weights. Each function
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-log = logging.getLogger("switchyard.engine.backends.cuda.ops")
+log = logging.getLogger("switchyard.engine.backends.torch_ops")
 
 NO_COMPILE_ENV = "SWITCHYARD_NO_COMPILE"
 
