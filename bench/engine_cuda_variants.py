@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from switchyard.engine.backends import registry
+from switchyard.engine.backends import attention, registry
 from switchyard.engine.backends.base import LayerWeights, ModelDims
 from switchyard.engine.backends.torch_backend import CUDNN_PREFILL, FLASH_PREFILL, TorchBackend, TorchPlan
 
@@ -43,7 +43,7 @@ class IndexSdpaBackend(TorchBackend):
 
     def decode_attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         S, Hkv = p.B, self.d.kv_heads
-        kc, vc = self.gather(kc, p.tables), self.gather(vc, p.tables)  # type: ignore[arg-type]
+        kc, vc = attention.gather(kc, p.tables), attention.gather(vc, p.tables)  # type: ignore[arg-type]
         with sdpa_kernel(_DECODE_SDPA):
             return F.scaled_dot_product_attention(q.view(S, Hkv, self.d.heads // Hkv, self.d.head_dim), kc, vc,
                                                   attn_mask=p.bias)

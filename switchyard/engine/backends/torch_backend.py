@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
+from switchyard.engine.backends import attention
 from switchyard.engine.backends.base import EagerInput, LayerWeights, ModelDims, Plan
 from switchyard.engine.backends.torch_ops import Ops, rms_norm
 
@@ -77,7 +77,7 @@ class TorchBackend:
         self.ops = Ops(d.device, compile_ops)
         self.ops_eager = Ops(d.device, compile_ops=False)
         self.span_ids = torch.arange(-(-d.max_len // d.block_size) * d.block_size, device=d.device)
-        self.head_rows = torch.arange(d.kv_heads, device=d.device) * d.block_size  # a head's first row in a block
+        self.head_rows = attention.head_rows(d.kv_heads, d.block_size, d.device)
 
     def kv_dtype(self, requested: str, fmt: str) -> torch.dtype:
         return self.d.dtype
@@ -150,18 +150,7 @@ class TorchBackend:
 
     def write_kv(self, kc: torch.Tensor, vc: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> None:
-        """Keys and values [N, kv_heads, head_dim] of N tokens into (block, offset) of one layer's cache."""
-        D = self.d.head_dim
-        rows = ((blocks * self.d.kv_heads * self.d.block_size + offs).view(-1, 1) + self.head_rows).view(-1)
-        kc.view(-1, D).index_copy_(0, rows, k.reshape(-1, D))
-        vc.view(-1, D).index_copy_(0, rows, v.reshape(-1, D))
-
-    def gather(self, cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-        """Rows' blocks [R, n] of one layer's cache as spans [R, kv_heads, n * block_size, head_dim]."""
-        R, n = tables.shape
-        bs, D = self.d.block_size, self.d.head_dim
-        g = cache.index_select(0, tables.reshape(-1)).view(R, n, self.d.kv_heads, bs, D)
-        return g.transpose(1, 2).reshape(R, self.d.kv_heads, n * bs, D)
+        attention.write_kv(kc, vc, blocks, offs, k, v, self.head_rows)
 
     def attention(self, q: Any, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         """[rows, heads * head_dim] in the model dtype."""
@@ -173,25 +162,18 @@ class TorchBackend:
         q = q.view(B, T, H, D).transpose(1, 2)
         if p.fresh:
             k, v = k.view(B, T, Hkv, D).transpose(1, 2), v.view(B, T, Hkv, D).transpose(1, 2)
-            with sdpa_kernel(self.prefill_kernels(B * T)):
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
+            o = attention.prompt(q, k, v, None, self.prefill_kernels(B * T), gqa=Hkv != H)
         else:
-            k, v = self.gather(kc, p.span), self.gather(vc, p.span)  # type: ignore[arg-type]
-            with sdpa_kernel(MASKED_SDPA):
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=p.mask, enable_gqa=Hkv != H)
+            k, v = attention.gather(kc, p.span), attention.gather(vc, p.span)  # type: ignore[arg-type]
+            o = attention.prompt(q, k, v, p.mask, MASKED_SDPA, gqa=Hkv != H)
         return o.transpose(1, 2).reshape(B * T, H * D)
 
     def prefill_kernels(self, tokens: int) -> list[SDPBackend]:
         return CUDNN_PREFILL if tokens >= CUDNN_PREFILL_TOKENS else FLASH_PREFILL
 
     def decode_attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
-        S, L, D = p.B, p.L, self.d.head_dim
-        Hkv = self.d.kv_heads
-        G = self.d.heads // Hkv
-        kc, vc = self.gather(kc, p.tables), self.gather(vc, p.tables)  # type: ignore[arg-type]
-        s = torch.bmm(q.view(S * Hkv, G, D), kc.view(S * Hkv, L, D).transpose(1, 2))
-        pr = p.ops.masked_softmax(s.view(S, Hkv, G, L), p.bias, 1.0 / D ** 0.5, self.d.dtype)
-        return torch.bmm(pr.view(S * Hkv, G, L), vc.view(S * Hkv, L, D))
+        k, v = attention.gather(kc, p.tables), attention.gather(vc, p.tables)  # type: ignore[arg-type]
+        return attention.decode(q, k, v, p.bias, p.ops.masked_softmax, self.d.dtype)  # type: ignore[arg-type]
 
     def layer_out(self, layer: LayerWeights, x: torch.Tensor, o: torch.Tensor,
                   p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from switchyard.engine.backends.cpu.native import Int4Weight, build_named
 from switchyard.engine.backends.cpu.native import load as load_native
+from switchyard.engine.errors import KernelError
 
 GROUP = 32
 NATIVE_COLS = 16  # output columns per block of the native kernel
@@ -92,7 +93,7 @@ class Int4:
             assert self.weight is not None
             if self.native(x2.data_ptr(), self.weight.w, self.weight.s, self.weight.z,
                            y.data_ptr(), x2.shape[0], self.n, self.k, torch.get_num_threads()):
-                raise RuntimeError("native int4 matmul failed: out of memory")  # shapes are checked at load
+                raise KernelError("native int4 matmul failed: out of memory")  # shapes are checked at load
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), self.packed, GROUP, self.sz)
         y = y.view(*shape[:-1], self.n)

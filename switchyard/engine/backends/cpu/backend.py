@@ -7,8 +7,8 @@ allow, torch's ops where not; float32 attention over a float32 or float16 cache.
 - Otherwise op by op: the projections as their format runs them (model/linear.py), RMSNorm with
   the residual add, SwiGLU and RoPE natively on float32 rows (rowops.py), else torch's.
 - Decode attention natively, the KV write with it, on the projection's rows as they are; a
-  prefill (or a decode the kernel cannot take) writes the cache in torch and attends with torch's
-  SDPA, over the cached blocks when the prompt's start is cached (chunked prefill, prefix caching).
+  prefill (or a decode the kernel cannot take) writes the cache and attends in torch
+  (backends/attention.py: SDPA, over the cached blocks when the prompt's start is cached).
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from switchyard.engine.backends import attention
 from switchyard.engine.backends.base import EagerInput, LayerWeights, ModelDims, Plan
 from switchyard.engine.backends.cpu.native import load as load_native
-from switchyard.engine.backends.cpu.rowops import RowOps, rotate_torch
+from switchyard.engine.backends.cpu.rowops import RowOps
+from switchyard.engine.backends.torch_ops import masked_softmax, rotate
 from switchyard.engine.errors import KernelError
 
 _LAYER_ERRORS = {1: "shape unsupported", 2: "position outside the cache", 3: "out of memory"}
@@ -78,6 +79,7 @@ class CpuBackend:
                 and d.block_size % 16 == 0)
         self.attn = lib.sy_decode_attn if lib is not None and fits else None
         self.ops = RowOps(lib, d.cos, d.sin)
+        self.head_rows = attention.head_rows(d.kv_heads, d.block_size, d.device)
         # int4 weights on our kernels (Int4.weight is what native/layer.c takes), one rank, no q/k norm.
         self.fused = (lib is not None and d.tp == 1 and d.hidden % 16 == 0 and all(
             layer.q_norm is None and all(getattr(proj, "weight", None) is not None
@@ -165,7 +167,7 @@ class CpuBackend:
             k = ops.rms_norm(k, layer.k_norm, d.eps)  # type: ignore[arg-type]
         if p.cos is None:
             p.cos, p.sin = d.cos[p.positions].unsqueeze(2), d.sin[p.positions].unsqueeze(2)
-        return x, (rotate_torch(q, p.cos, p.sin), rotate_torch(k, p.cos, p.sin), v)
+        return x, (rotate(q, p.cos, p.sin), rotate(k, p.cos, p.sin), v)
 
     def attention(self, q: Any, kc: torch.Tensor, vc: torch.Tensor, p: CpuPlan) -> torch.Tensor:
         """[B, T, heads * head_dim] float32: decode (native or torch), a fresh prefill, or a later
@@ -182,22 +184,19 @@ class CpuBackend:
             q, k, v = q
             if p.T == 1 and self.attn is not None:
                 return self._native(torch.cat((q.flatten(2), k.flatten(2), v.flatten(2)), dim=-1), kc, vc, p)
-        B, T, H, Hkv, D = p.B, p.T, d.heads, d.kv_heads, d.head_dim
-        kc[p.w_blocks, :, p.w_offs] = k[p.valid].to(kc.dtype)
-        vc[p.w_blocks, :, p.w_offs] = v[p.valid].to(vc.dtype)
+        B, T, H, D = p.B, p.T, d.heads, d.head_dim
+        attention.write_kv(kc, vc, p.w_blocks, p.w_offs, k[p.valid].to(kc.dtype), v[p.valid].to(vc.dtype),  # type: ignore[arg-type]
+                           self.head_rows)
         if T == 1:
-            qh = (q[:, 0] * p.scale).view(B, Hkv, H // Hkv, D)
-            scores = torch.matmul(qh, self._gather(kc, p).transpose(-1, -2))
-            o = torch.matmul(torch.softmax(scores + p.bias, dim=-1), self._gather(vc, p))
-            return o.reshape(B, T, H * D)
+            k, v = self._span(kc, p), self._span(vc, p)
+            return attention.decode(q[:, 0], k, v, p.bias, masked_softmax, torch.float32).reshape(B, T, H * D)  # type: ignore[arg-type]
+        q = q.transpose(1, 2)
         if p.fresh:  # prompts from position 0: attend over their own keys and values
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               is_causal=True, enable_gqa=True)
+            o = attention.prompt(q, k.transpose(1, 2), v.transpose(1, 2), None)
         else:
             # A prompt whose start is cached (an earlier chunk, or a prefix another sequence
             # computed): attend over its blocks so far, causal from each position.
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), self._gather(kc, p), self._gather(vc, p),
-                                               attn_mask=p.mask, enable_gqa=True)
+            o = attention.prompt(q, self._span(kc, p), self._span(vc, p), p.mask)
         return o.transpose(1, 2).reshape(B, T, d.q_size)
 
     def _native(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, p: CpuPlan) -> torch.Tensor:
@@ -215,10 +214,9 @@ class CpuBackend:
             raise KernelError(f"native decode attention failed: {_ATTN_ERRORS.get(rc, rc)}")
         return out
 
-    def _gather(self, cache: torch.Tensor, p: CpuPlan) -> torch.Tensor:
+    def _span(self, cache: torch.Tensor, p: CpuPlan) -> torch.Tensor:
         """The step's sequences' first L positions of one layer's cache: [B, kv_heads, L, head_dim], float32."""
-        blocks = cache[p.tables[:, : p.L // self.d.block_size]]  # [B, L / bs, kv_heads, bs, head_dim]
-        return blocks.transpose(1, 2).reshape(p.B, self.d.kv_heads, p.L, self.d.head_dim).float()
+        return attention.gather(cache, p.tables[:, : p.L // self.d.block_size]).float()
 
     def layer_out(self, layer: LayerWeights, x: torch.Tensor, o: torch.Tensor,
                   p: CpuPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
