@@ -88,7 +88,9 @@ class Decoder:
         """(Re)allocate the KV cache (num_blocks 0: enough for max_slots sequences of max_len),
         and with it the backend and the graph runner (captured graphs are dropped)."""
         dev, bs = self.device, self.block_size
-        self.k_cache = self.v_cache = None  # free the old cache before allocating the new one
+        # Free the old cache (and the views and graphs that hold it) before allocating the new one.
+        self.k_cache = self.v_cache = None
+        self._layer_kv: list[tuple[Layer, torch.Tensor, torch.Tensor]] = []
         self.graph_runner = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()
