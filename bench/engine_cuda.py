@@ -37,6 +37,9 @@ from switchyard.engine.model.step import Step
 from switchyard.engine.model.weights import Shard  # noqa: E402
 from switchyard.engine.runner.comm import SingleRank  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_compiled import peer_decode_rate  # noqa: E402
+
 PROMPT = 128  # decode-sweep prompt length
 
 
@@ -162,7 +165,8 @@ def hf_generate(model: Any, batch: int, prompt: int, new: int, vocab: int) -> fl
 
 
 def bench_shape(name: str, dev: torch.device, batches: list[int], tokens: int, hf: bool, hf_batches: list[int],
-                ttft_lens: list[int], clock: Clock, bw: float, log: Any) -> list[dict[str, Any]]:
+                ttft_lens: list[int], clock: Clock, bw: float, log: Any,
+                peer_batches: list[int] | None = None) -> list[dict[str, Any]]:
     c = SHAPES[name]
     rows: list[dict[str, Any]] = []
 
@@ -203,6 +207,15 @@ def bench_shape(name: str, dev: torch.device, batches: list[int], tokens: int, h
             add("ours", "ttft_ms", 1, ttft(m, n, c.vocab_size), "ms", f"prompt {n}")
     del m
     gc.collect()
+    # The compiled PyTorch peer (bench/peer_compiled.py) on its own weights of the same shape,
+    # right after ours: the same device, clocks and run.
+    for b in peer_batches or []:
+        if clock.left() < 45:
+            log(f"  peer batch {b}: skipped (time)")
+            break
+        r = peer_decode_rate(c, dev, b, tokens)
+        add("compiled peer", "decode_tok_s", b, r["tok_s"], "tok/s",
+            f"step {r['step_ms']:.2f} ms, set-up {r['setup_s']:.0f} s")
     if hf and clock.left() > 40:
         hf_generate(model, 1, 16, 2, c.vocab_size)  # warm-up
         hf_generate(model, 1, min(ttft_lens or [PROMPT]), 1, c.vocab_size)
@@ -233,15 +246,16 @@ def summary(rows: list[dict[str, Any]], bw: float) -> str:
         return None
 
     lines = [f"Copy bandwidth (read + write): {bw / 1e12:.2f} TB/s", "",
-             "| shape | batch | ours tok/s | transformers tok/s | ours / transformers |",
-             "| --- | --- | --- | --- | --- |"]
+             "| shape | batch | ours tok/s | compiled peer tok/s | ours / peer | transformers tok/s |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for shape in dict.fromkeys(r["shape"] for r in rows):
         for b in sorted({r["batch"] for r in rows if r["shape"] == shape and r["metric"] == "decode_tok_s"}):
             o, h = val(shape, "ours (graphs)", "decode_tok_s", b), val(shape, "transformers static", "decode_tok_s", b)
+            p = val(shape, "compiled peer", "decode_tok_s", b)
             if o is None:
                 continue
-            lines.append(f"| {shape} | {b} | {o:,.0f} | {'' if h is None else f'{h:,.0f}'} | "
-                         f"{'' if h is None else f'{o / h:.1f}x'} |")
+            lines.append(f"| {shape} | {b} | {o:,.0f} | {'' if p is None else f'{p:,.0f}'} | "
+                         f"{'' if p is None else f'{o / p:.2f}x'} | {'' if h is None else f'{h:,.0f}'} |")
     lines += ["", "| shape | ours b1 no graphs tok/s | b1 fraction of bandwidth limit | b64 / b1 | "
               "TTFT ours (ms) | TTFT transformers (ms) |", "| --- | --- | --- | --- | --- | --- |"]
     for shape in dict.fromkeys(r["shape"] for r in rows):
@@ -266,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ttft", default="1024,8192")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--peer-batches", default="1,16", help="the compiled PyTorch peer's batches ('' for none)")
     ap.add_argument("--budget-s", type=float, default=420, help="skip remaining points past this")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
@@ -293,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             rows += bench_shape(shape, dev, batches, a.tokens, not a.skip_transformers,
                                 [int(x) for x in a.hf_batches.split(",") if x], [int(x) for x in a.ttft.split(",") if x],
-                                clock, bw, log)
+                                clock, bw, log, [int(x) for x in a.peer_batches.split(",") if x])
         except Exception as e:  # one shape failing must not lose the other's figures
             import traceback
 
