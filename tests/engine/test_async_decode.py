@@ -285,3 +285,64 @@ def test_cuda_backend_async_equals_sync(smollm2: tuple[Runner, ChatTokenizer]) -
     fast = drive(r, tok, reqs, overlap=True)
     assert fast.overlapped >= 4
     assert_same(sync, fast)
+
+
+# -- GPU ------------------------------------------------------------------------------------
+
+
+class Letters:
+    """A stand-in tokenizer for random weights: each id spells a letter."""
+
+    eos_ids: set[int] = set()
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+@pytest.mark.parametrize("backend", ["cuda", "torch"])
+def test_gpu_async_equals_sync_in_graphs(backend: str) -> None:
+    """On a GPU, decode steps replayed as CUDA graphs, their ids copied on the device from the
+    previous step's tokens, sampling and logprobs on the device: bit-identical to the synchronous
+    loop (bf16, random SmolLM2-shaped weights), with sequences ending mid-batch, seeded sampling,
+    logprobs, an abort with a token in flight and preemption under a small pool."""
+    from switchyard.engine.model.decoder import Decoder
+    from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
+    from switchyard.engine.model.weights import Shard
+    from switchyard.engine.runner.comm import SingleRank
+
+    cfg = dataclasses.replace(SMOLLM2_135M, num_layers=6)
+    r = Runner(EngineOptions(model_path=Path("random"), device="cuda", max_num_seqs=8, max_model_len=MAX_LEN), 0, 1)
+    r.config = cfg
+    r.model = Decoder(cfg, Shard(0, 1, cfg), random_weights(cfg, seed=3, device="cuda"), SingleRank(), max_slots=8,
+                      max_len=MAX_LEN, device="cuda", backend=backend)
+    r.model.warmup()
+    assert r.model.backend.name == backend and r.model.graph_runner.graphs.enabled  # type: ignore[union-attr]
+    r.num_kv_blocks = r.model.num_blocks
+    g = torch.Generator().manual_seed(1)
+    tok = Letters()
+
+    def reqs(n: int) -> list[tuple[list[int], SamplingParams, Any]]:
+        out = []
+        for i in range(n):
+            kw: dict[str, Any] = {"temperature": 0.0}
+            if i % 3 == 1:
+                kw = {"temperature": 0.9, "top_p": 0.8, "seed": i, "logprobs": True, "top_logprobs": 2}
+            elif i % 3 == 2:
+                kw["logprobs"] = True
+            out.append((torch.randint(3, cfg.vocab_size, (5 + 7 * i,), generator=g).tolist(),
+                        SamplingParams(max_tokens=6 + 5 * i, ignore_eos=True, **kw), None))
+        return out
+
+    batch = reqs(6)
+    sync = drive(r, tok, batch, overlap=False, abort=(3, 4))  # type: ignore[arg-type]
+    fast = drive(r, tok, batch, overlap=True, abort=(3, 4))  # type: ignore[arg-type]
+    assert fast.overlapped >= 20
+    assert_same(sync, fast, skip={3})
+    assert fast.outs[3] == sync.outs[3]
+    small = reqs(4)
+    sync = drive(r, tok, small, overlap=False, pool=BlockPool(6, 16))  # type: ignore[arg-type]
+    fast = drive(r, tok, small, overlap=True, pool=BlockPool(6, 16))  # type: ignore[arg-type]
+    assert sync.sched.stats["preemptions"] > 0 and fast.sched.stats["preemptions"] > 0
+    assert_same(sync, fast)
+    _pool_is_empty(fast.sched)
