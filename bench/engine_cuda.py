@@ -330,8 +330,6 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
             r = raw_decode_rate(m, 1, tokens, c.vocab_size)
             add("ours (raw loop)", "decode_tok_s", 1, r["tok_s"], "tok/s",
                 f"step {r['step_ms']:.3f} ms: forward, argmax, read back; no output stage")
-    if 1 in batches:  # the same weights, cache and backend, decode steps run eagerly
-        decode("ours (no graphs)", m.view(m.backend_name, cuda_graphs=False, max_slots=m.max_slots), 1)
     if grammar_batches:
         gtok = smollm2_tokenizer()
         if gtok is None:
@@ -350,7 +348,9 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
         from engine_cuda_sweep import sweep
 
         sweep(m, c, sweep_batches, ints(a.parts_batches), tokens, tok, clock, add, log)
-    if a.ttft:
+    if 1 in batches and clock.left() > 20:  # the same weights, cache and backend, decode steps run eagerly
+        decode("ours (no graphs)", m.view(m.backend_name, cuda_graphs=False, max_slots=m.max_slots), 1)
+    if a.ttft and clock.left() > 15:
         lens = ints(a.ttft)
         m.allocate_cache(1, max(lens) + 16)
         ttft(m, min(lens), c.vocab_size, reps=1)  # warm-up
@@ -494,12 +494,15 @@ def main(argv: list[str] | None = None) -> None:
     bw = copy_bandwidth(dev) if dev.type == "cuda" else copy_bandwidth(dev, 256 << 20, 5)
     log(f"copy bandwidth {bw / 1e12:.3f} TB/s")
     rows: list[dict[str, Any]] = []
-    for shape in a.shapes.split(","):
+    shapes = a.shapes.split(",")
+    for i, shape in enumerate(shapes):
         if clock.left() < 60:
             log(f"{shape}: skipped (time)")
             continue
+        # Each shape gets an even share of what is left, so that the first cannot starve the next.
+        share = Clock(clock.left() / (len(shapes) - i))
         try:
-            rows += bench_shape(shape, dev, a, clock, bw, log)
+            rows += bench_shape(shape, dev, a, share, bw, log)
         except Exception as e:  # one shape failing must not lose the other's figures
             import traceback
 

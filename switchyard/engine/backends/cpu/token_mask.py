@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import torch
 
 from switchyard.engine.backends.cpu.native import load as load_native
 from switchyard.engine.backends.transfer import upload
 
-_BITS = torch.arange(32, dtype=torch.int32)
-_BITS_ON: dict[torch.device, torch.Tensor] = {}  # the same, on each device (made once)
+# Bit k of a word as an int32 (bit 31: the sign bit), to test all 32 with one AND; on each device.
+_POW2 = torch.from_numpy(np.left_shift(np.int32(1), np.arange(32, dtype=np.int32)))
+_POW2_ON: dict[torch.device, torch.Tensor] = {}
 
 
 def _native_lib() -> ctypes.CDLL | None:
@@ -39,7 +41,7 @@ def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows:
     B, V = logits.shape
     every = len(rows) == B and rows == list(range(B))
     bm = upload(bitmask[:B] if every else bitmask[rows], torch.int32, dev)
-    blocked = ((bm.unsqueeze(-1) >> _bits(dev)) & 1).view(len(rows), -1) == 0
+    blocked = (bm.unsqueeze(-1) & _pow2(dev)).view(len(rows), -1) == 0  # two kernels
     n = min(V, blocked.shape[1])
     idx = None if every else upload(rows, torch.int64, dev)
     target = logits if idx is None else logits.index_select(0, idx)
@@ -50,10 +52,10 @@ def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows:
         logits.index_copy_(0, idx, target)
 
 
-def _bits(dev: torch.device) -> torch.Tensor:
-    t = _BITS_ON.get(dev)
+def _pow2(dev: torch.device) -> torch.Tensor:
+    t = _POW2_ON.get(dev)
     if t is None:
-        t = _BITS_ON[dev] = upload(_BITS, torch.int32, dev)
+        t = _POW2_ON[dev] = upload(_POW2, torch.int32, dev)
     return t
 
 
