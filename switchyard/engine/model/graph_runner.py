@@ -77,7 +77,9 @@ class GraphRunner:
         d = self.d
         ids, positions, slots, block_tables = step.ids, step.positions, step.slots, step.tables
         B = ids.shape[0]
-        on_device = ids.device == d.device  # copied there, never read by the host
+        # Ids on the model's device are copied there, never read by the host (`cuda` and `cuda:0`
+        # are one device: compare kinds, not names).
+        on_device = not ids.is_cpu or d.device.type == "cpu"
         # A decode step's host work is on every token's path (at batch 1 it rivals a small
         # model's whole GPU step), so it stages the inputs with numpy on the pinned buffers'
         # memory: a third of the time of the same dozen torch calls.
