@@ -9,6 +9,10 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
 - `cuda-prefill-flash`, `cuda-prefill-cudnn`: the cuda backend with one attention kernel for
   every prefill, where the served one picks cuDNN's from 4096 prompt tokens and flash below
   (bench/engine_cuda_probe.py measures the TTFT of both).
+- `cuda-fused-rows-N`: the cuda backend with its fused decode layers up to N rows (a step's batch
+  bucket), cuBLAS's projections and the paged attention kernel past them, where the served one
+  fuses up to backends/cuda/backend.MAX_FUSED_ROWS (16); N = 0: never fused
+  (bench/engine_cuda_sweep.py sweeps it).
 
   import engine_cuda_variants  # registers them; then Decoder(..., backend=NAME) or decoder.view(NAME)
 """
@@ -60,6 +64,20 @@ def _prefill_with(kernels: list[SDPBackend], name: str) -> type:
     return PrefillBackend
 
 
+def _fused_rows(limit: int) -> type:
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    class FusedRowsBackend(CudaBackend):
+        def decode_plan(self, ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor, tables: torch.Tensor,
+                        span: int, graphs: bool) -> TorchPlan:
+            p = super().decode_plan(ids, pos, ctx, tables, span, graphs)
+            p.fused = limit >= p.B
+            return p
+
+    FusedRowsBackend.name = f"cuda-fused-rows-{limit}"
+    return FusedRowsBackend
+
+
 def _lazy(make_cls: object, *args: object) -> object:
     """A factory that builds its class on first use (the cuda backend imports triton)."""
     def factory(dims: ModelDims, layers: Sequence[LayerWeights]) -> object:
@@ -70,3 +88,5 @@ def _lazy(make_cls: object, *args: object) -> object:
 registry.register(IndexSdpaBackend.name, IndexSdpaBackend)
 registry.register("cuda-prefill-flash", _lazy(_prefill_with, FLASH_PREFILL, "cuda-prefill-flash"))  # type: ignore[arg-type]
 registry.register("cuda-prefill-cudnn", _lazy(_prefill_with, CUDNN_PREFILL, "cuda-prefill-cudnn"))  # type: ignore[arg-type]
+for _n in (0, 1, 2, 4, 8, 16):
+    registry.register(f"cuda-fused-rows-{_n}", _lazy(_fused_rows, _n))  # type: ignore[arg-type]

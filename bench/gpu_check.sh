@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The engine's GPU checks in one command, on a machine with one CUDA GPU (an H200 so far):
 #
-#   bash bench/gpu_check.sh [all|tests|bench]      # all: the tests, then the bench
+#   bash bench/gpu_check.sh [all|tests|bench|sweep]  # all: the tests, then the bench
 #   bash bench/gpu_check.sh prepare                # here, before: SmolLM2's tokenizer into .cache/
 #
 # tests: tests/engine/test_cuda*.py (the GPU decoder against the CPU engine, the Triton kernels
-#        compiled, `engine serve --device cuda`, TP=2 where two GPUs are) and the GPU half of
-#        tests/engine/test_structured.py (the grammar's masks on the device), -rs: what skipped, why.
-# bench: bench/engine_cuda.py --batches 1,16,64 --tokens 64 for the 8B and SmolLM2 shapes (random
-#        bf16 weights; ours against transformers' generate, TTFT of 1k and 8k prompts).
+#        compiled, `engine serve --device cuda`, TP=2 where two GPUs are), the GPU half of
+#        tests/engine/test_structured.py (the grammar's masks on the device) and of
+#        tests/engine/test_async_decode.py (async decode equals sync in CUDA graphs), -rs: what skipped, why.
+# bench: bench/engine_cuda.py --batches 1,16,64 --tokens 64 --grammar-batches 1,16 for the 8B and
+#        SmolLM2 shapes (random bf16 weights; the served loop with async decode and without, masks
+#        on at 1 and 16; ours against transformers' generate, TTFT of 1k and 8k prompts).
+# sweep: bench/engine_cuda_sweep.py (fused rows vs not at 1..16, graph parts 1 vs 4; both shapes).
 #
 # Logs and results go to $OUT when it is set (a device run's folder that comes back), else to
 # bench/results/gpu_check/: gpu_tests.log, engine_cuda.{log,csv,md}, gpu_check.txt (what ran,
@@ -47,15 +50,23 @@ rc=0
 if [ "$what" = all ] || [ "$what" = tests ]; then
     "$PY" -m pytest -q -p no:cacheprovider -rs --durations=15 \
         tests/engine/test_cuda.py tests/engine/test_cuda_kernels.py tests/engine/test_cuda_serve.py \
-        "tests/engine/test_structured.py::test_gpu_masks_equal_the_cpu_kernel" 2>&1 | tee "$out/gpu_tests.log"
+        "tests/engine/test_structured.py::test_gpu_masks_equal_the_cpu_kernel" \
+        "tests/engine/test_async_decode.py::test_gpu_async_equals_sync_in_graphs" 2>&1 | tee "$out/gpu_tests.log"
     t=${PIPESTATUS[0]}
     echo "tests: exit $t; $(tail -n 1 "$out/gpu_tests.log")" >>"$summary"
     [ "$t" -eq 0 ] || rc=$t
 fi
 
+if [ "$what" = sweep ]; then
+    "$PY" bench/engine_cuda_sweep.py --out "$out" 2>&1 | tail -n 30
+    b=${PIPESTATUS[0]}
+    echo "sweep: exit $b (engine_cuda_sweep.md, .csv, .log)" >>"$summary"
+    [ "$b" -eq 0 ] || rc=$b
+fi
+
 if [ "$what" = all ] || [ "$what" = bench ]; then
     "$PY" bench/engine_cuda.py --shapes llama-8b,smollm2-135m --batches 1,16,64 --tokens 64 --budget-s 400 \
-        --out "$out" 2>&1 | tail -n 40
+        --grammar-batches 1,16 --out "$out" 2>&1 | tail -n 40
     b=${PIPESTATUS[0]}
     echo "bench: exit $b (engine_cuda.md, .csv, .log)" >>"$summary"
     [ "$b" -eq 0 ] || rc=$b

@@ -7,7 +7,13 @@ a backend with slot_decode (torch, cuda).
   live row attends to, and their logits are dropped.
 - The step reads token ids, positions, context lengths and block tables from static device
   buffers and writes logits into a static buffer: no host synchronisation inside a step, two
-  small host-to-device copies before it and one gather after it.
+  small host-to-device copies before it and one gather after it. The host stages those inputs in
+  one of two pinned buffers, in turn, so that staging a step never waits for the copies of the
+  step before it.
+- Token ids that already live on the device (async decode: the previous step's sampled tokens,
+  which the host has not read) are copied into the ids buffer there, row by row into their
+  slots, after the staged inputs; host ids are staged with the rest. On a CPU device every
+  tensor is on the device, so the CPU tests run the device copy.
 - The step is captured in GRAPH_PARTS graphs (the decoder's layer loop yields between them), so
   that the GPU starts on the first part while the host still launches the next ones.
 
@@ -46,26 +52,34 @@ class GraphRunner:
         # A decode step's largest all-reduce: the embedding rows, float32, per batch slot.
         self.graphs = DecodeGraphs(self._step, dev, cuda_graphs,
                                    capturable=lambda batch: comm.graph_safe(batch * dims.hidden * 4))
-        self.step_in = torch.zeros(3, max_slots, dtype=torch.int64, device=dev)  # ids, positions, ctx lens
+        # ids, positions, ctx lens by slot; row 3: each row's slot (the device copy's and the
+        # logits gather's index)
+        self.step_in = torch.zeros(4, max_slots, dtype=torch.int64, device=dev)
         # Block tables of a decode step: the first S * (span / block_size) entries, viewed [S, span / block_size].
         self.step_tables = torch.zeros(max_slots * bps, dtype=torch.int64, device=dev)
         self.step_out = torch.zeros(max_slots, vocab, dtype=torch.float32, device=dev)
         pin = dev.type == "cuda"
-        self._host = torch.zeros(3, max_slots, dtype=torch.int64, pin_memory=pin)  # staging for step_in
-        self._host_tables = torch.zeros(max_slots * bps, dtype=torch.int64, pin_memory=pin)
-        self._host_np, self._host_tables_np = self._host.numpy(), self._host_tables.numpy()  # the same memory
+        # Two staging buffers for step_in and step_tables, used in turn; numpy views of the same memory.
+        self._host = [torch.zeros(4, max_slots, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._host_tables = [torch.zeros(max_slots * bps, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._host_np = [h.numpy() for h in self._host]
+        self._host_tables_np = [h.numpy() for h in self._host_tables]
         self._iota_np = np.arange(max(max_slots, bps), dtype=np.int64)  # slot and block ids
-        self._staged: torch.cuda.Event | None = None
+        self._staged: list[torch.cuda.Event | None] = [None, None]  # each buffer's copies, queued
+        self._turn = 0
 
     def status(self) -> dict[str, Any]:
         return {"cuda_graphs": self.graphs.enabled, "graphs_captured": len(self.graphs.graphs),
                 "eager_batch_buckets": sorted(self.graphs.eager_batches)}
 
     def run(self, step: Step) -> torch.Tensor:
-        """A decode step (T = 1): the logits of its rows."""
+        """A decode step (T = 1): the logits of its rows. Never waits for the device."""
         d = self.d
         ids, positions, slots, block_tables = step.ids, step.positions, step.slots, step.tables
         B = ids.shape[0]
+        # Ids on the model's device are copied there, never read by the host (`cuda` and `cuda:0`
+        # are one device: compare kinds, not names).
+        on_device = not ids.is_cpu or d.device.type == "cpu"
         # A decode step's host work is on every token's path (at batch 1 it rivals a small
         # model's whole GPU step), so it stages the inputs with numpy on the pinned buffers'
         # memory: a third of the time of the same dozen torch calls.
@@ -75,14 +89,19 @@ class GraphRunner:
         # The span: a bucket of whole blocks, so that it splits into each row's blocks.
         L = -(-len_bucket(int(ctx_np.max()), d.max_len) // d.block_size) * d.block_size
         nb = L // d.block_size
-        if self._staged is not None:
-            self._staged.synchronize()  # the previous step's copies have left the staging buffers
-        staged = self._host_np[:, :S]
+        k = self._turn
+        self._turn ^= 1
+        staged_ev = self._staged[k]
+        if staged_ev is not None:
+            staged_ev.synchronize()  # this buffer's copies (two steps back) have left it
+        staged = self._host_np[k][:, :S]
         staged[:] = 0  # slots outside this step: token 0 at position 0 of the spare block
-        staged[0, slot_np] = ids.cpu().numpy()[:, 0]
+        if not on_device:
+            staged[0, slot_np] = ids.numpy()[:, 0]
         staged[1, slot_np] = positions.cpu().numpy()[:, 0]
         staged[2, slot_np] = ctx_np
-        staged_tables = self._host_tables_np[: S * nb].reshape(S, nb)
+        staged[3, :B] = slot_np
+        staged_tables = self._host_tables_np[k][: S * nb].reshape(S, nb)
         staged_tables.fill(d.num_blocks)
         if block_tables is None:  # slot s owns blocks s * blocks_per_seq onwards
             staged_tables[slot_np] = slot_np[:, None] * self.blocks_per_seq + self._iota_np[:nb]
@@ -90,17 +109,22 @@ class GraphRunner:
             tables = block_tables.cpu().numpy()
             w = min(nb, tables.shape[1])
             staged_tables[slot_np, :w] = tables[:, :w]
-        self.step_in[:, :S].copy_(self._host[:, :S], non_blocking=True)
-        self.step_tables[: S * nb].copy_(self._host_tables[: S * nb], non_blocking=True)
+        self.step_in[:, :S].copy_(self._host[k][:, :S], non_blocking=True)
+        self.step_tables[: S * nb].copy_(self._host_tables[k][: S * nb], non_blocking=True)
         if d.device.type == "cuda":
-            self._staged = torch.cuda.Event()
-            self._staged.record()
+            ev = torch.cuda.Event()
+            ev.record()
+            self._staged[k] = ev
+        in_order = bool((slot_np == self._iota_np[:B]).all())  # slots 0..B-1: no scatter, no gather
+        if on_device:
+            if in_order:
+                self.step_in[0, :B].copy_(ids.view(-1))
+            else:
+                self.step_in[0].index_copy_(0, self.step_in[3, :B], ids.view(-1))
         self.graphs.run(S, L)
-        if B == 1:
-            return self.step_out[int(slot_np[0]): int(slot_np[0]) + 1].clone()
-        if (slot_np == self._iota_np[:B]).all():  # slots 0..B-1: no index upload
+        if in_order:
             return self.step_out[:B].clone()
-        return self.step_out[slots.to(d.device, non_blocking=True)]
+        return self.step_out.index_select(0, self.step_in[3, :B])
 
     def _step(self, S: int, L: int) -> Iterator[None]:
         """One decode step over slots 0..S-1 attending over positions 0..L-1, from step_in to

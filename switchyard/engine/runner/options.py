@@ -41,6 +41,7 @@ class EngineOptions:
     device: str = "cpu"
     cuda_graphs: bool = True  # GPU: replay decode steps as CUDA graphs
     decode_kernels: str = "auto"  # GPU, one rank: fused Triton kernels | torch ops | auto
+    async_decode: bool = True  # launch decode step n+1 before reading step n's tokens (where it holds)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_path", Path(self.model_path))
