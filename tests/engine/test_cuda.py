@@ -33,6 +33,7 @@ from switchyard.engine.model.weights import Shard
 from switchyard.engine.runner.comm import SingleRank
 
 REL_TOL = 0.15
+pytestmark = pytest.mark.usefixtures("one_thread")  # whole models in this process (conftest.one_thread)
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 
 # CPU tests: SmolLM2's widths, 4 layers (every layer runs the same code; 30 would only cost time).

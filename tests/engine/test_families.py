@@ -52,7 +52,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_family_matches_transformers(case: str, tmp_path: Path) -> None:
+def test_family_matches_transformers(case: str, tmp_path: Path, one_thread: None) -> None:
     from transformers import AutoModelForCausalLM
 
     from switchyard.engine.model.decoder import Decoder

@@ -5,8 +5,6 @@ cache slots."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -171,19 +169,6 @@ def _greedy(model, prompts: list[list[int]], n: int, trace: list | None = None) 
     return out
 
 
-@pytest.fixture(scope="module")
-def smollm2(gguf_path: Path):  # type: ignore[no-untyped-def]
-    """SmolLM2's config, float32 weights and the three test prompts."""
-    from switchyard.engine.chat.tokenizer import from_gguf
-    from switchyard.engine.model.weights import load_shard, open_source
-
-    src = open_source(gguf_path)
-    tok = from_gguf(src.reader)
-    prompts = [tok.encode(tok.render([{"role": "user", "content": p}]))
-               for p in ("What is the capital of France?", "Name three fruits.", "Count from one to five.")]
-    return src.config, load_shard(src, 0, 1), tok, prompts
-
-
 def _model(smollm2, dtype: str = "float32"):  # type: ignore[no-untyped-def]
     from switchyard.engine.model.decoder import Decoder
     from switchyard.engine.model.weights import Shard
@@ -193,11 +178,18 @@ def _model(smollm2, dtype: str = "float32"):  # type: ignore[no-untyped-def]
     return Decoder(config, Shard(0, 1, config), weights, SingleRank(), max_slots=3, max_len=128, dtype=dtype)
 
 
-def test_smollm2_int4_equals_float32_and_batched_equals_alone(smollm2) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def int4_smollm2(smollm2):  # type: ignore[no-untyped-def]
+    """SmolLM2 as int4, quantised once for the module (each test prefills the slots it reads)."""
+    return _model(smollm2, "int4")
+
+
+def test_smollm2_int4_equals_float32_and_batched_equals_alone(smollm2, int4_smollm2,  # type: ignore[no-untyped-def]
+                                                              one_thread: None) -> None:
     tok, prompts = smollm2[2], smollm2[3]
+    i4 = int4_smollm2
     with torch.inference_mode():
-        f32, i4 = _model(smollm2), _model(smollm2, "int4")
-        exact = _greedy(f32, prompts, 24)
+        exact = _greedy(_model(smollm2), prompts, 24)
         together = _greedy(i4, prompts, 24)
         alone = [_greedy(i4, [p], 24)[0] for p in prompts]
     # Q4_1 codes requantized to int4 groups lose nothing; bfloat16 activations could flip a
@@ -207,23 +199,26 @@ def test_smollm2_int4_equals_float32_and_batched_equals_alone(smollm2) -> None: 
     assert "Paris" in tok.decode(together[0])
 
 
-def test_fused_layers_equal_op_by_op(smollm2) -> None:  # type: ignore[no-untyped-def]
+def test_fused_layers_equal_op_by_op(smollm2, int4_smollm2, one_thread: None) -> None:  # type: ignore[no-untyped-def]
     """One rank with the int4 kernels runs each layer as two native calls around attention
     (native/layer.c); every step's logits, prefill and decode, are bit-identical to the
     op-by-op path's."""
     prompts = smollm2[3]
+    i4 = int4_smollm2
+    if i4.backend.lib is None:
+        pytest.skip("native kernels unavailable here")
+    assert i4.backend.fused
     with torch.inference_mode():
-        i4 = _model(smollm2, "int4")
-        if i4.backend.lib is None:
-            pytest.skip("native kernels unavailable here")
-        assert i4.backend.fused
         fused: list[torch.Tensor] = []
         _greedy(i4, prompts, 6, fused)
         i4.backend.fused = False  # the same backend, op by op
-        i4.k_cache.zero_()
-        i4.v_cache.zero_()
-        ops: list[torch.Tensor] = []
-        _greedy(i4, prompts, 6, ops)
+        try:
+            i4.k_cache.zero_()
+            i4.v_cache.zero_()
+            ops: list[torch.Tensor] = []
+            _greedy(i4, prompts, 6, ops)
+        finally:
+            i4.backend.fused = True
     assert len(fused) == len(ops) == 5
     for a, b in zip(fused, ops, strict=True):
         assert torch.equal(a, b)

@@ -54,7 +54,8 @@ def _llama_cpp_greedy(url: str, ids: list[int]) -> list[int]:
         return json.load(r)["tokens"]
 
 
-def test_w4a8_build_decodes_as_llama_cpp(llama_server: str, gguf_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_w4a8_build_decodes_as_llama_cpp(llama_server: str, gguf_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         one_thread: None) -> None:
     from test_native import _greedy
 
     from switchyard.engine.chat.tokenizer import from_gguf
