@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from switchyard.api.relay import CONN_KEY
 from switchyard.gateway.runtime import Runtime
 
 log = logging.getLogger("switchyard.server")
@@ -55,6 +56,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._stall_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0
+        # Set by the request being served while it waits (api/proxy.py, api/relay.py): called once
+        # if the client goes, so no request needs a task of its own that waits for http.disconnect.
+        self.on_lost: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -65,6 +69,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if t is not None:
                 t.cancel()
         super().connection_lost(exc)
+        lost, self.on_lost = self.on_lost, None
+        if lost is not None and self.cycle is not None and not self.cycle.response_complete:
+            lost()
 
     # A silent socket, or headers sent a byte at a time: close once the header time is up.
 
@@ -91,6 +98,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
+        self.scope[CONN_KEY] = self  # type: ignore[literal-required]
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:

@@ -152,15 +152,16 @@ class Dispatcher:
 
     async def send(
         self, pools: Mapping[str, Pool], decision: RouteDecision, body: dict, path: str, stream: bool,
-        trace: AttemptTrace | None = None, native: NativeRequest | None = None,
+        trace: AttemptTrace | None = None, native: NativeRequest | None = None, size: int | None = None,
     ) -> Answer:
         """Send to the decision's pool (its pinned replica first), retrying on other replicas
         before the first byte, then along its fallback chain. Raises a switchyard.errors error.
         `trace` sees each attempt (a span, and the headers that carry it upstream). `native`: a
         pool that lists its API gets it untranslated instead of `body` (decided per pool, so a
-        fallback to a pool of another kind still works); prefix keys always come from `body`."""
+        fallback to a pool of another kind still works); prefix keys always come from `body`. `size`:
+        the body's bytes as the client sent them, when `body` is that body (the window estimate)."""
         # Only the pools whose context window the prompt fits, each with the max_tokens it leaves.
-        fits = fit.plan(pools, (decision.pool, *decision.fallbacks), body)
+        fits = fit.plan(pools, (decision.pool, *decision.fallbacks), body, size)
         capacity: NoCapacity | None = None
         failure: errors.RequestError | None = None
         attempts = 0
