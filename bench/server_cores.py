@@ -203,7 +203,7 @@ def main() -> None:
                       log=tmp / f"gw-{port}.log")
             procs.append(p)
             servers[f"gateway {tree.name}"] = (port, p)
-        for name, (port, p) in servers.items():
+        for port, p in servers.values():
             wait_http(f"http://127.0.0.1:{port}/health", proc=p)
         rows: dict[str, list[dict]] = {n: [] for n in servers}
         names = list(servers)

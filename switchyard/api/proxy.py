@@ -286,8 +286,11 @@ class Proxy:
         if answer.attempts > 1:
             headers["x-switchyard-attempts"] = str(answer.attempts)
         if decision.session_id:
-            await rt.gateway.remember_replica(decision, lp, answer.replica.url, key.id if key else "")
-            await rt.gateway.state.flush()  # the next turn may come through another gateway
+            if lp.spec.session.pin == "replica":
+                await rt.gateway.remember_replica(decision, lp, answer.replica.url, key.id if key else "")
+            state = rt.gateway.state
+            if getattr(state, "shared", True):  # the next turn may come through another gateway
+                await state.flush()
         price = lp.pools[answer.pool].spec.price if answer.pool in lp.pools else None
         if answer.stream is None:
             status, body, ctype = answer.status, answer.body, answer.content_type
