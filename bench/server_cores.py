@@ -167,6 +167,34 @@ VARIANTS = {
 }
 
 
+TEXT = "What is the weather in Paris today?"
+APIS = {  # the agent APIs through a gateway (the bare forwarders serve chat only)
+    "responses": ("/v1/responses", {"model": "auto", "input": TEXT, "max_output_tokens": 16}),
+    "messages": ("/v1/messages", {"model": "auto", "max_tokens": 16, "messages": [{"role": "user", "content": TEXT}]}),
+}
+
+
+def wrk_body(url: str, body: dict, conns: int, seconds: int) -> float:
+    import shutil
+    import subprocess
+
+    script = (f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(body))}\n'
+              'wrk.headers["Content-Type"] = "application/json"\n')
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script)
+    cmd = ["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "-s", f.name, url]
+    if shutil.which("taskset"):
+        cmd = ["taskset", "-c", "0", *cmd]
+    out = subprocess.run(cmd, capture_output=True, text=True).stdout
+    rps = float("nan")
+    for line in out.splitlines():
+        if "Non-2xx" in line:
+            print(f"  warning: {line.strip()} from {url}", flush=True)
+        if line.startswith("Requests/sec:"):
+            rps = float(line.split()[1])
+    return rps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
@@ -174,6 +202,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=6)
     ap.add_argument("--requests", type=int, default=400, help="sequential requests a round for the p50 at c=1")
+    ap.add_argument("--apis", nargs="*", default=[], choices=list(APIS),
+                    help="also these APIs through each gateway (c=32 req/s and CPU a request)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "server_cores.json")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sy-cores-"))
@@ -206,8 +236,10 @@ def main() -> None:
         for port, p in servers.values():
             wait_http(f"http://127.0.0.1:{port}/health", proc=p)
         rows: dict[str, list[dict]] = {n: [] for n in servers}
+        direct: list[float] = []
         names = list(servers)
         for r in range(args.rounds):
+            direct.append(statistics.median(asyncio.run(latency(up + "/chat/completions", args.requests, "auto"))))
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 port, p = servers[name]
@@ -219,21 +251,34 @@ def main() -> None:
                 lat = asyncio.run(latency(url, args.requests, "auto"))
                 row = {"rps": rps, "cpu_us": cpu_us, "p50_ms": statistics.median(lat)}
                 rows[name].append(row)
+                if name.startswith("gateway "):
+                    for api in args.apis:
+                        path, body = APIS[api]
+                        c0, t0 = cpu_seconds(p.pid), time.perf_counter()
+                        arps = wrk_body(f"http://127.0.0.1:{port}{path}", body, 32, args.seconds)
+                        acpu = (cpu_seconds(p.pid) - c0) / max(1.0, arps * (time.perf_counter() - t0)) * 1e6
+                        rows.setdefault(f"{name} {api}", []).append({"rps": arps, "cpu_us": acpu, "p50_ms": float("nan")})
+                        print(f"round {r} {name + ' ' + api:>22}: {arps:7.0f} req/s  CPU {acpu:5.0f} us/req", flush=True)
                 print(f"round {r} {name:>22}: {rps:7.0f} req/s  CPU {cpu_us:5.0f} us/req  p50 c=1 "
                       f"{row['p50_ms']:.3f} ms", flush=True)
     finally:
         for p in reversed(procs):
             stop(p)
-    out = {"cpu": cpu_name(), "args": {k: str(v) for k, v in vars(args).items()}, "rounds": rows, "median": {}}
+    out = {"cpu": cpu_name(), "args": {k: str(v) for k, v in vars(args).items()}, "rounds": rows, "median": {},
+           "direct_p50_ms": statistics.median(direct), "direct_rounds": direct}
     ref = "fastapi-aiohttp" if "fastapi-aiohttp" in rows else names[0]
-    print(f"\nmedians of {args.rounds} rounds on {cpu_name()} (server alone on core 1), vs {ref}:")
+    print(f"\nmedians of {args.rounds} rounds on {cpu_name()} (server alone on core 1), vs {ref}; direct p50 "
+          f"{out['direct_p50_ms']:.3f} ms:")
     for name, rs in rows.items():
         m = {k: statistics.median(x[k] for x in rs) for k in rs[0]}
         out["median"][name] = m
     for name, m in out["median"].items():
         b = out["median"][ref]
+        m["added_p50_ms"] = m["p50_ms"] - out["direct_p50_ms"]
         print(f"  {name:>22}: {m['rps']:7.0f} req/s ({m['rps'] / b['rps']:.2f}x)  CPU {m['cpu_us']:5.0f} us/req "
-              f"({b['cpu_us'] / m['cpu_us']:.2f}x per core)  p50 c=1 {m['p50_ms']:.3f} ms")
+              f"({b['cpu_us'] / m['cpu_us']:.2f}x per core)  p50 c=1 {m['p50_ms']:.3f} ms, added "
+              f"{m['added_p50_ms']:+.3f} ms ({m['added_p50_ms'] / max(1e-6, b['p50_ms'] - out['direct_p50_ms']):.2f}x "
+              f"the reference's)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
 

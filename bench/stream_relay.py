@@ -233,7 +233,9 @@ def main() -> None:
             procs.append(p)
             servers["bare forwarder"] = (bp, p)
         policy = tmp / "policy.yaml"
-        policy.write_text("version: 1\nname: bench\npools:\n  p:\n    model: fake\n    replicas:\n"
+        # Room for every stream at once (the default max_inflight_per_replica, 32, would queue half of 64).
+        policy.write_text("version: 1\nname: bench\npools:\n  p:\n    model: fake\n    max_inflight_per_replica: 1024\n"
+                          "    replicas:\n"
                           f"      - url: {up}\nroutes:\n  - name: default\n    pool: p\n")
         for tree in args.gateway:
             tree = tree.resolve()
