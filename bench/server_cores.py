@@ -3,7 +3,7 @@ combination leaves the most room per core (issue #31's candidates, chosen by mea
 
     python bench/server_cores.py                         # every variant, 3 rounds of 6 s at c=32
     python bench/server_cores.py --variants fastapi-aiohttp rsgi-aiohttp --rounds 5
-    python bench/server_cores.py --gateway ../tree      # also the gateway of a source tree (this one: .)
+    python bench/server_cores.py --variants fastapi-aiohttp --gateway ../before . --apis responses messages
 
 Each variant is the same forwarder (POST /v1/chat/completions: read the body, POST it upstream,
 answer the upstream's bytes with its status and content type) on another server core and upstream
@@ -206,6 +206,14 @@ def main() -> None:
                     help="also these APIs through each gateway (c=32 req/s and CPU a request)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "server_cores.json")
     args = ap.parse_args()
+    import importlib.util
+
+    for lib in ("granian", "pyreqwest"):  # bench-only candidates: pip install granian pyreqwest to measure them
+        if importlib.util.find_spec(lib) is None:
+            left = [v for v in args.variants if lib in v or (lib == "granian" and v.startswith("rsgi"))]
+            if left:
+                print(f"{lib} is not installed: {', '.join(left)} left out", flush=True)
+                args.variants = [v for v in args.variants if v not in left]
     tmp = Path(tempfile.mkdtemp(prefix="sy-cores-"))
     procs = []
     servers: dict[str, tuple[int, object]] = {}
