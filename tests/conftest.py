@@ -30,11 +30,11 @@ ENGINE_FIXTURES = frozenset({"gguf_path", "server_tp1", "smollm2_server"})
 # A real Chromium (tests/ui/uikit.py) is a dozen processes and seconds a page: `slow`.
 BROWSER_FIXTURES = frozenset({"browser", "page"})
 
-# The shared engine: the shipped int4 weights (what `switchyard up` serves; they load faster than float32,
-# and the tests that compare float32 outputs live in tests/engine), a 1,024-token window (the Messages
-# tests' policy keeps 896 of it), a few sequences at once.
-SMOLLM2_SERVER_ARGS = ["--served-model-name", "smollm2-135m", "--dtype", "int4", "--max-model-len", "1024",
-                       "--max-num-seqs", "4"]
+# The shared engine: the shipped int4 weights at the model's own 8,192-token window, as `switchyard up` serves
+# them (they load faster than float32; the tests that compare float32 outputs live in tests/engine), a few
+# sequences at once. Agent sessions' prompts carry ~3k tokens of tools; the Messages tests' policy keeps
+# its own smaller window.
+SMOLLM2_SERVER_ARGS = ["--served-model-name", "smollm2-135m", "--dtype", "int4", "--max-num-seqs", "4"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -55,7 +55,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def smollm2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator["EngineServer"]:  # noqa: F821
     """`switchyard engine serve` on SmolLM2 (int4, TP=1) for the session, shared by every test outside
     tests/engine that needs a real model behind the gateway (Messages and Responses through the SDKs,
-    live replay, the LLM classifier): one start-up instead of one per module. Its `url` is the root."""
+    live replay and agent sessions, the LLM classifier): one start-up instead of one per module. Its `url`
+    is the root."""
     sys.path.insert(0, str(TESTS / "engine"))
     from engine_support import EngineServer, smollm2_path
 

@@ -20,9 +20,10 @@ pools:
   small:
     model: smollm2-135m
     health: {{interval: 0}}
-    # The engine holds 1024 (SMOLLM2_SERVER_ARGS, tests/conftest.py). Claude Code's max_tokens 32000 is lowered to what the window
-    # leaves by the gateway's estimate of the prompt, which does not see the engine's own tool
-    # instructions (~90 tokens of SmolLM2's prompt here): the policy keeps that much in hand.
+    # The pool's window, under the engine's own (8,192: SMOLLM2_SERVER_ARGS, tests/conftest.py). Claude
+    # Code's max_tokens 32000 is lowered to what this window leaves by the gateway's estimate of the
+    # prompt, which does not see the engine's own tool instructions (~90 tokens of SmolLM2's prompt):
+    # 1,024 less that much in hand.
     max_model_len: 896
     replicas: [{{url: '{url}/v1', name: e0}}]
 routes: [{{name: default, pool: small}}]
