@@ -4,12 +4,18 @@ the memory-bandwidth limit reached at batch 1.
 
   python bench/engine_cuda.py --out bench/results            # both shapes, CUDA
   python bench/engine_cuda.py --shapes smollm2-135m --batches 1,4 --tokens 8 --device cpu  # smoke
+  python bench/engine_cuda.py --grammar-batches 1,16 --sweep ...   # + masks on; + bench_cuda_sweep's knobs
 
 Weights are random, made on the device, with the real models' shapes (SmolLM2-135M and an
-8B Llama); speed depends on the shapes only. Our engine is timed through CudaModel.forward,
-the runner's per-step call, with the host loop the scheduler runs: build the step's input
-tensors on the host, run the step (one CUDA graph replay), greedy argmax on the GPU, read the
-tokens back (one host sync per step). HTTP and detokenisation are not included.
+8B Llama); speed depends on the shapes only. Our engine is timed through the loop it serves
+with: the runner and core/scheduler.py's Scheduler.step (admission, prefill, decode steps, the
+output stage: sampling on the GPU, detokenising, stop checks), greedy, EOS ignored, with async
+decode (step n+1 launched with its ids taken on the device from step n's tokens, step n read
+and finished while step n+1 runs) and, as a row of its own, without it (each step's tokens
+read before the next is launched). Detokenising uses SmolLM2's tokenizer where `bash
+bench/gpu_check.sh prepare` wrote it (else a stand-in); HTTP is not included. With
+--grammar-batches, the same loop with every row under a JSON-schema grammar (llguidance over
+SmolLM2's tokenizer, masks padded to the 8B shape's vocabulary), beside the free figure.
 
 Bandwidth limit at batch 1 = measured device-to-device copy bandwidth (bytes read + written
 per second) / bytes of weights one decode step reads.
@@ -30,15 +36,33 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from switchyard.engine.core.sampling import SamplingParams  # noqa: E402
+from switchyard.engine.core.scheduler import Scheduler  # noqa: E402
+from switchyard.engine.core.sequence import Sequence  # noqa: E402
 from switchyard.engine.model.config import ModelConfig  # noqa: E402
-from switchyard.engine.model.cuda_decoder import CudaModel  # noqa: E402
-from switchyard.engine.model.cuda_layer import weight_bytes_per_token  # noqa: E402
-from switchyard.engine.model.random_weights import SHAPES  # noqa: E402
-from switchyard.engine.model.step import Step
+from switchyard.engine.model.decoder import Decoder, weight_bytes_per_token  # noqa: E402
+from switchyard.engine.model.random_weights import SHAPES, random_weights  # noqa: E402
+from switchyard.engine.model.step import Step  # noqa: E402
 from switchyard.engine.model.weights import Shard  # noqa: E402
 from switchyard.engine.runner.comm import SingleRank  # noqa: E402
+from switchyard.engine.runner.model_runner import Runner  # noqa: E402
+from switchyard.engine.runner.options import EngineOptions  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_compiled import peer_decode_rate  # noqa: E402
 
 PROMPT = 128  # decode-sweep prompt length
+WARM = 3  # decode tokens each sequence has before the clock starts (graph captures, the first async turn)
+ROOT = Path(__file__).resolve().parents[1]
+# Every row's grammar under --grammar-batches: a JSON object holding an array of at least 40
+# objects (keys, strings under a pattern, integers, nested arrays), so no row can finish early.
+_ITEM = {"type": "object", "properties": {
+    "name": {"type": "string", "pattern": "^[a-z ]{4,24}$"},
+    "count": {"type": "integer", "minimum": 0, "maximum": 999},
+    "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,12}$"}, "maxItems": 3}},
+    "required": ["name", "count", "tags"]}
+GRAMMAR_SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": _ITEM, "minItems": 40}},
+                  "required": ["items"]}
 
 
 class Clock:
@@ -105,9 +129,96 @@ def our_weights(model: Any, c: ModelConfig) -> dict[str, torch.Tensor]:
     return w
 
 
-def decode_rate(m: CudaModel, batch: int, tokens: int, vocab: int) -> dict[str, float]:
-    """Prefill `batch` prompts into slots 0..batch-1, then time `tokens` greedy decode steps."""
-    dev = m.device
+class Letters:
+    """A stand-in tokenizer where SmolLM2's is not at hand: each id spells a letter."""
+
+    eos_ids: set[int] = set()
+    vocab_size = 1 << 30
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+class Wrapped:
+    """SmolLM2's tokenizer for a model with a larger vocabulary: ids past its own decode modulo it
+    (so that every token costs a real decode)."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok, self.eos_ids, self.vocab_size = tok, tok.eos_ids, tok.vocab_size
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode([i % self.vocab_size for i in ids])
+
+
+def smollm2_tokenizer() -> Any | None:
+    """SmolLM2's tokenizer (chat/tokenizer.ChatTokenizer) where gpu_check.sh prepare wrote it."""
+    import os
+
+    from switchyard.engine.chat import tokenizer
+
+    for d in (os.environ.get("SWITCHYARD_TEST_TOKENIZER_DIR"), ROOT / ".cache" / "smollm2-tokenizer"):
+        if d and (Path(d) / "tokenizer.json").exists():
+            return tokenizer.from_hf_dir(Path(d), set())
+    return None
+
+
+def served_runner(m: Decoder) -> Runner:
+    """The runner's step protocol (runner/model_runner.Runner) around a decoder built here."""
+    r = Runner(EngineOptions(model_path=Path("random-weights"), device=m.device.type, max_num_seqs=m.max_slots,
+                             max_model_len=m.max_len), 0, 1)
+    r.model, r.config, r.num_kv_blocks, r.max_model_len = m, m.c, m.num_blocks, m.max_len
+    return r
+
+
+def grammar_factory(tok: Any) -> Any:
+    """A fresh matcher of GRAMMAR_SCHEMA's grammar (compiled once) per call."""
+    from switchyard.engine.chat.grammar import Grammars
+    from switchyard.engine.chat.structured import constraint
+
+    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
+    c = constraint({"response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "items", "schema": GRAMMAR_SCHEMA}}}, None)
+    return lambda: g.compile(c)
+
+
+def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: bool = True, tok: Any = None,
+                grammar: Any = None) -> dict[str, float]:
+    """`batch` prompts of PROMPT random tokens through the served engine's loop (Scheduler.step,
+    not a copy of it), greedy, EOS ignored, each to WARM + `tokens` tokens: the decode rate from
+    when every sequence has WARM tokens to the last token read. overlap: async decode (else each
+    step's tokens are read before the next step is launched); grammar: a factory of each row's
+    grammar state (masks on)."""
+    tok = tok or Letters()
+    sched = Scheduler(served_runner(m), tok, m.max_slots, m.max_len, overlap=overlap)
+    hi = min(vocab, tok.vocab_size)
+    seqs = [Sequence(prompt=torch.randint(3, hi, (PROMPT,)).tolist(), sink=lambda ev: None,
+                     params=SamplingParams(max_tokens=WARM + tokens, temperature=0.0, ignore_eos=True),
+                     grammar=grammar() if grammar is not None else None) for _ in range(batch)]
+    for s in seqs:
+        sched.submit(s)
+    marks: list[tuple[float, int, int]] = []  # after each turn: time, tokens so far, the fewest a row has
+    fills: list[float] = []
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        while not all(s.finished for s in seqs):
+            sched.step()
+            n = [len(s.out) for s in seqs]
+            marks.append((time.perf_counter(), sum(n), min(n)))
+            if grammar is not None and sched.output.masker is not None:
+                fills.append(sched.output.masker.last_fill_s)
+    sync(m.device)
+    k = next(i for i, mk in enumerate(marks) if mk[2] >= WARM)
+    (t1, n1, _), (t2, n2, _) = marks[k], marks[-1]
+    dt = max(t2 - t1, 1e-9)
+    r = {"tok_s": (n2 - n1) / dt, "step_ms": dt / max(1, (n2 - n1) / batch) * 1000, "ready_s": t1 - t0}
+    if fills:
+        r["mask_ms"] = statistics.median(fills[k:] or fills) * 1000
+    return r
+
+
+def raw_decode_rate(m: Decoder, batch: int, tokens: int, vocab: int) -> dict[str, float]:
+    """The loop before the scheduler's: Decoder.forward, argmax on the GPU and the tokens read
+    back every step (no output stage): what the kernels and the graph replay alone allow."""
     ids = torch.randint(0, vocab, (batch, PROMPT))
     lens = torch.full((batch,), PROMPT, dtype=torch.int64)
     slots = torch.arange(batch)
@@ -120,24 +231,21 @@ def decode_rate(m: CudaModel, batch: int, tokens: int, vocab: int) -> dict[str, 
         nonlocal nxt, ctx
         logits = m.forward(Step(torch.tensor(nxt).view(batch, 1), torch.full((batch, 1), ctx), slots, one,
                            torch.full((batch,), ctx + 1), batch))
-        nxt = logits.argmax(-1).tolist()  # the one host sync per step, as in the scheduler
+        nxt = logits.argmax(-1).tolist()
         ctx += 1
 
-    t = time.perf_counter()
-    step()  # first step of this bucket: captures its graph
-    first = time.perf_counter() - t
-    for _ in range(2):
+    for _ in range(WARM):
         step()
-    sync(dev)
+    sync(m.device)
     t = time.perf_counter()
     for _ in range(tokens):
         step()
-    sync(dev)
+    sync(m.device)
     dt = time.perf_counter() - t
-    return {"tok_s": batch * tokens / dt, "step_ms": dt / tokens * 1000, "first_step_ms": first * 1000}
+    return {"tok_s": batch * tokens / dt, "step_ms": dt / tokens * 1000}
 
 
-def ttft(m: CudaModel, n: int, vocab: int, reps: int = 3) -> float:
+def ttft(m: Decoder, n: int, vocab: int, reps: int = 3) -> float:
     ids = torch.randint(0, vocab, (1, n))
     lens = torch.tensor([n])
     samples = []
@@ -162,52 +270,108 @@ def hf_generate(model: Any, batch: int, prompt: int, new: int, vocab: int) -> fl
     return time.perf_counter() - t
 
 
-def bench_shape(name: str, dev: torch.device, batches: list[int], tokens: int, hf: bool, hf_batches: list[int],
-                ttft_lens: list[int], clock: Clock, bw: float, log: Any) -> list[dict[str, Any]]:
+def shape_tokenizer(c: ModelConfig) -> Any:
+    """What detokenises a shape's tokens: SmolLM2's tokenizer (ids past its vocabulary modulo it),
+    else the stand-in."""
+    tok = smollm2_tokenizer()
+    if tok is None:
+        return Letters()
+    return Wrapped(tok) if c.vocab_size > tok.vocab_size else tok
+
+
+def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Clock, bw: float,
+                log: Any) -> list[dict[str, Any]]:
     c = SHAPES[name]
+    batches = ints(a.batches)
+    grammar_batches = ints(a.grammar_batches)
+    sweep_batches = ints(a.sweep_batches) if a.sweep else []
+    tokens = a.tokens
+    hf = not a.skip_transformers
     rows: list[dict[str, Any]] = []
 
     def add(engine: str, metric: str, batch: int, value: float, unit: str, note: str = "") -> None:
         rows.append({"shape": name, "engine": engine, "metric": metric, "batch": batch,
                      "value": round(value, 3), "unit": unit, "note": note})
-        log(f"  {name:13} {engine:22} {metric:18} b={batch:<4} {value:10.2f} {unit} {note}")
+        log(f"  {name:13} {engine:26} {metric:18} b={batch:<4} {value:10.2f} {unit} {note}")
+
+    def decode(engine: str, m: Decoder, b: int, **kw: Any) -> dict[str, float]:
+        r = decode_rate(m, b, tokens, c.vocab_size, tok=tok, **kw)
+        note = f"step {r['step_ms']:.3f} ms"
+        if "mask_ms" in r:
+            note += f", mask fill {r['mask_ms']:.3f} ms"
+        add(engine, "decode_tok_s", b, r["tok_s"], "tok/s", note)
+        return r
 
     t = time.perf_counter()
-    model = hf_model(c, dev)
-    w = our_weights(model, c)
-    m = CudaModel(c, Shard(0, 1, c), w, SingleRank(), max_slots=max(batches), max_len=2 * PROMPT,
-                  device=dev, dtype=torch.bfloat16, cuda_graphs=True)
+    model = hf_model(c, dev) if hf else None
+    w = our_weights(model, c) if model is not None else random_weights(c, seed=0, device=dev, dtype=torch.bfloat16)
+    m = Decoder(c, Shard(0, 1, c), w, SingleRank(), max_slots=max(batches + grammar_batches + sweep_batches),
+                max_len=max(2 * PROMPT, PROMPT + WARM + tokens + 16), device=dev, dtype=torch.bfloat16,
+                cuda_graphs=True, backend="auto" if dev.type == "cuda" else "torch")
     del w
+    tok = shape_tokenizer(c)
     log(f"{name}: weights made and loaded in {time.perf_counter() - t:.1f}s; "
-        f"{weight_bytes_per_token(m) / 1e9:.3f} GB read per batch-1 step")
+        f"{weight_bytes_per_token(m) / 1e9:.3f} GB read per batch-1 step; detokenised by {type(tok).__name__}")
     t = time.perf_counter()
-    decode_rate(m, 1, min(tokens, 8), c.vocab_size)  # compiles the fused ops
-    log(f"  warm-up (compile + first graphs) {time.perf_counter() - t:.1f}s; ops {m.ops.status()}")
+    decode_rate(m, 1, min(tokens, 8), c.vocab_size, tok=tok)  # compiles the fused ops
+    log(f"  warm-up (compile + first graphs) {time.perf_counter() - t:.1f}s; {m.backend_name} backend, "
+        f"ops {m.status().get('fused_ops')}")
+    limit = bw / weight_bytes_per_token(m)
     for b in batches:
         if clock.left() < 45:
             log(f"  batch {b}: skipped (time)")
             break
-        r = decode_rate(m, b, tokens, c.vocab_size)
-        add("ours (graphs)", "decode_tok_s", b, r["tok_s"], "tok/s", f"step {r['step_ms']:.2f} ms")
+        for engine, overlap in (("ours (async)", True), ("ours (sync)", False)):
+            r = decode(engine, m, b, overlap=overlap)
+            if b == 1:
+                add(engine, "bw_limit_fraction", 1, r["tok_s"] / limit, "x",
+                    f"limit {limit:.0f} tok/s at {bw / 1e12:.2f} TB/s")
         if b == 1:
-            limit = bw / weight_bytes_per_token(m)
-            add("ours (graphs)", "bw_limit_fraction", 1, r["tok_s"] / limit, "x",
-                f"limit {limit:.0f} tok/s at {bw / 1e12:.2f} TB/s")
-    m.graphs.enabled = False
-    r = decode_rate(m, 1, tokens, c.vocab_size)
-    add("ours (no graphs)", "decode_tok_s", 1, r["tok_s"], "tok/s", f"step {r['step_ms']:.2f} ms")
-    m.graphs.enabled = dev.type == "cuda"
-    if ttft_lens:
-        m.allocate_cache(1, max(ttft_lens) + 16)
-        ttft(m, min(ttft_lens), c.vocab_size, reps=1)  # warm-up
-        for n in ttft_lens:
+            r = raw_decode_rate(m, 1, tokens, c.vocab_size)
+            add("ours (raw loop)", "decode_tok_s", 1, r["tok_s"], "tok/s",
+                f"step {r['step_ms']:.3f} ms: forward, argmax, read back; no output stage")
+    if grammar_batches:
+        gtok = smollm2_tokenizer()
+        if gtok is None:
+            log("  grammar: skipped (no SmolLM2 tokenizer: run `bash bench/gpu_check.sh prepare` and carry .cache)")
+        else:
+            make = grammar_factory(gtok)
+            for b in grammar_batches:
+                if clock.left() < 40:
+                    log(f"  grammar batch {b}: skipped (time)")
+                    break
+                if b not in batches:
+                    decode("ours (async)", m, b)
+                decode("ours (async, grammar)", m, b, grammar=make)
+                decode("ours (sync, grammar)", m, b, overlap=False, grammar=make)
+    if sweep_batches and clock.left() > 60:
+        from engine_cuda_sweep import sweep
+
+        sweep(m, c, sweep_batches, ints(a.parts_batches), tokens, tok, clock, add, log)
+    if 1 in batches and clock.left() > 20:  # the same weights, cache and backend, decode steps run eagerly
+        decode("ours (no graphs)", m.view(m.backend_name, cuda_graphs=False, max_slots=m.max_slots), 1)
+    if a.ttft and clock.left() > 15:
+        lens = ints(a.ttft)
+        m.allocate_cache(1, max(lens) + 16)
+        ttft(m, min(lens), c.vocab_size, reps=1)  # warm-up
+        for n in lens:
             add("ours", "ttft_ms", 1, ttft(m, n, c.vocab_size), "ms", f"prompt {n}")
     del m
     gc.collect()
-    if hf and clock.left() > 40:
+    # The compiled PyTorch peer (bench/peer_compiled.py) on its own weights of the same shape,
+    # right after ours: the same device, clocks and run.
+    for b in ints(a.peer_batches):
+        if clock.left() < 45:
+            log(f"  peer batch {b}: skipped (time)")
+            break
+        r = peer_decode_rate(c, dev, b, tokens)
+        add("compiled peer", "decode_tok_s", b, r["tok_s"], "tok/s",
+            f"step {r['step_ms']:.2f} ms, set-up {r['setup_s']:.0f} s")
+    if model is not None and clock.left() > 40:
+        ttft_lens = ints(a.ttft)
         hf_generate(model, 1, 16, 2, c.vocab_size)  # warm-up
         hf_generate(model, 1, min(ttft_lens or [PROMPT]), 1, c.vocab_size)
-        for b in hf_batches:
+        for b in ints(a.hf_batches):
             if clock.left() < 25:
                 break
             t1 = hf_generate(model, b, PROMPT, 1, c.vocab_size)
@@ -226,6 +390,10 @@ def bench_shape(name: str, dev: torch.device, batches: list[int], tokens: int, h
     return rows
 
 
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 def summary(rows: list[dict[str, Any]], bw: float) -> str:
     def val(shape: str, engine: str, metric: str, batch: int) -> float | None:
         for r in rows:
@@ -233,28 +401,62 @@ def summary(rows: list[dict[str, Any]], bw: float) -> str:
                 return float(r["value"])
         return None
 
+    def step(shape: str, engine: str, batch: int) -> float | None:
+        for r in rows:
+            if (r["shape"], r["engine"], r["metric"], r["batch"]) == (shape, engine, "decode_tok_s", batch):
+                return float(r["note"].split()[1].rstrip(","))
+        return None
+
+    def n(v: float | None, fmt: str = ",.0f") -> str:
+        return "" if v is None else format(v, fmt)
+
+    def ratio(x: float | None, y: float | None) -> str:
+        return "" if x is None or y is None or not y else f"{x / y:.2f}x"
+
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
     lines = [f"Copy bandwidth (read + write): {bw / 1e12:.2f} TB/s", "",
-             "| shape | batch | ours tok/s | transformers tok/s | ours / transformers |",
-             "| --- | --- | --- | --- | --- |"]
-    for shape in dict.fromkeys(r["shape"] for r in rows):
-        for b in sorted({r["batch"] for r in rows if r["shape"] == shape and r["metric"] == "decode_tok_s"}):
-            o, h = val(shape, "ours (graphs)", "decode_tok_s", b), val(shape, "transformers static", "decode_tok_s", b)
-            if o is None:
-                continue
-            lines.append(f"| {shape} | {b} | {o:,.0f} | {'' if h is None else f'{h:,.0f}'} | "
-                         f"{'' if h is None else f'{o / h:.1f}x'} |")
-    lines += ["", "| shape | ours b1 no graphs tok/s | b1 fraction of bandwidth limit | b64 / b1 | "
-              "TTFT ours (ms) | TTFT transformers (ms) |", "| --- | --- | --- | --- | --- | --- |"]
-    for shape in dict.fromkeys(r["shape"] for r in rows):
-        ng = val(shape, "ours (no graphs)", "decode_tok_s", 1)
-        fr = val(shape, "ours (graphs)", "bw_limit_fraction", 1)
-        b1, b64 = val(shape, "ours (graphs)", "decode_tok_s", 1), val(shape, "ours (graphs)", "decode_tok_s", 64)
+             "Decode through the served loop (Scheduler.step: sampling on the GPU, detokenising, stop checks), "
+             "with async decode and without:", "",
+             "| shape | batch | ours async tok/s (step ms) | ours sync tok/s (step ms) | async / sync | "
+             "compiled peer tok/s | ours async / peer | transformers tok/s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for shape in shapes:
+        for b in sorted({r["batch"] for r in rows if r["shape"] == shape and r["engine"] == "ours (async)"}):
+            o, sy = val(shape, "ours (async)", "decode_tok_s", b), val(shape, "ours (sync)", "decode_tok_s", b)
+            p, h = val(shape, "compiled peer", "decode_tok_s", b), val(shape, "transformers static", "decode_tok_s", b)
+            lines.append(f"| {shape} | {b} | {n(o)} ({n(step(shape, 'ours (async)', b), '.3f')}) | "
+                         f"{n(sy)} ({n(step(shape, 'ours (sync)', b), '.3f')}) | {ratio(o, sy)} | {n(p)} | "
+                         f"{ratio(o, p)} | {n(h)} |")
+    lines += ["", "| shape | b1 async: fraction of the bandwidth limit | b1 sync | b1 raw loop tok/s (forward, argmax, "
+              "read back) | b1 no graphs tok/s | b64 / b1 | TTFT ours (ms) | TTFT transformers (ms) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for shape in shapes:
+        fa, fs = val(shape, "ours (async)", "bw_limit_fraction", 1), val(shape, "ours (sync)", "bw_limit_fraction", 1)
+        b1, b64 = val(shape, "ours (async)", "decode_tok_s", 1), val(shape, "ours (async)", "decode_tok_s", 64)
         tt = ", ".join(f"{r['note'].split()[-1]}: {r['value']:.0f}" for r in rows
                        if r["shape"] == shape and r["engine"] == "ours" and r["metric"] == "ttft_ms")
         th = ", ".join(f"{r['note'].split()[-1]}: {r['value']:.0f}" for r in rows
                        if r["shape"] == shape and r["engine"] == "transformers static" and r["metric"] == "ttft_ms")
-        lines.append(f"| {shape} | {'' if ng is None else f'{ng:,.0f}'} | {'' if fr is None else f'{fr:.0%}'} | "
-                     f"{'' if b1 is None or b64 is None else f'{b64 / b1:.1f}x'} | {tt} | {th} |")
+        lines.append(f"| {shape} | {n(fa, '.0%')} | {n(fs, '.0%')} | "
+                     f"{n(val(shape, 'ours (raw loop)', 'decode_tok_s', 1))} | "
+                     f"{n(val(shape, 'ours (no graphs)', 'decode_tok_s', 1))} | {ratio(b64, b1)} | {tt} | {th} |")
+    gram = [(r["shape"], r["batch"]) for r in rows if r["engine"] == "ours (async, grammar)"]
+    if gram:
+        lines += ["", "Grammar-constrained decoding (every row under a JSON-schema grammar, masks filled on the host "
+                  "by llguidance and applied on the GPU), beside the free figure of the same run:", "",
+                  "| shape | batch | free async tok/s | grammar async tok/s | grammar / free | grammar sync tok/s | "
+                  "mask fill ms a step (host) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for shape, b in gram:
+            f, g = val(shape, "ours (async)", "decode_tok_s", b), val(shape, "ours (async, grammar)", "decode_tok_s", b)
+            note = next(r["note"] for r in rows if (r["shape"], r["engine"], r["batch"]) ==
+                        (shape, "ours (async, grammar)", b))
+            fill = note.split("mask fill ")[-1] if "mask fill" in note else ""
+            lines.append(f"| {shape} | {b} | {n(f)} | {n(g)} | {ratio(g, f)} | "
+                         f"{n(val(shape, 'ours (sync, grammar)', 'decode_tok_s', b))} | {fill} |")
+    if any(r["engine"].startswith("sweep:") for r in rows):
+        from engine_cuda_sweep import sweep_table
+
+        lines += ["", sweep_table(rows)]
     return "\n".join(lines)
 
 
@@ -267,14 +469,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ttft", default="1024,8192")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--peer-batches", default="1,16", help="the compiled PyTorch peer's batches ('' for none)")
+    ap.add_argument("--grammar-batches", default="", help="batches decoded under a grammar too (e.g. 1,16)")
+    ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")
+    ap.add_argument("--sweep-batches", default="1,2,4,8,16", help="the fused-rows sweep's batches")
+    ap.add_argument("--parts-batches", default="1,16", help="the graph-parts sweep's batches")
     ap.add_argument("--budget-s", type=float, default=420, help="skip remaining points past this")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--name", default="engine_cuda", help="the results' file names: NAME.log, .csv, .md")
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     clock = Clock(a.budget_s)
-    logf = (out / "engine_cuda.log").open("w")
+    logf = (out / f"{a.name}.log").open("w")
 
     def log(s: str) -> None:
         print(s, flush=True)
@@ -285,27 +493,27 @@ def main(argv: list[str] | None = None) -> None:
     log(f"device {name}, torch {torch.__version__}")
     bw = copy_bandwidth(dev) if dev.type == "cuda" else copy_bandwidth(dev, 256 << 20, 5)
     log(f"copy bandwidth {bw / 1e12:.3f} TB/s")
-    batches = [int(x) for x in a.batches.split(",")]
     rows: list[dict[str, Any]] = []
-    for shape in a.shapes.split(","):
+    shapes = a.shapes.split(",")
+    for i, shape in enumerate(shapes):
         if clock.left() < 60:
             log(f"{shape}: skipped (time)")
             continue
+        # Each shape gets an even share of what is left, so that the first cannot starve the next.
+        share = Clock(clock.left() / (len(shapes) - i))
         try:
-            rows += bench_shape(shape, dev, batches, a.tokens, not a.skip_transformers,
-                                [int(x) for x in a.hf_batches.split(",") if x], [int(x) for x in a.ttft.split(",") if x],
-                                clock, bw, log)
+            rows += bench_shape(shape, dev, a, share, bw, log)
         except Exception as e:  # one shape failing must not lose the other's figures
             import traceback
 
             log(f"{shape}: FAILED {type(e).__name__}: {e}\n{traceback.format_exc()}")
-        with (out / "engine_cuda.csv").open("w", newline="") as f:
+        with (out / f"{a.name}.csv").open("w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=["shape", "engine", "metric", "batch", "value", "unit", "note"])
             wr.writeheader()
             wr.writerows(rows)
     table = summary(rows, bw)
-    cmd = "python bench/engine_cuda.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    (out / "engine_cuda.md").write_text(f"# Engine on {name}\n\n`{cmd}`\n\n{table}\n")
+    cmd = f"python {sys.argv[0]} " + " ".join(sys.argv[1:])
+    (out / f"{a.name}.md").write_text(f"# Engine on {name}\n\n`{cmd}`\n\n{table}\n")
     log(table)
 
 

@@ -2,13 +2,14 @@
 
   python bench/engine_cuda_probe.py --out DIR [--shapes smollm2-135m,llama-8b]
 
-Per shape (random bf16 weights, one H200): for each decode variant (the torch ops in 4 graph
-parts, as before; the Triton layer kernels of engine/cuda_kernels in 1, 2 and 4 parts) the
-step time with the scheduler's host loop (bench/engine_cuda.decode_rate) at batch 1, 4 and 16,
-the time of the graphs replayed back to back (no host work), and the fraction of the bandwidth
-limit; the fused step's logits against the torch step's on the same inputs (max |diff| / std);
-a per-kernel table (torch profiler, graphs on, 20 batch-1 steps) of each variant; and the TTFT
-of 1k and 8k prompts with flash attention and with cuDNN's attention in prefill.
+Per shape (random bf16 weights, one H200): for each decode variant (the torch backend in 4 graph
+parts; the cuda backend, the Triton layer kernels of backends/cuda/kernels.py, in 1, 2 and 4 parts:
+views of one decoder, sharing its weights and cache) the step time with the scheduler's host loop
+(bench/engine_cuda.decode_rate) at batch 1, 4 and 16, the time of the graphs replayed back to back
+(no host work), and the fraction of the bandwidth limit; the cuda backend's logits against the
+torch backend's on the same inputs (max |diff| / std); a per-kernel table (torch profiler, graphs
+on, 20 batch-1 steps) of each; and the TTFT of 1k and 8k prompts with flash attention and with
+cuDNN's attention in prefill (bench/engine_cuda_variants.py's backends).
 Writes probe.log and probe.json to DIR.
 """
 
@@ -26,21 +27,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import engine_cuda_variants  # noqa: E402,F401  (registers the prefill variants)
 from engine_cuda import PROMPT, copy_bandwidth, decode_rate, ttft  # noqa: E402
 
-from switchyard.engine.model.cuda_decoder import CudaModel  # noqa: E402
-from switchyard.engine.model.cuda_layer import weight_bytes_per_token  # noqa: E402
+from switchyard.engine.model.decoder import Decoder, weight_bytes_per_token  # noqa: E402
 from switchyard.engine.model.random_weights import SHAPES, random_weights  # noqa: E402
 from switchyard.engine.model.step import Step
 from switchyard.engine.model.weights import Shard  # noqa: E402
 from switchyard.engine.runner.comm import SingleRank  # noqa: E402
 
-VARIANTS = (("torch", 4), ("fused", 1), ("fused", 2), ("fused", 4))
+VARIANTS = (("torch", 4), ("cuda", 1), ("cuda", 2), ("cuda", 4))  # backend, graph parts
+MAX_SLOTS = 16
 
 
-def replay_ms(m: CudaModel, n: int = 50) -> float:
+def replay_ms(m: Decoder, n: int = 50) -> float:
     """GPU ms per step, the last captured step's graphs replayed back to back."""
-    parts = list(m.graphs.graphs.values())[-1]
+    parts = list(m.graph_runner.graphs.graphs.values())[-1]  # type: ignore[union-attr]
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(n):
@@ -56,7 +58,7 @@ def step_args(batch: int, ctx: int) -> tuple[torch.Tensor, ...]:
             torch.full((batch,), ctx))
 
 
-def kernel_table(m: CudaModel, steps: int = 20) -> tuple[str, float, float]:
+def kernel_table(m: Decoder, steps: int = 20) -> tuple[str, float, float]:
     """(table, kernels per step, GPU kernel ms per step) of batch-1 steps, graphs on."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -74,15 +76,12 @@ def kernel_table(m: CudaModel, steps: int = 20) -> tuple[str, float, float]:
     return table, n, us / 1000
 
 
-def compare(m: CudaModel, batch: int) -> float:
-    """Max |fused - torch| / std(torch) of one decode step's logits on the same cache and inputs."""
+def compare(m: Decoder, batch: int) -> float:
+    """Max |cuda - torch| / std(torch) of one decode step's logits on the same cache and inputs."""
     args = step_args(batch, PROMPT + 1)
-    out = {}
-    for impl in ("torch", "fused"):
-        m.decode_impl = impl
-        m.graphs.clear()
-        out[impl] = m.forward(Step(*args, batch)).float()
-    return float((out["fused"] - out["torch"]).abs().max() / out["torch"].std())
+    out = {name: m.view(name, cuda_graphs=True, max_slots=MAX_SLOTS).forward(Step(*args, batch)).float()
+           for name in ("torch", "cuda")}
+    return float((out["cuda"] - out["torch"]).abs().max() / out["torch"].std())
 
 
 def use_tiles(sweep: list[dict[str, Any]]) -> None:
@@ -95,7 +94,7 @@ def use_tiles(sweep: list[dict[str, Any]]) -> None:
     ck.tile_for = lambda kind, M_P, n, k, elem=2: best.get((kind, M_P, n, k)) or default(kind, M_P, n, k, elem)
 
 
-def prefill_table(m: CudaModel, n: int, vocab: int) -> tuple[str, float]:
+def prefill_table(m: Decoder, n: int, vocab: int) -> tuple[str, float]:
     """(kernel table, GPU ms) of one n-token prefill."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -138,8 +137,8 @@ def main() -> None:
     for name in a.shapes.split(","):
         c = SHAPES[name]
         w = random_weights(c, seed=0, device=dev, dtype=torch.bfloat16)
-        m = CudaModel(c, Shard(0, 1, c), w, SingleRank(), max_slots=16, max_len=2 * PROMPT, device=dev,
-                      decode_kernels="fused")
+        m = Decoder(c, Shard(0, 1, c), w, SingleRank(), max_slots=MAX_SLOTS, max_len=2 * PROMPT, device=dev,
+                    backend="cuda")
         del w
         limit = bw / weight_bytes_per_token(m)
         r: dict[str, Any] = {"bandwidth_limit_tok_s": limit, "variants": {}, "kernels": {}}
@@ -153,38 +152,34 @@ def main() -> None:
             r[f"fused_vs_torch_b{b}"] = compare(m, b)
             log(f"  fused vs torch logits, batch {b}: max |diff| = {r[f'fused_vs_torch_b{b}']:.4f} x std")
         for impl, parts in VARIANTS:
-            m.decode_impl, m.graph_parts = impl, parts
+            v = m.view(impl, cuda_graphs=True, max_slots=MAX_SLOTS, graph_parts=parts)
             for b in (int(x) for x in a.batches.split(",")):
-                m.graphs.clear()
-                d = decode_rate(m, b, 48, c.vocab_size)
-                rep = replay_ms(m)
+                v.graph_runner.graphs.clear()  # type: ignore[union-attr]
+                d = decode_rate(v, b, 48, c.vocab_size)
+                rep = replay_ms(v)
                 key = f"{impl}-parts{parts}-b{b}"
                 r["variants"][key] = {**d, "replay_ms": rep}
                 frac = f", {d['tok_s'] / limit:.0%} of the limit" if b == 1 else ""
                 log(f"  {impl:5} parts={parts} b={b:<2} step {d['step_ms']:.3f} ms ({d['tok_s']:,.0f} tok/s{frac}), "
                     f"replay alone {rep:.3f} ms")
-        for impl, parts in (("torch", 4), ("fused", 1)):
-            m.decode_impl, m.graph_parts = impl, parts
-            m.graphs.clear()
-            table, n, ms = kernel_table(m)
+        for impl, parts in (("torch", 4), ("cuda", 1)):
+            table, n, ms = kernel_table(m.view(impl, cuda_graphs=True, max_slots=MAX_SLOTS, graph_parts=parts))
             r["kernels"][impl] = {"per_step": n, "gpu_ms_per_step": ms}
             log(f"\n  {impl} step kernels: {n:.0f} a step, {ms:.3f} ms of GPU time a step\n{table}")
-        m.decode_impl, m.graph_parts = "fused", 1
         lens = [int(x) for x in a.ttft.split(",") if x]
         if lens:
             m.allocate_cache(1, max(lens) + 16)
             for backend in ("flash", "cudnn"):
-                m.prefill_sdpa = backend
+                v = m.view(f"cuda-prefill-{backend}")
                 try:
-                    ttft(m, min(lens), c.vocab_size, reps=1)
+                    ttft(v, min(lens), c.vocab_size, reps=1)
                     for n in lens:
-                        r[f"ttft_{backend}_{n}"] = ttft(m, n, c.vocab_size)
+                        r[f"ttft_{backend}_{n}"] = ttft(v, n, c.vocab_size)
                         log(f"  TTFT {n} tokens, {backend}: {r[f'ttft_{backend}_{n}']:.1f} ms")
                 except Exception as e:  # a backend refusing the shapes must not lose the rest
                     log(f"  TTFT {backend}: FAILED {type(e).__name__}: {e}")
             if a.prefill_profile and a.prefill_profile <= max(lens):
-                m.prefill_sdpa = "cudnn"
-                table, ms = prefill_table(m, a.prefill_profile, c.vocab_size)
+                table, ms = prefill_table(m.view("cuda-prefill-cudnn"), a.prefill_profile, c.vocab_size)
                 r["prefill_gpu_ms"] = ms
                 log(f"\n  prefill {a.prefill_profile} tokens (cudnn): {ms:.1f} ms of GPU kernels\n{table}")
         del m

@@ -4,6 +4,11 @@ alternating, and a py-spy profile of the single worker at c=32.
     python bench/gateway_workers.py                      # workers 1 and 2, 3 rounds of 8 s each
     python bench/gateway_workers.py --workers 1 2 4 --rounds 5
     python bench/gateway_workers.py --profile 10         # also: py-spy on one worker at c=32, top self frames
+    python bench/gateway_workers.py --workers 1 2 4 --loader python   # no wrk: Python load processes
+
+On a host without wrk the load comes from Python processes (stdlib asyncio, uvloop when installed);
+with enough cores (>= 2 x the largest --workers + 3) the gateway's workers, the stub upstream and
+the loader are pinned to cores of their own (taskset), and the figures are written as JSON (--out).
 
 The stub upstream is a raw asyncio protocol (uvloop) answering every POST with one fixed chat
 completion, so that it costs little next to the gateway: on a small machine a Python upstream
@@ -38,7 +43,7 @@ ANSWER = json.dumps({
     "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}}).encode()
 
 STUB = r'''
-import asyncio, sys, uvloop
+import asyncio, sys
 ANSWER = sys.argv[2].encode()
 RESP = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(ANSWER)) + ANSWER
 MODELS = b'{"object":"list","data":[{"id":"fake","object":"model"}]}'
@@ -66,9 +71,13 @@ class Stub(asyncio.Protocol):
 
 async def main():
     loop = asyncio.get_running_loop()
-    srv = await loop.create_server(Stub, "127.0.0.1", int(sys.argv[1]), backlog=1024)
+    srv = await loop.create_server(Stub, "127.0.0.1", int(sys.argv[1]), backlog=1024, reuse_port=True)
     await srv.serve_forever()
-uvloop.run(main())
+try:
+    import uvloop
+    uvloop.run(main())
+except ImportError:
+    asyncio.run(main())
 '''
 
 
@@ -110,12 +119,108 @@ def wait_workers(url: str, n: int, timeout: float = 60.0) -> None:
             seen.add(json.loads(r.read())["worker"]["pid"])
 
 
-def wrk_rps(url: str, conns: int, seconds: int) -> tuple[float, int]:
+# A load generator for hosts without wrk: stdlib only (asyncio; uvloop when installed), keep-alive
+# HTTP/1.1 POSTs, `procs` processes of conns/procs connections each, every answer's status and
+# Content-Length read (a chunked or close-delimited answer counts as an error). One process does
+# ~10-20k req/s on one core: give it as many cores as the gateway's workers need.
+PYLOAD = r"""
+import asyncio, json, sys, time
+host, port, path, conns, seconds, body = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6].encode()
+REQ = b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+    path.encode(), host.encode(), port, len(body), body)
+ok = bad = 0
+lat = []
+async def one(deadline):
+    global ok, bad
+    r, w = await asyncio.open_connection(host, port)
+    loop = asyncio.get_running_loop()
+    try:
+        while loop.time() < deadline:
+            t = time.perf_counter()
+            w.write(REQ)
+            head = await r.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            i = head.lower().find(b"content-length:")
+            if i < 0:
+                bad += 1
+                return
+            n = int(head[i + 15:head.index(b"\r\n", i)])
+            await r.readexactly(n)
+            lat.append(time.perf_counter() - t)
+            if 200 <= status < 300:
+                ok += 1
+            else:
+                bad += 1
+    except (OSError, asyncio.IncompleteReadError):
+        bad += 1
+    finally:
+        w.close()
+async def main():
+    deadline = asyncio.get_running_loop().time() + seconds
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(deadline) for _ in range(conns)))
+    lat.sort()
+    print(json.dumps({"ok": ok, "bad": bad, "seconds": time.perf_counter() - t0,
+                      "p50_ms": lat[len(lat) // 2] * 1000 if lat else None,
+                      "p99_ms": lat[int(len(lat) * 0.99)] * 1000 if lat else None}))
+try:
+    import uvloop
+    uvloop.run(main())
+except ImportError:
+    asyncio.run(main())
+"""
+
+
+def py_rps(url: str, conns: int, seconds: int, procs: int, cores: str | None) -> tuple[float, int]:
+    """requests/s of `procs` Python load processes (PYLOAD) sharing `conns` connections."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    per = [conns // procs + (1 if i < conns % procs else 0) for i in range(procs)]
+    ps = [subprocess.Popen(_pin(cores) + [sys.executable, "-c", PYLOAD, u.hostname or "127.0.0.1", str(u.port),
+                                          u.path, str(n), str(seconds), json.dumps(BODY)],
+                           stdout=subprocess.PIPE, text=True) for n in per if n]
+    ok = bad = 0
+    wall = 0.0
+    for p in ps:
+        out, _ = p.communicate(timeout=seconds + 60)
+        r = json.loads(out.strip().splitlines()[-1])
+        ok, bad, wall = ok + r["ok"], bad + r["bad"], max(wall, r["seconds"])
+    return ok / wall if wall else float("nan"), bad
+
+
+def _pin(cores: str | None) -> list[str]:
+    return ["taskset", "-c", cores] if cores and shutil.which("taskset") else []
+
+
+def load_rps(args: argparse.Namespace, url: str, seconds: int) -> tuple[float, int]:
+    if args.loader == "wrk":
+        return wrk_rps(url, args.conns, seconds, args.loader_cores)
+    return py_rps(url, args.conns, seconds, args.loader_procs, args.loader_cores)
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its live children (a gateway's workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if d.name == str(pid) or int(f[1]) == pid:
+            total += (int(f[11]) + int(f[12])) / tick
+    return total
+
+
+def wrk_rps(url: str, conns: int, seconds: int, cores: str | None = None) -> tuple[float, int]:
     body = json.dumps(BODY)
     script = f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\nwrk.headers["Content-Type"] = "application/json"\n'
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script)
-    out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "-s", f.name, url],
+    out = subprocess.run(_pin(cores) + ["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "-s", f.name, url],
                          capture_output=True, text=True).stdout
     os.unlink(f.name)
     rps, bad = float("nan"), 0
@@ -127,11 +232,11 @@ def wrk_rps(url: str, conns: int, seconds: int) -> tuple[float, int]:
     return rps, bad
 
 
-def start_gateway(policy: Path, n: int, log: Path) -> tuple[subprocess.Popen, str]:
+def start_gateway(policy: Path, n: int, log: Path, cores: str | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     # --no-local-redis: the workers' share of state is not what is measured here (the policy pins
     # nothing); with it each worker pays a Redis sync tick, with --redis as one gateway does.
-    p = subprocess.Popen([sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(policy), "--port", str(port),
+    p = subprocess.Popen(_pin(cores) + [sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(policy), "--port", str(port),
                           "--log-level", "warning", "--no-health-checks", "--no-ui", "--no-watch",
                           "--admin-key", "bench-admin", "--workers", str(n), "--no-local-redis"],
                          stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -183,16 +288,16 @@ def self_time(collapsed: Path, top: int) -> dict[str, list[tuple[str, float]]]:
             "packages": [(f, 100.0 * k / total) for f, k in pkgs.most_common(top)]}
 
 
-def profile(policy: Path, tmp: Path, seconds: int) -> dict[str, list[tuple[str, float]]]:
+def profile(args: argparse.Namespace, policy: Path, tmp: Path, seconds: int) -> dict[str, list[tuple[str, float]]]:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    gw, url = start_gateway(policy, 1, tmp / "gw-profile.log")
+    gw, url = start_gateway(policy, 1, tmp / "gw-profile.log", args.gateway_cores.get(1))
     try:
         raw = tmp / "profile.txt"
         rec = subprocess.Popen([spy, "record", "--pid", str(gw.pid), "--duration", str(seconds), "--rate", "250",
                                 "--format", "raw", "--output", str(raw), "--nonblocking"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         time.sleep(1.0)
-        wrk_rps(url + "/v1/chat/completions", 32, seconds)
+        load_rps(args, url + "/v1/chat/completions", seconds)
         rec.wait(seconds + 30)
         print(f"py-spy's collapsed stacks: {raw} (flamegraph.pl or speedscope.app read them)", flush=True)
         return self_time(raw, 15)
@@ -207,55 +312,92 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=8, help="wrk duration a measurement")
     ap.add_argument("--conns", type=int, default=32)
     ap.add_argument("--profile", type=int, default=0, help="seconds of py-spy on one worker at c=32 (0: none)")
+    ap.add_argument("--loader", choices=("auto", "wrk", "python"), default="auto",
+                    help="load generator: wrk, or Python processes (stdlib; auto: wrk when installed)")
+    ap.add_argument("--loader-procs", type=int, default=0, help="python loader: processes (0: as many as "
+                                                                "the largest --workers, at least 2)")
+    ap.add_argument("--stub-procs", type=int, default=0, help="stub upstream processes on one port, SO_REUSEPORT "
+                                                              "(0: 1 + largest --workers // 4)")
+    ap.add_argument("--no-pin", action="store_true", help="no taskset: on a host with >= 2 * max workers + 3 cores "
+                                                          "the gateway, the stub and the loader get cores of their own")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gateway_workers.json")
     args = ap.parse_args()
-    if not shutil.which("wrk"):
-        sys.exit("wrk is needed (apt-get install wrk)")
+    if args.loader == "auto":
+        args.loader = "wrk" if shutil.which("wrk") else "python"
+    if args.loader == "wrk" and not shutil.which("wrk"):
+        sys.exit("wrk is not installed: --loader python (or apt-get install wrk)")
+    top = max(args.workers)
+    args.loader_procs = args.loader_procs or max(2, top)
+    args.stub_procs = args.stub_procs or 1 + top // 4
+    # Cores: gateway workers first, then the stub, then the loader; pinned only where they all fit.
+    ncpu = os.cpu_count() or 1
+    need = top + args.stub_procs + (args.loader_procs if args.loader == "python" else 2)
+    pin = not args.no_pin and ncpu >= need and shutil.which("taskset") is not None
+    args.gateway_cores = {n: f"0-{n - 1}" if pin else None for n in args.workers}
+    stub_cores = f"{top}-{top + args.stub_procs - 1}" if pin else None
+    args.loader_cores = f"{top + args.stub_procs}-{ncpu - 1}" if pin else None
     tmp = Path(tempfile.mkdtemp(prefix="sy-workers-"))
     up_port = free_port()
     stub = tmp / "stub.py"
     stub.write_text(STUB)
-    up = subprocess.Popen([sys.executable, str(stub), str(up_port), ANSWER.decode()])
-    results: dict = {"cpu": _cpu(), "cores": os.cpu_count(), "load_before": os.getloadavg(), "rounds": []}
+    ups = [subprocess.Popen(_pin(stub_cores) + [sys.executable, str(stub), str(up_port), ANSWER.decode()])
+           for _ in range(args.stub_procs)]
+    up = ups[0]
+    results: dict = {"cpu": _cpu(), "cores": ncpu, "load_before": os.getloadavg(), "rounds": [], "cpu_us": [],
+                     "loader": args.loader, "loader_procs": args.loader_procs, "stub_procs": args.stub_procs,
+                     "pinned": {"gateway": args.gateway_cores, "stub": stub_cores, "loader": args.loader_cores}
+                     if pin else None}
+    print(f"{ncpu} cores ({_cpu()}); loader {args.loader}"
+          + (f" x{args.loader_procs}" if args.loader == "python" else "") + f"; stub x{args.stub_procs}; "
+          + (f"pinned: {results['pinned']}" if pin else "not pinned"), flush=True)
     try:
         wait_http(f"http://127.0.0.1:{up_port}/v1/models", up)
         policy = tmp / "bench.yaml"
         policy.write_text("version: 1\nname: bench\npools:\n  p:\n    model: fake\n    replicas:\n"
                           f"      - url: http://127.0.0.1:{up_port}/v1\nroutes:\n  - name: default\n    pool: p\n")
-        stub_rps, _ = wrk_rps(f"http://127.0.0.1:{up_port}/v1/chat/completions", args.conns, 3)
+        stub_rps, _ = load_rps(args, f"http://127.0.0.1:{up_port}/v1/chat/completions", 3)
         results["stub_rps"] = stub_rps
         print(f"stub upstream alone: {stub_rps:.0f} req/s at c={args.conns}", flush=True)
         for r in range(args.rounds):
-            row = {}
-            for n in args.workers:
-                gw, url = start_gateway(policy, n, tmp / f"gw-{n}.log")
+            row, cpu_row = {}, {}
+            order = args.workers if r % 2 == 0 else args.workers[::-1]  # alternating
+            for n in order:
+                gw, url = start_gateway(policy, n, tmp / f"gw-{n}.log", args.gateway_cores[n])
                 try:
-                    wrk_rps(url + "/v1/chat/completions", args.conns, 1)  # warm-up
-                    rps, bad = wrk_rps(url + "/v1/chat/completions", args.conns, args.seconds)
+                    load_rps(args, url + "/v1/chat/completions", 1)  # warm-up
+                    c0, t0 = tree_cpu(gw.pid), time.perf_counter()
+                    rps, bad = load_rps(args, url + "/v1/chat/completions", args.seconds)
+                    used = tree_cpu(gw.pid) - c0
+                    cpu_us = used / max(1.0, rps * (time.perf_counter() - t0)) * 1e6
                 finally:
                     stop(gw)
-                row[n] = rps
-                print(f"round {r + 1}: {n} worker(s): {rps:.0f} req/s at c={args.conns}"
-                      + (f" ({bad} errors / non-2xx)" if bad else ""), flush=True)
+                row[n], cpu_row[n] = rps, cpu_us
+                print(f"round {r + 1}: {n} worker(s): {rps:.0f} req/s at c={args.conns}, {cpu_us:.0f} us of CPU "
+                      f"a request" + (f" ({bad} errors / non-2xx)" if bad else ""), flush=True)
             results["rounds"].append(row)
+            results["cpu_us"].append(cpu_row)
         med = {n: statistics.median(row[n] for row in results["rounds"]) for n in args.workers}
         results["median_rps"] = med
+        results["median_cpu_us"] = {n: statistics.median(row[n] for row in results["cpu_us"]) for n in args.workers}
         base = med[args.workers[0]]
+        results["scaling"] = {n: med[n] / base for n in args.workers}
         for n in args.workers:
-            print(f"median: {n} worker(s) {med[n]:.0f} req/s = {med[n] / base:.2f}x", flush=True)
+            print(f"median: {n} worker(s) {med[n]:.0f} req/s = {med[n] / base:.2f}x, "
+                  f"{results['median_cpu_us'][n]:.0f} us of CPU a request", flush=True)
         if args.profile:
-            top = profile(policy, tmp, args.profile)
-            results["profile_top_self"] = top
+            frames = profile(args, policy, tmp, args.profile)
+            results["profile_top_self"] = frames
             print(f"py-spy, one worker at c={args.conns}, {args.profile} s: top frames by self time", flush=True)
             for kind in ("functions", "packages"):
                 print(f" by {kind}:", flush=True)
-                for frame, pct in top[kind]:
+                for frame, pct in frames[kind]:
                     print(f"  {pct:5.1f}%  {frame}", flush=True)
         results["load_after"] = os.getloadavg()
         args.out.write_text(json.dumps(results, indent=1))
         print(f"load average before {results['load_before']}, after {results['load_after']}; wrote {args.out}")
     finally:
-        stop(up)
+        for u in ups:
+            stop(u)
 
 
 def _cpu() -> str:

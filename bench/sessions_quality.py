@@ -3,6 +3,8 @@ sessions reference pool (ground truth replayed: an upper bound) on a seeded stra
 BFCL's multi-turn suites, then the counterfactual report (solve rate vs share of turns on large).
 
     .venv/bin/python bench/sessions_quality.py --per-category 5 --out runs/sessions-quality
+    python bench/sessions_quality.py --per-category 0 --device cuda --pools small --max-num-seqs 48 \
+        --concurrency 48 --no-report --out $OUT        # every case, the small side, on one GPU
 
 Everything goes through a real gateway (small: the engine, large: `switchyard reference-pool`),
 the same commands a user runs with a real small/large pair.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 import subprocess
 import sys
 import time
@@ -43,35 +46,48 @@ def wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 180.0, ok: bo
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--per-category", type=int, default=5)
+    ap.add_argument("--per-category", type=int, default=5, help="sessions per suite, sampled; 0: every case")
     ap.add_argument("--seed", type=int, default=33)
     ap.add_argument("--max-steps", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "sessions-quality")
+    ap.add_argument("--pools", default="large,small", help="whose per-turn outcomes to collect, in this order")
+    ap.add_argument("--device", default="cpu", help="the engine's device (cuda: bf16 weights, graphs)")
+    ap.add_argument("--max-num-seqs", type=int, default=2, help="the engine's batch")
+    ap.add_argument("--concurrency", type=int, default=2, help="sessions replayed at once")
+    ap.add_argument("--engine-args", default="", help="more `engine serve` options, e.g. '--num-kv-blocks 24576'")
+    ap.add_argument("--no-report", action="store_true", help="collect only (the report is built elsewhere)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    sources = []
-    for cat in CATEGORIES:
-        ids = sorted(int(c.id.rsplit("_", 1)[1]) for c in rng.sample(load_sessions(cat), args.per_category))
-        sources.append(f"bfcl:{cat}:ids={','.join(map(str, ids))}")
+    if args.per_category:
+        sources = []
+        for cat in CATEGORIES:
+            ids = sorted(int(c.id.rsplit("_", 1)[1]) for c in rng.sample(load_sessions(cat), args.per_category))
+            sources.append(f"bfcl:{cat}:ids={','.join(map(str, ids))}")
+    else:
+        sources = ["bfcl:multi_turn"]
     args.out.mkdir(parents=True, exist_ok=True)
     outcomes = args.out / "turn_outcomes.jsonl"
     outcomes.unlink(missing_ok=True)
     ref_port, eng_port = free_port(), free_port()
     from switchyard.engine import registry
 
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "switchyard.cli", "reference-pool", *sources, "--port", str(ref_port)],
-                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-        subprocess.Popen([sys.executable, "-m", "switchyard.cli", "engine", "serve", "--model",
-                          str(registry.resolve("smollm2-135m")), "--port", str(eng_port),
-                          "--served-model-name", "smollm2-135m", "--max-num-seqs", "2"],
-                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-    ]
+    pools = args.pools.split(",")
+    ref_log, eng_log = (args.out / "reference.log").open("wb"), (args.out / "engine.log").open("wb")
+    procs = [subprocess.Popen([sys.executable, "-m", "switchyard.cli", "reference-pool", *sources, "--port",
+                               str(ref_port)], cwd=ROOT, stdout=ref_log, stderr=subprocess.STDOUT)]
+    if "small" in pools:
+        procs.append(subprocess.Popen([sys.executable, "-m", "switchyard.cli", "engine", "serve", "--model",
+                                       str(registry.resolve("smollm2-135m")), "--port", str(eng_port),
+                                       "--served-model-name", "smollm2-135m", "--max-num-seqs",
+                                       str(args.max_num_seqs), "--device", args.device,
+                                       *shlex.split(args.engine_args)],
+                                      cwd=ROOT, stdout=eng_log, stderr=subprocess.STDOUT))
     timings = {}
     try:
         wait(f"http://127.0.0.1:{ref_port}/health", procs[0])
-        wait(f"http://127.0.0.1:{eng_port}/health", procs[1], ok=True)
+        if len(procs) > 1:
+            wait(f"http://127.0.0.1:{eng_port}/health", procs[1], ok=True)
         pol = args.out / "policy.yaml"
         pol.write_text(f"""version: 1
 pools:
@@ -82,16 +98,20 @@ routes:
 """, encoding="utf-8")
         cli = [sys.executable, "-m", "switchyard.cli", "replay", *sources]
         with GatewayProcess(pol) as gw:
-            for pool in ("large", "small"):
+            for pool in pools:
                 t0 = time.perf_counter()
                 subprocess.run([*cli, "--gateway", gw.url, "-p", str(pol), "--pool", pool, "--outcomes", str(outcomes),
                                 "--max-steps", str(args.max_steps), "--max-tokens", str(args.max_tokens),
-                                "--concurrency", "2", "--timeout", "600"], cwd=ROOT, check=True)
+                                "--concurrency", str(args.concurrency), "--timeout", "600"], cwd=ROOT, check=True)
                 timings[pool] = round(time.perf_counter() - t0, 1)
     finally:
         for p in procs:
             p.terminate()
             p.wait(timeout=20)
+    if args.no_report:
+        (args.out / "timings.json").write_text(json.dumps({"sources": sources, "wall_s": timings}, indent=2))
+        print(json.dumps(timings))
+        return
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "switchyard.cli", "replay", "--from-outcomes", str(outcomes),
                     "-p", str(ROOT / "policies" / "default.yaml"), "--out", str(args.out)], cwd=ROOT, check=True)

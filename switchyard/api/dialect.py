@@ -22,6 +22,7 @@ class Parsed:
     session_hint: str | None = None  # a session id from the client's own fields, used after x-session-id
     dropped: list[str] = field(default_factory=list)  # tools no upstream can run: x-switchyard-dropped-tools
     ctx: Any = None  # the dialect's own per-request values (the Responses id, its stored history, ...)
+    size: int | None = None  # bytes of `chat` as the client sent them, when it is the client's own body
 
 
 class StreamTranslator(Protocol):

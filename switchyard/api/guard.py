@@ -130,14 +130,21 @@ class _BoundedBody:
         self._done = False
 
     async def __call__(self) -> Message:
+        receive = self._receive
         if self._done:
-            return await self._receive()
-        try:
-            async with asyncio.timeout(self._timeout):
-                msg = await self._receive()
-        except TimeoutError:
-            raise errors.RequestTimeout(
-                f"the request body stalled: no data for {self._timeout:g}s") from None
+            return await receive()
+        # uvicorn's receive answers at once when its cycle already holds the data (a small body
+        # arrives with its headers): no timer for that wait. Any other wait is timed.
+        ready = getattr(getattr(receive, "__self__", None), "message_event", None)
+        if ready is not None and ready.is_set():
+            msg = await receive()
+        else:
+            try:
+                async with asyncio.timeout(self._timeout):
+                    msg = await receive()
+            except TimeoutError:
+                raise errors.RequestTimeout(
+                    f"the request body stalled: no data for {self._timeout:g}s") from None
         if msg["type"] == "http.request":
             self._seen += len(msg.get("body", b""))
             if self._seen > self._limit:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -36,7 +37,7 @@ from switchyard.api.messages import (
     estimate_tokens,
 )
 from switchyard.api.openai import decision_headers
-from switchyard.api.relay import StreamRelay
+from switchyard.api.relay import CONN_KEY, StreamRelay
 from switchyard.classify.features import Features, extract
 from switchyard.gateway.auth import may_use, resolve_for
 from switchyard.gateway.gateway import LoadedPolicy, Target
@@ -53,6 +54,8 @@ from switchyard.pools.tokenize import count_tokens
 
 if TYPE_CHECKING:  # imported by api/app.py only when tracing is on
     from switchyard.gateway.tracing import RequestTrace
+
+log = logging.getLogger("switchyard.api")
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -86,8 +89,23 @@ class Proxy:
         self.show_details: Callable[[Mapping[str, str]], bool] = lambda headers: False
 
     async def read_raw(self, request: Request) -> bytes:
-        """The body's bytes. Its size and pace are bounded before it gets here (api/guard.py)."""
-        raw = await request.body()
+        """The body's bytes. Its size and pace are bounded before it gets here (api/guard.py). Read
+        straight from `receive` (Starlette's body() goes through an async generator per request)."""
+        receive = request.receive
+        msg = await receive()
+        if msg["type"] != "http.request":
+            raise ClientDisconnect()
+        raw = msg.get("body", b"")
+        if msg.get("more_body", False):
+            parts = [raw]
+            while True:
+                msg = await receive()
+                if msg["type"] != "http.request":
+                    raise ClientDisconnect()
+                parts.append(msg.get("body", b""))
+                if not msg.get("more_body", False):
+                    break
+            raw = b"".join(parts)
         if not raw:
             raise errors.BadRequest("the request body is empty; send a JSON object")
         return raw
@@ -115,8 +133,11 @@ class Proxy:
             check_request(parsed.chat, limits)
             return parsed, extract(parsed.chat, headers, text_cues=False)
 
-        parsed, features = await bounded(await self.read_raw(request), parse, limits)
+        raw = await self.read_raw(request)
+        parsed, features = await bounded(raw, parse, limits)
         body = parsed.chat
+        if parsed.native is body:  # the client's own chat body: its size is known (pools/fit.py)
+            parsed.size = len(raw)
         target = self.target(body["model"], key)
         if key is not None and adm is not None:  # before any classifier call or session write
             assert self.rt.auth is not None
@@ -197,20 +218,25 @@ class Proxy:
                                               if k in request.headers})
         t_routed = time.perf_counter()
         # Watch for the client leaving while we wait upstream: it cancels this task, which
-        # closes the upstream connection (one watcher task, no asyncio.wait, on the hot path).
+        # closes the upstream connection. Our server's connection says so itself (api/server.py:
+        # no task a request); under another server, one watcher task does.
         me = asyncio.current_task()
-        left = []
+        left: list[bool] = []
+        conn = request.scope.get(CONN_KEY)
+        watcher = None
+        if conn is not None:
+            conn.on_lost = _canceller(me, left)
+        else:
+            async def watch() -> None:
+                await _client_gone(request)
+                left.append(True)
+                if me is not None:
+                    me.cancel()
 
-        async def watch() -> None:
-            await _client_gone(request)
-            left.append(True)
-            if me is not None:
-                me.cancel()
-
-        watcher = asyncio.get_running_loop().create_task(watch())
+            watcher = asyncio.get_running_loop().create_task(watch())
         try:
             answer: Answer = await rt.gateway.dispatcher.send(lp.pools, decision, body, chat_path(parsed.api),
-                                                              stream, attempts, native)
+                                                              stream, attempts, native, parsed.size)
         except asyncio.CancelledError:
             if not left:
                 raise
@@ -229,7 +255,10 @@ class Proxy:
                 trace.failed(status, e.message)
             return http_errors.response(e, headers, err_shape)
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            else:
+                conn.on_lost = None
         try:
             return await self._respond(answer, decision, lp, headers, t0, t_routed, key, request, trace,
                                        None if answer.native or err_shape is None else (dialect, parsed), adm,
@@ -257,8 +286,11 @@ class Proxy:
         if answer.attempts > 1:
             headers["x-switchyard-attempts"] = str(answer.attempts)
         if decision.session_id:
-            await rt.gateway.remember_replica(decision, lp, answer.replica.url, key.id if key else "")
-            await rt.gateway.state.flush()  # the next turn may come through another gateway
+            if lp.spec.session.pin == "replica":
+                await rt.gateway.remember_replica(decision, lp, answer.replica.url, key.id if key else "")
+            state = rt.gateway.state
+            if getattr(state, "shared", True):  # the next turn may come through another gateway
+                await state.flush()
         price = lp.pools[answer.pool].spec.price if answer.pool in lp.pools else None
         if answer.stream is None:
             status, body, ctype = answer.status, answer.body, answer.content_type
@@ -282,7 +314,7 @@ class Proxy:
                 adm.settle(rt, adm.prompt_tokens, True)
             else:
                 adm.settle(rt, usage.total, False)
-            return Response(body, status, headers=headers, media_type=ctype)
+            return Answered(body, status, headers, ctype)
         overhead = answer.t_sent - t0 + (time.perf_counter() - answer.t_first)
         headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
         if price is not None:  # the cost is known only after the last byte: the prices, for the client's usage
@@ -521,7 +553,14 @@ class FastPath:
                 if rt.tracer is not None and scope["path"] != "/v1/route":
                     trace = rt.tracer.begin(scope["method"], scope["path"], request.headers)
                 try:
-                    resp = await handler(request, trace)
+                    try:
+                        resp = await handler(request, trace)
+                    except Exception as exc:  # as Starlette's ServerErrorMiddleware: a 500 in our shape
+                        log.exception("unexpected error on %s %s", scope["method"], scope["path"])
+                        resp = Response(http_errors.error_body(f"internal error: {type(exc).__name__}",
+                                                               "server_error"), 500, media_type=JSON)
+                        await resp(scope, receive, send)
+                        raise
                     await resp(scope, receive, send)
                 finally:
                     rt.active -= 1
@@ -529,6 +568,35 @@ class FastPath:
                         trace.end()
                 return
         await self.app(scope, receive, send)
+
+
+def _canceller(task: asyncio.Task | None, left: list[bool]) -> Callable[[], None]:
+    def lost() -> None:
+        left.append(True)
+        if task is not None:
+            task.cancel()
+
+    return lost
+
+
+class Answered(Response):
+    """A non-streaming answer: its head and body in two ASGI messages, the headers built once
+    (Starlette's Response lowercases and re-encodes its headers in init_headers, per request)."""
+
+    def __init__(self, body: bytes, status: int, headers: dict[str, str], media_type: str) -> None:
+        self.body = body
+        self.status_code = status
+        self.background = None
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        raw.append((b"content-length", str(len(body)).encode()))
+        if media_type.startswith("text/") and "charset=" not in media_type.lower():
+            media_type += "; charset=utf-8"  # as Starlette's Response does
+        raw.append((b"content-type", media_type.encode("latin-1")))
+        self.raw_headers = raw
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body})
 
 
 class Translated:

@@ -19,6 +19,9 @@ from switchyard.api.errors import sse_error_event
 
 log = logging.getLogger("switchyard.relay")
 
+# The scope's key for our server's connection (api/server.py), whose `on_lost` a waiting request sets.
+CONN_KEY = "switchyard.connection"
+
 
 async def _wait_disconnect(receive: Receive) -> None:
     while True:
@@ -51,6 +54,10 @@ class StreamRelay(Response):
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        conn = scope.get(CONN_KEY)
+        if conn is not None:
+            await self._relay_hooked(conn, send)
+            return
         outcome, reason, sent = "client_gone", "client disconnected", 0
         disconnect = asyncio.ensure_future(_wait_disconnect(receive))
         try:
@@ -83,4 +90,49 @@ class StreamRelay(Response):
             outcome = "client_gone" if outcome != "upstream_failed" else outcome
         finally:
             disconnect.cancel()
+            self.on_done(outcome, reason, sent)
+
+    async def _relay_hooked(self, conn: Any, send: Send) -> None:
+        """Under our server (api/server.py): its connection cancels this task if the client goes,
+        so each chunk is one read and one send, with no task and no asyncio.wait per chunk."""
+        outcome, reason, sent = "client_gone", "client disconnected", 0
+        me = asyncio.current_task()
+        left: list[bool] = []
+
+        def lost() -> None:
+            left.append(True)
+            if me is not None:
+                me.cancel()
+
+        conn.on_lost = lost
+        try:
+            await send({"type": "http.response.start", "status": self.status, "headers": self.raw_headers})
+            chunk = self.first
+            readany = self.upstream.content.readany
+            while True:
+                if chunk:  # the first chunk may be held back whole (an incomplete event)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    sent += len(chunk)
+                try:
+                    chunk = await readany()
+                except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                    outcome = "upstream_failed"
+                    reason = f"upstream {self.replica_name} failed mid-stream: {type(e).__name__}: {e}"
+                    log.warning(reason)
+                    # A clean error event, then the end: the client raises instead of hanging.
+                    await send({"type": "http.response.body", "body": self.error_event(reason), "more_body": False})
+                    return
+                if not chunk:
+                    break
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            outcome, reason = "ok", ""
+        except asyncio.CancelledError:
+            if not left:
+                raise
+            if me is not None:
+                me.uncancel()  # the client left: stop reading; on_done closes the upstream
+        except OSError:
+            outcome = "client_gone" if outcome != "upstream_failed" else outcome
+        finally:
+            conn.on_lost = None
             self.on_done(outcome, reason, sent)

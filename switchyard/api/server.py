@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from switchyard.api.relay import CONN_KEY
 from switchyard.gateway.runtime import Runtime
 
 log = logging.getLogger("switchyard.server")
@@ -55,6 +56,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._stall_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0
+        # Set by the request being served while it waits (api/proxy.py, api/relay.py): called once
+        # if the client goes, so no request needs a task of its own that waits for http.disconnect.
+        self.on_lost: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -65,6 +69,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if t is not None:
                 t.cancel()
         super().connection_lost(exc)
+        lost, self.on_lost = self.on_lost, None
+        if lost is not None and self.cycle is not None and not self.cycle.response_complete:
+            lost()
 
     # A silent socket, or headers sent a byte at a time: close once the header time is up.
 
@@ -91,7 +98,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
-        super().on_headers_complete()
+        self.scope[CONN_KEY] = self  # type: ignore[literal-required]
+        # The request's cycle writes through a cork: its answer's head leaves with the first piece
+        # of its body, one write where uvicorn makes two (the head's write was ~15% of a request).
+        real = self.transport
+        self.transport = _Corked(real, self.loop)  # type: ignore[assignment]
+        try:
+            super().on_headers_complete()
+        finally:
+            self.transport = real
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -137,6 +152,49 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             log.info("closing a connection from %s: %s", self.client, why)
             self.transport.close()
+
+
+class _Corked:
+    """The transport one request's cycle writes to: its first write (the answer's head, or a
+    100 Continue) is held until the next write joins it, or until the end of this turn of the
+    loop, whichever comes first; every later write goes straight through, in order."""
+
+    __slots__ = ("_t", "_loop", "_held", "_first")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._t = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._first = True
+
+    def write(self, data: bytes) -> None:
+        if self._first:
+            self._first = False
+            self._held = data
+            self._loop.call_soon(self.flush)
+            return
+        held = self._held
+        if held is not None:
+            self._held = None
+            data = held + data
+        self._t.write(data)
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._t.is_closing():
+                self._t.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._t.close()
+
+    def is_closing(self) -> bool:
+        return self._t.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._t, name)
 
 
 class DrainingServer(uvicorn.Server):

@@ -10,8 +10,10 @@ Subpackages by role, each importing only those below it (import-linter holds it)
               (launch), CLI, request validation (protocol), model names (registry)
   core/       sequences and the scheduler (decides what runs), KV blocks, the output stage
   runner/     one rank's model runner, a step's broadcast, typed options, collectives
-  model/      config, weights, projections, the Step a forward takes, the decoders (CPU, GPU)
-  backends/   what differs per device: cpu (native kernels, row ops) | cuda (Triton kernels, graphs)
+  model/      config, weights, projections, the Step a forward takes, the ONE decoder, its GPU
+              decode steps as CUDA graphs (graph_runner), its start-up check (warmup)
+  backends/   how a layer runs per device, one interface, named in one registry: cpu (native
+              kernels, row ops) | torch (any device) | cuda (Triton kernels, graphs)
   chat/       tokenizer and template, tools, tool-call streaming, structured output, grammar
   errors      the engine's exception tree
 

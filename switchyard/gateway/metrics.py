@@ -93,6 +93,7 @@ class Metrics:
         self.cost = Counter("switchyard_cost_usd", "What answers cost at the pool's price", ["policy", "pool"],
                             registry=r)
         self._latency_children: dict[str, tuple] = {}
+        self._request_children: dict[tuple, object] = {}  # (policy, pool, replica, rule, code) -> counter
         self._token_children: dict[tuple[str, str], tuple] = {}
 
     def attach_live(self, pools: Callable[[], Iterable[tuple[str, Pool]]], state_ok: Callable[[], tuple[str, bool]]) -> None:
@@ -105,7 +106,13 @@ class Metrics:
             self._latency_children[pool] = children
         children[0].observe(seconds)
         children[1].observe(overhead)
-        self.requests.labels(policy, pool, replica, rule, str(code)).inc()
+        key = (policy, pool, replica, rule, code)
+        counter = self._request_children.get(key)
+        if counter is None:  # labels() takes a lock and builds its key every call
+            counter = self.requests.labels(policy, pool, replica, rule, str(code))
+            if len(self._request_children) < 4096:
+                self._request_children[key] = counter
+        counter.inc()  # type: ignore[attr-defined]
 
     def account(self, policy: str, pool: str, usage: Usage, cost: float | None) -> None:
         """One answer's usage (and its cost, when the pool has a price)."""

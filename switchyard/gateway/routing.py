@@ -131,7 +131,10 @@ async def route(policy: RoutingPolicy, features: Features, body: dict[str, Any],
         spec.session.pin != "none" or cspec.classify_on != "every_request" or cspec.escalate_only
     )
     key = session_key(policy.compiled.name, session_id, caller) if uses_session and session_id else ""
-    rec = await sessions.get_session(key) if key and sessions is not None else None
+    rec = None
+    if key and sessions is not None:  # an in-memory store answers at once: no coroutine a call
+        get_now = getattr(sessions, "get_session_now", None)
+        rec = get_now(key) if get_now is not None else await sessions.get_session(key)
     error = None
     t_classify = 0.0
     if label is None:
@@ -148,10 +151,13 @@ async def route(policy: RoutingPolicy, features: Features, body: dict[str, Any],
             )
     if key and commit and sessions is not None:
         turns = features.turns if (rec is None or label.kind != "session") else rec.turns
-        await sessions.put_session(key, SessionRecord(
-            decision.policy, decision.pool, label.name, label.confidence, rec.replica if rec else None,
-            decision.rule, turns,
-        ), spec.session.ttl)
+        record = SessionRecord(decision.policy, decision.pool, label.name, label.confidence,
+                               rec.replica if rec else None, decision.rule, turns)
+        put_now = getattr(sessions, "put_session_now", None)
+        if put_now is not None:
+            put_now(key, record, spec.session.ttl)
+        else:
+            await sessions.put_session(key, record, spec.session.ttl)
     return Routed(decision, checks, rec, error, t_classify)
 
 

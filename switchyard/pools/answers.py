@@ -33,11 +33,25 @@ class BodyTooLarge(Exception):
         super().__init__(f"the answer is over {limit:,} bytes")
 
 
+_TYPES_SEEN: dict[str, str | None] = {}  # raw value -> content_type(raw): upstreams send a handful
+
+
 def content_type(raw: str | None) -> str | None:
     """The Content-Type to relay (rebuilt: type and charset only), or None when it is not one an API
     answer has. No Content-Type at all reads as JSON, as the proxies always assumed."""
     if raw is None:
         return "application/json"
+    try:
+        return _TYPES_SEEN[raw]
+    except KeyError:
+        pass
+    out = _content_type(raw)
+    if len(_TYPES_SEEN) < 256:
+        _TYPES_SEEN[raw] = out
+    return out
+
+
+def _content_type(raw: str) -> str | None:
     m = _TYPE.match(raw)
     if m is None:
         return None

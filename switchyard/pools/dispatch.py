@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import Mapping
@@ -39,6 +40,9 @@ from switchyard.state.base import CircuitRecord, StateStore
 
 log = logging.getLogger("switchyard.dispatch")
 
+# SWITCHYARD_UPSTREAM_CLIENT=aiohttp sends the request path through aiohttp, as before pools/upstream.py
+# (a way back, and the A side of a measurement in one tree).
+AIOHTTP_UPSTREAM = os.environ.get("SWITCHYARD_UPSTREAM_CLIENT", "").lower() == "aiohttp"
 RETRIABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 # Answers a client must not see as they are: an upstream's 401/403 is about the gateway's own
 # credentials (its body may name our upstream key), and 5xx bodies carry internals (a database
@@ -152,15 +156,16 @@ class Dispatcher:
 
     async def send(
         self, pools: Mapping[str, Pool], decision: RouteDecision, body: dict, path: str, stream: bool,
-        trace: AttemptTrace | None = None, native: NativeRequest | None = None,
+        trace: AttemptTrace | None = None, native: NativeRequest | None = None, size: int | None = None,
     ) -> Answer:
         """Send to the decision's pool (its pinned replica first), retrying on other replicas
         before the first byte, then along its fallback chain. Raises a switchyard.errors error.
         `trace` sees each attempt (a span, and the headers that carry it upstream). `native`: a
         pool that lists its API gets it untranslated instead of `body` (decided per pool, so a
-        fallback to a pool of another kind still works); prefix keys always come from `body`."""
+        fallback to a pool of another kind still works); prefix keys always come from `body`. `size`:
+        the body's bytes as the client sent them, when `body` is that body (the window estimate)."""
         # Only the pools whose context window the prompt fits, each with the max_tokens it leaves.
-        fits = fit.plan(pools, (decision.pool, *decision.fallbacks), body)
+        fits = fit.plan(pools, (decision.pool, *decision.fallbacks), body, size)
         capacity: NoCapacity | None = None
         failure: errors.RequestError | None = None
         attempts = 0
@@ -261,12 +266,23 @@ class Dispatcher:
             sent = headers or pool.upstream_headers
             # Redirects are never followed: a 307 would re-send the body (and our key) anywhere.
             # A pool's Bearer key wins over a replica URL's user:password (one Authorization header).
-            resp = await replica.client().post(
-                replica.url + path, data=payload, headers=sent, timeout=pool.timeout, allow_redirects=False,
-                auth=None if "Authorization" in sent else replica.auth,
-            )
+            if AIOHTTP_UPSTREAM:
+                resp = await replica.client().post(
+                    replica.url + path, data=payload, headers=sent, timeout=pool.timeout, allow_redirects=False,
+                    auth=None if "Authorization" in sent else replica.auth,
+                )
+            else:  # the request path's own client (pools/upstream.py): same surface, same errors
+                spec = pool.spec
+                resp = await replica.upstream().post(path, payload, sent, spec.timeout, spec.connect_timeout,
+                                                     replica.auth)
             status = resp.status
-            scrub = scrubber_for(sent, replica.auth)
+            if sent is pool.upstream_headers:  # the pool's own headers: its scrubber made once a replica
+                cached = replica.scrubber
+                if cached is None or cached[0] is not sent or cached[1] is not replica.auth:
+                    cached = replica.scrubber = (sent, replica.auth, scrubber_for(sent, replica.auth))
+                scrub = cached[2]
+            else:
+                scrub = scrubber_for(sent, replica.auth)
             if 300 <= status < 400:
                 resp.close()
                 return None, self._failed(pool, replica, f"HTTP {status} (redirects are not followed)",

@@ -48,10 +48,13 @@ TEMPLATE_TOKENS = 32
 TOOLS_PROMPT_TOKENS = 96
 
 
-def estimate(body: Mapping[str, Any]) -> int:
-    """Prompt tokens of a normalised chat body, with the safety margin (see the module's note)."""
+def estimate(body: Mapping[str, Any], size: int | None = None) -> int:
+    """Prompt tokens of a normalised chat body, with the safety margin (see the module's note).
+    `size`: the body's bytes when the caller knows them (the client's own chat body as it came:
+    no encoding of it again just to count)."""
     extra = TEMPLATE_TOKENS + (TOOLS_PROMPT_TOKENS if body.get("tools") else 0)
-    return math.ceil(len(orjson.dumps(body)) / BYTES_PER_TOKEN * SAFETY) + extra
+    n = len(orjson.dumps(body)) if size is None else size
+    return math.ceil(n / BYTES_PER_TOKEN * SAFETY) + extra
 
 
 def window(pool: Pool) -> int | None:
@@ -83,12 +86,13 @@ class Plan:
             body[k] = v if room is None or v <= room else room
 
 
-def plan(pools: Mapping[str, Pool], chain: Sequence[str], body: Mapping[str, Any]) -> Plan:
-    """Which pools of `chain` the request fits. Raises errors.ContextTooLong when none does."""
+def plan(pools: Mapping[str, Pool], chain: Sequence[str], body: Mapping[str, Any], size: int | None = None) -> Plan:
+    """Which pools of `chain` the request fits. Raises errors.ContextTooLong when none does.
+    `size`: the body's bytes, when known (estimate)."""
     windows = {p: window(pools[p]) for p in chain if p in pools}
     if all(w is None for w in windows.values()):
         return Plan([(p, None) for p in chain])
-    need = estimate(body)
+    need = estimate(body, size)
     asked = _asked(body)
     least = min(MIN_COMPLETION, *asked.values()) if asked else MIN_COMPLETION
     out: list[tuple[str, int | None]] = []

@@ -10,6 +10,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
 
+from switchyard.pools.upstream import UpstreamPool
+
 EWMA_ALPHA = 0.2
 
 
@@ -104,6 +106,8 @@ class Replica:
     engine_error: str = ""  # why the last reading failed
     engine_tried: float = 0.0  # monotonic time of the last attempt to read it
     session: aiohttp.ClientSession | None = None
+    conns: UpstreamPool | None = None  # the request path's keep-alive connections (pools/upstream.py)
+    scrubber: tuple | None = None  # (headers, auth, pools/answers.Scrubber): the last one made, for reuse
     health_path: str | None = None
     # Context window per model id, as the replica reports it (pools/fit.py; None: not read yet).
     windows: dict[str, int] | None = None
@@ -169,7 +173,16 @@ class Replica:
             )
         return self.session
 
+    def upstream(self) -> UpstreamPool:
+        """The request path's client (pools/upstream.py); aiohttp's session (`client`) does the rest."""
+        c = self.conns
+        if c is None or c.closed:
+            c = self.conns = UpstreamPool(self.url)
+        return c
+
     async def aclose(self) -> None:
+        if self.conns is not None:
+            self.conns.close()
         if self.session is not None and not self.session.closed:
             await self.session.close()
 

@@ -12,8 +12,17 @@ from typing import Any
 
 from procs import Proc, free_port
 
-# Small KV cache: several servers may run at once on a CI machine.
-SERVER_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "8", "--collective", "ring", "--dtype", "float32"]
+# Small KV cache: several servers may run at once on a CI machine. One thread a rank: a test
+# machine's two cores are shared (with the test process, other servers, other users), and two
+# OpenMP threads a layer then wait on each other's time slices at every op: a float32 server
+# answered 24 tokens in 6.3-18.2 s on two threads, 2.2-4.7 s on one (the loaded 2-core AMD EPYC).
+ONE_THREAD = ["--threads", "1"]
+SERVER_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "8", "--collective", "ring", "--dtype", "float32",
+               *ONE_THREAD]
+# The shipped dtype (int4 weights, float16 cache where the native kernels run), 12 sequences.
+INT4_SERVER_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "12", "--collective", "ring", *ONE_THREAD]
+# Two int4 replicas side by side for the balancing tests.
+PAIR_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "8", "--collective", "ring", *ONE_THREAD]
 
 
 def get(url: str, timeout: float = 5.0) -> tuple[int, Any]:
@@ -94,21 +103,55 @@ def hf_reference(path: Path) -> tuple[Any, Any]:
 
     `from_pretrained(gguf_file=)` needs `accelerate`, which this environment lacks, so we do what
     it does underneath: the config and tokenizer from the GGUF, and transformers' GGUF
-    dequantizer (load_gguf_checkpoint) for the weights.
+    dequantizer (load_gguf_checkpoint) for the weights. That reading parses the file three times
+    in Python (~35 s on a loaded 2-core machine), so what it gave is kept, as transformers saves
+    a model, under the cache (hf-reference/), keyed by the file and transformers' version: a
+    new file or a new transformers reads the GGUF again.
     """
     import torch
+    import transformers
     from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    with torch.device("meta"):  # no random init: every weight comes from the file
+    from switchyard.datasets import cache_dir
+
+    st = path.stat()
+    saved = cache_dir("hf-reference") / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}-{transformers.__version__}"
+    if not (saved / "done").exists():
+        _save_hf_reading(path, saved)
+    cfg = AutoConfig.from_pretrained(saved)
+    with torch.device("meta"):  # no random init: every weight comes from the saved reading
         model = LlamaForCausalLM(cfg).eval()
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    from safetensors.torch import load_file
+
+    missing, unexpected = model.load_state_dict(load_file(str(saved / "weights.safetensors")), strict=False,
+                                                assign=True)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     model.tie_weights()
     model.model.rotary_emb = LlamaRotaryEmbedding(cfg)  # its buffers are not in the file
     model.to(torch.float32)
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return model, tok
+    return model, AutoTokenizer.from_pretrained(saved)
+
+
+def _save_hf_reading(path: Path, saved: Path) -> None:
+    """transformers' reading of the GGUF (config, dequantized weights, tokenizer) into `saved`."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    tmp = saved.with_name(saved.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    cfg.save_pretrained(tmp)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "weights.safetensors"))
+    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp)
+    (tmp / "done").write_text("")
+    shutil.rmtree(saved, ignore_errors=True)
+    tmp.rename(saved)

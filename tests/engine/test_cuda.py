@@ -1,7 +1,8 @@
-"""The GPU decoder (engine/cuda_model) against the CPU engine (engine/model.TPModel).
+"""The decoder on its GPU backends (torch, cuda: model/decoder.py with backends/torch_backend.py,
+backends/cuda/) against the CPU engine (the same decoder on the cpu backend).
 
-CPU tests run everywhere: the GPU model's code path (slot-space decode, spare KV column,
-buckets, fused ops, graph wrapper) executed eagerly on CPU. GPU tests need CUDA and skip
+CPU tests run everywhere: the GPU backends' code path (slot-space decode in model/graph_runner.py,
+spare KV block, buckets, fused ops, graph wrapper) executed eagerly on CPU. GPU tests need CUDA and skip
 without it (CI has no GPU); they were run on one H200 through the device tool.
 
 Tolerance (stated, not tuned per run): the bf16 model's logits may differ from the float32
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,15 +25,15 @@ import pytest
 import torch
 
 from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, DecodeGraphs, batch_bucket, len_bucket
-from switchyard.engine.backends.cuda.ops import Fused, Ops, silu_mul
-from switchyard.engine.model.cuda_decoder import CudaModel
-from switchyard.engine.model.decoder import TPModel
+from switchyard.engine.backends.torch_ops import Fused, Ops, silu_mul
+from switchyard.engine.model.decoder import Decoder
 from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
 from switchyard.engine.model.step import Step
 from switchyard.engine.model.weights import Shard
 from switchyard.engine.runner.comm import SingleRank
 
 REL_TOL = 0.15
+pytestmark = pytest.mark.usefixtures("one_thread")  # whole models in this process (conftest.one_thread)
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 
 # CPU tests: SmolLM2's widths, 4 layers (every layer runs the same code; 30 would only cost time).
@@ -101,10 +103,12 @@ def small_weights() -> dict[str, torch.Tensor]:
     return random_weights(SMALL, seed=1)
 
 
-def _pair(cfg, w, dtype, device="cpu", **kw):  # type: ignore[no-untyped-def]
+def _pair(cfg, w, dtype, device="cpu", backend="torch", **kw):  # type: ignore[no-untyped-def]
+    """The CPU engine (cpu backend, float32) and the decoder on a GPU backend (torch, cuda)."""
     sh = Shard(0, 1, cfg)
-    ref = TPModel(cfg, sh, w, SingleRank(), max_slots=8, max_len=64, dtype="float32")
-    return ref, CudaModel(cfg, sh, w, SingleRank(), max_slots=8, max_len=64, device=device, dtype=dtype, **kw)
+    ref = Decoder(cfg, sh, w, SingleRank(), max_slots=8, max_len=64, dtype="float32")
+    return ref, Decoder(cfg, sh, w, SingleRank(), max_slots=8, max_len=64, device=device, dtype=dtype,
+                        backend=backend, **kw)
 
 
 def test_cpu_float32_equals_cpu_engine(small_weights: dict[str, torch.Tensor]) -> None:
@@ -117,14 +121,18 @@ def test_cpu_float32_equals_cpu_engine(small_weights: dict[str, torch.Tensor]) -
 
 def test_cpu_bfloat16_within_tolerance(small_weights: dict[str, torch.Tensor]) -> None:
     ref, m = _pair(SMALL, small_weights, torch.bfloat16)
-    m.graph_parts = 3  # the step split into parts runs the same computation
+    m = m.view("torch", max_slots=8, graph_parts=3)  # the step split into parts runs the same computation
     out = scenario([ref, m], SMALL.vocab_size)
     assert_close_to_reference(out[0], out[1], REL_TOL)
 
 
 def test_cpu_attention_and_kv_write_variants(small_weights: dict[str, torch.Tensor]) -> None:
-    ref, m = _pair(SMALL, small_weights, torch.float32)
-    m.attn_impl, m.kv_write = "sdpa", "index"
+    """The benches' variant backend (bench/engine_cuda_variants.py): K/V by advanced indexing,
+    decode attention through SDPA."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import engine_cuda_variants
+
+    ref, m = _pair(SMALL, small_weights, torch.float32, backend=engine_cuda_variants.IndexSdpaBackend.name)
     out = scenario([ref, m], SMALL.vocab_size, decode_steps=2)
     assert_close_to_reference(out[0], out[1], 1e-4)
 
@@ -143,8 +151,8 @@ NARROW = dataclasses.replace(SMALL, vocab_size=1024, hidden_size=128, intermedia
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, REL_TOL)])
 def test_fused_kernels_equal_cpu_engine(dtype: torch.dtype, tol: float) -> None:
     """The Triton decode layer (interpreted without a GPU), prefills, joins, idle slots and all."""
-    ref, m = _pair(NARROW, random_weights(NARROW, seed=2), dtype, FUSED_DEV, decode_kernels="fused")
-    assert m.decode_impl == "fused"
+    ref, m = _pair(NARROW, random_weights(NARROW, seed=2), dtype, FUSED_DEV, backend="cuda")
+    assert m.backend.name == "cuda"
     out = scenario([ref, m], NARROW.vocab_size, decode_steps=3)
     assert_close_to_reference(out[0], out[1], tol)
 
@@ -155,7 +163,7 @@ def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest
 
     w = random_weights(NARROW, seed=2)
     sh = Shard(0, 1, NARROW)
-    m = CudaModel(NARROW, sh, w, SingleRank(), max_slots=2, max_len=64, device=FUSED_DEV, decode_kernels="fused")
+    m = Decoder(NARROW, sh, w, SingleRank(), max_slots=2, max_len=64, device=FUSED_DEV, backend="cuda")
     m.warmup()
     assert m.status()["decode_kernels"] == "fused" and "decode_kernels_reason" not in m.status()
 
@@ -163,45 +171,57 @@ def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest
         raise RuntimeError("no kernel image for this device")
 
     monkeypatch.setattr(cuda_kernels, "gate_up_silu", broken)
-    m = CudaModel(NARROW, sh, w, SingleRank(), max_slots=2, max_len=64, device=FUSED_DEV, decode_kernels="fused")
+    m = Decoder(NARROW, sh, w, SingleRank(), max_slots=2, max_len=64, device=FUSED_DEV, backend="cuda")
     m.warmup()
     st = m.status()
     assert st["decode_kernels"] == "torch" and "no kernel image" in st["decode_kernels_reason"]
-    tp2 = CudaModel(NARROW, Shard(0, 2, NARROW), w, SingleRank(), max_slots=2, max_len=64, device=FUSED_DEV,
-                    decode_kernels="fused")
-    assert tp2.decode_impl == "torch" and "one rank" in tp2.decode_reason
+    assert m.backend.name == "torch"
+    tp2 = Decoder(NARROW, Shard(0, 2, NARROW), w, SingleRank(), max_slots=2, max_len=64, device=FUSED_DEV,
+                  backend="cuda")
+    assert tp2.backend.name == "torch" and "one rank" in tp2.status()["decode_kernels_reason"]
 
 
 @fused
 def test_steps_past_the_fused_rows_read_the_cache_with_the_paged_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past 16 rows the projections are cuBLAS's and attention the paged kernel: made to happen
     at 3 rows here (the fused limit set to 2), prefills, joins, idle slots and all."""
-    from switchyard.engine.model import cuda_decoder as cuda_model
+    from switchyard.engine.backends.cuda import backend as cuda_backend
 
-    monkeypatch.setattr(cuda_model, "MAX_FUSED_ROWS", 2)
-    ref, m = _pair(NARROW, random_weights(NARROW, seed=5), torch.float32, FUSED_DEV, decode_kernels="fused")
+    monkeypatch.setattr(cuda_backend, "MAX_FUSED_ROWS", 2)
+    ref, m = _pair(NARROW, random_weights(NARROW, seed=5), torch.float32, FUSED_DEV, backend="cuda")
     out = scenario([ref, m], NARROW.vocab_size, decode_steps=3)
     assert_close_to_reference(out[0], out[1], 1e-4)
 
 
-def test_decode_kernels_auto_is_fused_on_a_gpu_and_torch_on_a_cpu() -> None:
+def test_backend_auto_is_fused_on_a_gpu_and_ours_on_a_cpu() -> None:
+    from switchyard.engine.backends import registry
+    from switchyard.engine.runner.options import EngineOptions
+
     w = random_weights(NARROW, seed=2)
-    m = CudaModel(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cpu")
+    m = Decoder(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cpu")
+    assert m.backend.name == "cpu" and m.status() == {"device": "cpu", "backend": "cpu"}
+    m = Decoder(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cpu", backend="torch")
     assert m.status()["decode_kernels"] == "torch" and m.status()["prefill_kernels"] == "torch"
     if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
-        m = CudaModel(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cuda")
+        m = Decoder(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cuda")
         m.warmup()
         assert m.status()["decode_kernels"] == "fused" and m.status()["prefill_kernels"] == "fused"
     with pytest.raises(ValueError, match="auto"):
-        CudaModel(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cpu",
-                  decode_kernels="triton")
+        Decoder(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=64, device="cpu", backend="triton")
+    # --decode-kernels, as `engine serve --device cuda` takes it, names a backend
+    opts = {k: EngineOptions(model_path=Path("m"), device="cuda", decode_kernels=k).backend
+            for k in ("auto", "fused", "torch")}
+    assert opts == {"auto": "auto", "fused": "cuda", "torch": "torch"}
+    assert EngineOptions(model_path=Path("m"), decode_kernels="fused").backend == "cpu"
+    assert registry.resolve("auto", "cpu", 1) == ("cpu", "")
+    assert registry.resolve("torch", "cuda", 2) == ("torch", "")
 
 
 @fused
 def test_fused_kernels_qwen3_bias_and_qk_norm() -> None:
     cfg = dataclasses.replace(NARROW, arch="qwen3", qkv_bias=True, qk_norm=True)
     w = random_weights(cfg, seed=3)
-    ref, m = _pair(cfg, w, torch.float32, FUSED_DEV, decode_kernels="fused")
+    ref, m = _pair(cfg, w, torch.float32, FUSED_DEV, backend="cuda")
     out = scenario([ref, m], cfg.vocab_size, decode_steps=2)
     assert_close_to_reference(out[0], out[1], 1e-4)
 
@@ -229,14 +249,15 @@ def test_idle_slots_write_only_the_spare_block(small_weights: dict[str, torch.Te
 
 
 def _paged_prefix(w: dict[str, torch.Tensor], cfg, device: str, dtype: torch.dtype,  # type: ignore[no-untyped-def]
-                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], CudaModel]:
+                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], Decoder]:
     """A prompt in scattered blocks of a 12-block pool; a second that shares its first two
     blocks (a cached prefix) and prefills only its last 7 tokens (the masked path over gathered
     blocks); then both decode, crossing into new blocks. The CPU engine and the GPU model get
     the same tables; returns both's logits per step and the GPU model."""
     sh = Shard(0, 1, cfg)
-    ref = TPModel(cfg, sh, w, SingleRank(), max_slots=2, max_len=64, num_blocks=12)
-    m = CudaModel(cfg, sh, w, SingleRank(), max_slots=2, max_len=64, device=device, dtype=dtype, num_blocks=12)
+    ref = Decoder(cfg, sh, w, SingleRank(), max_slots=2, max_len=64, num_blocks=12, dtype="float32")
+    m = Decoder(cfg, sh, w, SingleRank(), max_slots=2, max_len=64, device=device, dtype=dtype, num_blocks=12,
+                backend="torch")
     g = torch.Generator().manual_seed(3)
     a = torch.randint(0, cfg.vocab_size, (40,), generator=g)
     b = torch.cat((a[:32], torch.randint(0, cfg.vocab_size, (7,), generator=g)))
@@ -316,10 +337,11 @@ def test_gpu_matches_cpu_engine_with_and_without_graphs() -> None:
     cfg = SMOLLM2_135M  # the full shape: 30 layers
     w = random_weights(cfg, seed=2)
     sh = Shard(0, 1, cfg)
-    ref = TPModel(cfg, sh, w, SingleRank(), max_slots=8, max_len=256, dtype="float32")
-    on = CudaModel(cfg, sh, w, SingleRank(), max_slots=8, max_len=256, device="cuda", cuda_graphs=True)
-    off = CudaModel(cfg, sh, w, SingleRank(), max_slots=8, max_len=256, device="cuda", cuda_graphs=False)
-    on.graph_parts = 4  # several graphs per step, replayed in order
+    ref = Decoder(cfg, sh, w, SingleRank(), max_slots=8, max_len=256, dtype="float32")
+    on = Decoder(cfg, sh, w, SingleRank(), max_slots=8, max_len=256, device="cuda", cuda_graphs=True, backend="torch")
+    off = Decoder(cfg, sh, w, SingleRank(), max_slots=8, max_len=256, device="cuda", cuda_graphs=False,
+                  backend="torch")
+    assert on.graph_runner.parts == 4  # type: ignore[union-attr]  (several graphs per step, replayed in order)
     out = scenario([ref, on, off], cfg.vocab_size, decode_steps=6)
     w_on = assert_close_to_reference(out[0], out[1], REL_TOL)
     w_off = assert_close_to_reference(out[0], out[2], REL_TOL)
@@ -329,14 +351,14 @@ def test_gpu_matches_cpu_engine_with_and_without_graphs() -> None:
           f"on vs off max diff {gdiff:.2e}; {on.status()}")
     assert gdiff <= REL_TOL * std
     assert on.status()["graphs_captured"] >= 1  # bucket (8 slots, span 256)
-    assert on.graphs.enabled and not off.graphs.enabled
+    assert on.graph_runner.graphs.enabled and not off.graph_runner.graphs.enabled  # type: ignore[union-attr]
 
 
 @gpu
 def test_gpu_fused_ops_compile() -> None:
     cfg = dataclasses.replace(SMOLLM2_135M, num_layers=2)
     w = random_weights(cfg, seed=4, device="cuda")
-    m = CudaModel(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=4, max_len=256, device="cuda")
+    m = Decoder(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=4, max_len=256, device="cuda", backend="torch")
     lens = torch.tensor([9])
     m.forward(Step(torch.randint(0, cfg.vocab_size, (1, 9)), torch.arange(9).view(1, 9), torch.tensor([0]), lens, lens, 0))
     m.forward(Step(torch.tensor([[5]]), torch.tensor([[9]]), torch.tensor([0]), torch.tensor([1]), torch.tensor([10]), 1))
@@ -386,7 +408,7 @@ def test_gpu_runner_and_sampling(tmp_path) -> None:  # type: ignore[no-untyped-d
         r.setup()
         runners.append(r)
     cpu, gpu_runner = runners
-    assert isinstance(gpu_runner.model, CudaModel) and gpu_runner.dtype == "bfloat16"
+    assert isinstance(gpu_runner.model, Decoder) and gpu_runner.dtype == "bfloat16"
 
     class AsModel:
         def __init__(self, r: Runner) -> None:
@@ -457,8 +479,8 @@ def test_cpu_tensor_parallel_sharding_equals_tp1(tmp_path) -> None:  # type: ign
     from switchyard.engine.model.weights import load_shard, open_source
 
     src = open_source(tmp_path)
-    one = CudaModel(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), max_slots=8,
-                    max_len=64, device="cpu", dtype=torch.float32)
+    one = Decoder(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), max_slots=8,
+                  max_len=64, device="cpu", dtype=torch.float32, backend="torch")
     ref = scenario([one], cfg.vocab_size, decode_steps=2)[0]
     got = _run_ranks(tmp_path, tmp_path / "tp3_ring", 3, "ring", "cpu")[0]
     for a, b in zip(ref, got, strict=True):
@@ -484,8 +506,8 @@ def test_gpu_tensor_parallel_tp2_in_graphs(tmp_path, collective: str) -> None:  
                               intermediate_size=1536)
     _random_llama_dir(tmp_path, cfg)
     src = open_source(tmp_path)
-    one = CudaModel(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), max_slots=8,
-                    max_len=64, device="cuda:0", dtype=torch.bfloat16)
+    one = Decoder(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), max_slots=8,
+                  max_len=64, device="cuda:0", dtype=torch.bfloat16)
     ref = scenario([one], cfg.vocab_size, decode_steps=2)[0]
     torch.save(ref, tmp_path / "ref.pt")  # the ranks follow its tokens
     forced = collective == "auto-forced-fail"
@@ -517,14 +539,15 @@ def test_warmup_runs_every_batch_bucket(small_weights: dict[str, torch.Tensor]) 
     max_num_seqs; on CPU the same steps run eagerly."""
     cfg = dataclasses.replace(SMALL, num_layers=1)
     w = {k: v for k, v in small_weights.items() if not k.startswith("layers.") or k.startswith("layers.0.")}
-    m = CudaModel(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=20, max_len=64, device="cpu")
+    m = Decoder(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=20, max_len=64, device="cpu", backend="torch")
     seen: list[tuple[int, int]] = []
-    core = m._decode_core
+    graphs = m.graph_runner.graphs  # type: ignore[union-attr]
+    core = graphs.step
 
     def spy(S: int, L: int) -> Iterator[None]:
         seen.append((S, L))
         yield from core(S, L)
 
-    m.graphs.step = spy
+    graphs.step = spy
     assert m.warmup() >= 0
     assert seen == [(1, 64), (2, 64), (4, 64), (8, 64), (16, 64), (20, 64)]

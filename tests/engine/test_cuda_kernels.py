@@ -15,7 +15,7 @@ triton = pytest.importorskip("triton", reason="the fused decode kernels need tri
 
 from switchyard.engine.backends.cuda import kernels as ck  # noqa: E402
 from switchyard.engine.backends.cuda import prefill_kernels as pk  # noqa: E402
-from switchyard.engine.backends.cuda.ops import rms_norm, rope_qkv  # noqa: E402
+from switchyard.engine.backends.torch_ops import rms_norm, rope_qkv  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -125,7 +125,7 @@ def test_rows_beyond_the_fused_limit_are_refused() -> None:
 
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_prefill_rope_split_and_silu_mul_as_the_torch_ops(qk_norm: bool) -> None:
-    from switchyard.engine.backends.cuda.ops import silu_mul
+    from switchyard.engine.backends.torch_ops import silu_mul
 
     g = torch.Generator().manual_seed(4)
     N, H, Hkv, D, max_len = 11, 6, 2, 32, 40

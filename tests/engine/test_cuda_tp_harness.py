@@ -25,7 +25,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_cuda import scenario
 
-    from switchyard.engine.model.cuda_decoder import CudaModel
+    from switchyard.engine.model.decoder import Decoder
     from switchyard.engine.model.weights import Shard, load_shard, open_source
     from switchyard.engine.runner.comm import GPU_ENV, make_backend
 
@@ -50,8 +50,8 @@ if __name__ == "__main__":
     src = open_source(model_dir)
     cfg = src.config
     comm, info = make_backend(collective, rank, world, group, cpu_group, device, sweep_iters=2 if kind == "cpu" else 9)
-    m = CudaModel(cfg, Shard(rank, world, cfg), load_shard(src, rank, world), comm, max_slots=8, max_len=64,
-                  device=str(device), dtype=dtype)
+    m = Decoder(cfg, Shard(rank, world, cfg), load_shard(src, rank, world), comm, max_slots=8, max_len=64,
+                device=str(device), dtype=dtype, backend="torch")
 
     class Gathered:
         def forward(self, *a: object) -> torch.Tensor:
@@ -61,6 +61,6 @@ if __name__ == "__main__":
     torch.save(logits, out.with_suffix(f".rank{rank}.pt"))
     if rank == 0:
         out.with_suffix(".json").write_text(json.dumps(
-            {**info, "graphs": len(m.graphs.graphs), "eager_batch_buckets": sorted(m.graphs.eager_batches)}, default=str))
+            {**info, "graphs": m.status()["graphs_captured"], "eager_batch_buckets": m.status()["eager_batch_buckets"]}, default=str))
     dist.barrier(group=cpu_group)
     dist.destroy_process_group()

@@ -12,8 +12,6 @@ go where, picks sessions of both kinds, and checks that the gateway places them 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,12 +22,7 @@ from procs import Proc, start_gateway
 from switchyard.pools.affinity import CacheAware, prefix_key
 from switchyard.pools.replica import Replica
 
-NAMES = ("r0", "r1")
-# The shipped int4 weights (they load faster than float32; outputs are not compared here), one
-# thread each: two replicas share CI's two cores. 64 blocks of 16: one sequence of the maximum
-# length, plenty for a few ~150-token sessions.
-ENGINE_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "4", "--num-kv-blocks", "64", "--collective", "ring",
-               "--threads", "1"]
+NAMES = ("r0", "r1")  # conftest.replica_pair's: shipped int4 (outputs are not compared here), a thread each
 
 POLICY = """
 version: 1
@@ -75,35 +68,21 @@ class _Gateway:
 
 
 @pytest.fixture(scope="module")
-def setup(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[_Gateway, dict[str, str]]]:
+def setup(replica_pair: tuple[EngineServer, ...],
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[_Gateway, dict[str, str]]]:
     tmp = tmp_path_factory.mktemp("cache_aware")
-
-    def start(name: str) -> EngineServer:
-        return EngineServer(gguf_path, tmp / f"{name}.log", extra=ENGINE_ARGS, env={"GOMP_SPINCOUNT": "0"})
-
-    with ThreadPoolExecutor(2) as pool:  # side by side: loading the model is most of the cost
-        futs = [pool.submit(start, n) for n in NAMES]
-    engines = [f.result() for f in futs if f.exception() is None]
-    if len(engines) < 2:
-        for e in engines:
-            e.close()
-        raise next(f.exception() for f in futs if f.exception() is not None)  # type: ignore[misc]
-    gw = None
+    urls = dict(zip(NAMES, (e.url for e in replica_pair), strict=True))
+    files = []
+    for name, pin in (("ca", "none"), ("pin", "replica")):
+        files.append(tmp / f"{name}.yaml")
+        files[-1].write_text(POLICY.format(name=name, pin=pin, **urls))
+    proc, url = start_gateway(tmp, files, name="gw")
+    gw = _Gateway(proc, url)
     try:
-        urls = dict(zip(NAMES, (e.url for e in engines), strict=True))
-        files = []
-        for name, pin in (("ca", "none"), ("pin", "replica")):
-            files.append(tmp / f"{name}.yaml")
-            files[-1].write_text(POLICY.format(name=name, pin=pin, **urls))
-        proc, url = start_gateway(tmp, files, name="gw")
-        gw = _Gateway(proc, url)
         yield gw, urls
     finally:
-        if gw is not None:
-            gw.client.close()
-            gw.proc.stop()
-        with ThreadPoolExecutor(2) as pool:  # an engine takes seconds to stop: both at once
-            list(pool.map(EngineServer.close, engines))
+        gw.client.close()
+        gw.proc.stop()
 
 
 def _ring(urls: dict[str, str]) -> Callable[[dict[str, Any]], str]:

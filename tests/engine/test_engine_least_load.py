@@ -16,7 +16,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from engine_support import SERVER_ARGS, EngineServer, get, stream_iter
+from engine_support import EngineServer, get, stream_iter
 from procs import start_gateway
 
 BUSY_STREAMS = 6  # the direct client's requests on the busy replica (the servers run 8 at most)
@@ -73,24 +73,10 @@ def _engine(gw: str, name: str) -> dict:
     return next(r for r in reps if r["name"] == name).get("engine") or {}
 
 
-def _start_two(gguf_path: Path, tmp_path: Path) -> tuple[EngineServer, EngineServer]:
-    """Two replicas of one thread each, started side by side: each decodes on one core."""
-    def start(name: str) -> EngineServer:
-        return EngineServer(gguf_path, tmp_path / f"{name}.log", tp=1, extra=[*SERVER_ARGS, "--threads", "1"],
-                            env={"GOMP_SPINCOUNT": "0"})
-
-    with ThreadPoolExecutor(2) as pool:
-        futs = [pool.submit(start, n) for n in ("busy", "idle")]
-    started = [f.result() for f in futs if f.exception() is None]
-    if len(started) < 2:
-        for s in started:
-            s.close()
-        raise next(f.exception() for f in futs if f.exception() is not None)  # type: ignore[misc]
-    return started[0], started[1]
-
-
-def test_least_load_avoids_the_replica_a_direct_client_keeps_busy(gguf_path: Path, tmp_path: Path) -> None:
-    busy, idle = _start_two(gguf_path, tmp_path)
+def test_least_load_avoids_the_replica_a_direct_client_keeps_busy(replica_pair: tuple[EngineServer, ...],
+                                                                  tmp_path: Path) -> None:
+    """conftest.replica_pair: one thread each, so each decodes on one core."""
+    busy, idle = replica_pair
     stop = threading.Event()
     clients = [threading.Thread(target=_keep_busy, args=(busy.url, stop), daemon=True) for _ in range(BUSY_STREAMS)]
     gw = None
@@ -118,5 +104,3 @@ def test_least_load_avoids_the_replica_a_direct_client_keeps_busy(gguf_path: Pat
         for t in clients:
             if t.is_alive():
                 t.join(30)
-        busy.close()
-        idle.close()

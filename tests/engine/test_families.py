@@ -52,10 +52,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_family_matches_transformers(case: str, tmp_path: Path) -> None:
+def test_family_matches_transformers(case: str, tmp_path: Path, one_thread: None) -> None:
     from transformers import AutoModelForCausalLM
 
-    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.decoder import Decoder
     from switchyard.engine.model.step import Step
     from switchyard.engine.model.weights import Shard, load_shard, open_source
     from switchyard.engine.runner.comm import SingleRank
@@ -63,7 +63,7 @@ def test_family_matches_transformers(case: str, tmp_path: Path) -> None:
     model_type, extra = CASES[case]
     d = _checkpoint(tmp_path / case, model_type, extra)
     src = open_source(d)
-    ours = TPModel(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), 1, 160)
+    ours = Decoder(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), 1, 160)
     ref = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32).eval()
     prompt = torch.randint(0, 128, (1, 100), generator=torch.Generator().manual_seed(2))
     T = prompt.shape[1]

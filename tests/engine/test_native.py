@@ -5,8 +5,6 @@ cache slots."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -171,33 +169,27 @@ def _greedy(model, prompts: list[list[int]], n: int, trace: list | None = None) 
     return out
 
 
-@pytest.fixture(scope="module")
-def smollm2(gguf_path: Path):  # type: ignore[no-untyped-def]
-    """SmolLM2's config, float32 weights and the three test prompts."""
-    from switchyard.engine.chat.tokenizer import from_gguf
-    from switchyard.engine.model.weights import load_shard, open_source
-
-    src = open_source(gguf_path)
-    tok = from_gguf(src.reader)
-    prompts = [tok.encode(tok.render([{"role": "user", "content": p}]))
-               for p in ("What is the capital of France?", "Name three fruits.", "Count from one to five.")]
-    return src.config, load_shard(src, 0, 1), tok, prompts
-
-
 def _model(smollm2, dtype: str = "float32"):  # type: ignore[no-untyped-def]
-    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.decoder import Decoder
     from switchyard.engine.model.weights import Shard
     from switchyard.engine.runner.comm import SingleRank
 
     config, weights, _, _ = smollm2
-    return TPModel(config, Shard(0, 1, config), weights, SingleRank(), max_slots=3, max_len=128, dtype=dtype)
+    return Decoder(config, Shard(0, 1, config), weights, SingleRank(), max_slots=3, max_len=128, dtype=dtype)
 
 
-def test_smollm2_int4_equals_float32_and_batched_equals_alone(smollm2) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def int4_smollm2(smollm2):  # type: ignore[no-untyped-def]
+    """SmolLM2 as int4, quantised once for the module (each test prefills the slots it reads)."""
+    return _model(smollm2, "int4")
+
+
+def test_smollm2_int4_equals_float32_and_batched_equals_alone(smollm2, int4_smollm2,  # type: ignore[no-untyped-def]
+                                                              one_thread: None) -> None:
     tok, prompts = smollm2[2], smollm2[3]
+    i4 = int4_smollm2
     with torch.inference_mode():
-        f32, i4 = _model(smollm2), _model(smollm2, "int4")
-        exact = _greedy(f32, prompts, 24)
+        exact = _greedy(_model(smollm2), prompts, 24)
         together = _greedy(i4, prompts, 24)
         alone = [_greedy(i4, [p], 24)[0] for p in prompts]
     # Q4_1 codes requantized to int4 groups lose nothing; bfloat16 activations could flip a
@@ -207,23 +199,26 @@ def test_smollm2_int4_equals_float32_and_batched_equals_alone(smollm2) -> None: 
     assert "Paris" in tok.decode(together[0])
 
 
-def test_fused_layers_equal_op_by_op(smollm2) -> None:  # type: ignore[no-untyped-def]
+def test_fused_layers_equal_op_by_op(smollm2, int4_smollm2, one_thread: None) -> None:  # type: ignore[no-untyped-def]
     """One rank with the int4 kernels runs each layer as two native calls around attention
     (native/layer.c); every step's logits, prefill and decode, are bit-identical to the
     op-by-op path's."""
     prompts = smollm2[3]
+    i4 = int4_smollm2
+    if i4.backend.lib is None:
+        pytest.skip("native kernels unavailable here")
+    assert i4.backend.fused
     with torch.inference_mode():
-        i4 = _model(smollm2, "int4")
-        if i4._lib is None:
-            pytest.skip("native kernels unavailable here")
-        assert i4.fused
         fused: list[torch.Tensor] = []
         _greedy(i4, prompts, 6, fused)
-        i4.fused = False
-        i4.k_cache.zero_()
-        i4.v_cache.zero_()
-        ops: list[torch.Tensor] = []
-        _greedy(i4, prompts, 6, ops)
+        i4.backend.fused = False  # the same backend, op by op
+        try:
+            i4.k_cache.zero_()
+            i4.v_cache.zero_()
+            ops: list[torch.Tensor] = []
+            _greedy(i4, prompts, 6, ops)
+        finally:
+            i4.backend.fused = True
     assert len(fused) == len(ops) == 5
     for a, b in zip(fused, ops, strict=True):
         assert torch.equal(a, b)
@@ -236,18 +231,18 @@ def test_native_decode_attention_equals_torch_path(build: str, kv_dtype: str) ->
     on a float32 or float16 cache."""
     import dataclasses
 
-    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.decoder import Decoder
     from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
     from switchyard.engine.model.weights import Shard
     from switchyard.engine.runner.comm import SingleRank
 
     cfg = dataclasses.replace(SMOLLM2_135M, num_layers=2)
     w = random_weights(cfg, seed=3)
-    models = [TPModel(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=6, max_len=64, kv_dtype=kv_dtype)
+    models = [Decoder(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=6, max_len=64, kv_dtype=kv_dtype)
               for _ in range(2)]
     assert models[0].k_cache.dtype == getattr(torch, kv_dtype)
-    assert models[0].attn is not None
-    models[1].attn = None  # the torch path: index_put into the cache, masked matmuls
+    assert models[0].backend.attn is not None
+    models[1].backend.attn = None  # the torch path: index_put into the cache, masked matmuls
     g = torch.Generator().manual_seed(0)
     lens = torch.tensor([9, 3, 14])
     slots = torch.tensor([5, 0, 2])
@@ -280,18 +275,18 @@ def test_scattered_blocks_and_a_shared_prefix_equal_contiguous_slots(build: str,
     prefilled both prompts whole into contiguous slots; the shared blocks are never written."""
     import dataclasses
 
-    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.decoder import Decoder
     from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
     from switchyard.engine.model.weights import Shard
     from switchyard.engine.runner.comm import SingleRank
 
     cfg = dataclasses.replace(SMOLLM2_135M, num_layers=2)
     w = random_weights(cfg, seed=8)
-    ref = TPModel(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=2, max_len=64)
-    paged = TPModel(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=2, max_len=64, num_blocks=12)
-    assert paged.k_cache.shape[1:3] == (12, cfg.num_kv_heads) and paged.attn is not None
+    ref = Decoder(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=2, max_len=64)
+    paged = Decoder(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=2, max_len=64, num_blocks=12)
+    assert paged.k_cache.shape[1:3] == (12, cfg.num_kv_heads) and paged.backend.attn is not None
     if attention == "torch":
-        paged.attn = None
+        paged.backend.attn = None
     g = torch.Generator().manual_seed(1)
     a = torch.randint(0, cfg.vocab_size, (40,), generator=g)
     b = torch.cat((a[:32], torch.randint(0, cfg.vocab_size, (7,), generator=g)))
@@ -326,13 +321,13 @@ def test_scattered_blocks_and_a_shared_prefix_equal_contiguous_slots(build: str,
 def test_native_attention_refuses_a_slot_outside_the_cache(build: str) -> None:
     import dataclasses
 
-    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.decoder import Decoder
     from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
     from switchyard.engine.model.weights import Shard
     from switchyard.engine.runner.comm import SingleRank
 
     cfg = dataclasses.replace(SMOLLM2_135M, num_layers=1)
-    m = TPModel(cfg, Shard(0, 1, cfg), random_weights(cfg, seed=4), SingleRank(), max_slots=2, max_len=16)
+    m = Decoder(cfg, Shard(0, 1, cfg), random_weights(cfg, seed=4), SingleRank(), max_slots=2, max_len=16)
     one = torch.ones(1, dtype=torch.int64)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="outside the cache"):
         m.forward(Step(torch.tensor([[5]]), torch.tensor([[0]]), torch.tensor([7]), one, one, 8))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import SERVER_ARGS, EngineServer, get, post, stream
+from engine_support import ONE_THREAD, SERVER_ARGS, EngineServer, get, post, stream
 
 # A system prompt long enough to span many blocks (~330 tokens), as an agent's tool docs do.
 SYSTEM = ("You are a careful assistant for a warehouse. Tools: " + " ".join(
@@ -58,7 +58,7 @@ def small_pool(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     of 32 blocks of 16: 512 positions, one sequence of the maximum length, for 4 sequences."""
     s = EngineServer(gguf_path, tmp_path_factory.mktemp("small") / "engine.log",
                      extra=["--max-model-len", "512", "--max-num-seqs", "4", "--num-kv-blocks", "32",
-                            "--collective", "ring"])
+                            "--collective", "ring", *ONE_THREAD])
     yield s
     s.close()
 

@@ -18,6 +18,7 @@ CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
          [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a color."},
           {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another one?"}]]
 LOGIT_ATOL = 1e-3
+pytestmark = pytest.mark.usefixtures("one_thread")  # both models run in this process (conftest.one_thread)
 
 
 @pytest.fixture(scope="module")
@@ -26,16 +27,13 @@ def reference(gguf_path: Path) -> tuple[Any, Any]:
 
 
 @pytest.fixture(scope="module")
-def ours(gguf_path: Path) -> tuple[Any, Any]:
-    from switchyard.engine.chat.tokenizer import from_gguf
-    from switchyard.engine.model.decoder import TPModel
-    from switchyard.engine.model.weights import Shard, load_shard, open_source
+def ours(smollm2: tuple[Any, ...]) -> tuple[Any, Any]:
+    from switchyard.engine.model.decoder import Decoder
+    from switchyard.engine.model.weights import Shard
     from switchyard.engine.runner.comm import SingleRank
 
-    src = open_source(gguf_path)
-    model = TPModel(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), max_slots=2,
-                    max_len=256)
-    return model, from_gguf(src.reader)
+    config, weights, tok, _ = smollm2
+    return Decoder(config, Shard(0, 1, config), weights, SingleRank(), max_slots=2, max_len=256), tok
 
 
 def _ids(tok: Any, messages: list[dict[str, str]]) -> list[int]:

@@ -17,13 +17,11 @@ from engine_support import EngineServer, get
 
 
 @pytest.fixture(scope="module")
-def server(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
-    """One replica for the module, as `switchyard up` runs it (int4 weights on the native kernels
-    where the CPU has them; each row's result is the same whatever batch it runs in)."""
-    s = EngineServer(gguf_path, tmp_path_factory.mktemp("structured") / "engine.log",
-                     extra=["--max-model-len", "1024", "--max-num-seqs", "12", "--collective", "ring"])
-    yield s
-    s.close()
+def server(server_int4: EngineServer) -> EngineServer:
+    """One replica, as `switchyard up` runs it (conftest.server_int4: int4 weights on the native
+    kernels where the CPU has them; each row's result is the same whatever batch it runs in)."""
+    return server_int4
+
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string"},

@@ -54,11 +54,12 @@ def _llama_cpp_greedy(url: str, ids: list[int]) -> list[int]:
         return json.load(r)["tokens"]
 
 
-def test_w4a8_build_decodes_as_llama_cpp(llama_server: str, gguf_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_w4a8_build_decodes_as_llama_cpp(llama_server: str, gguf_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         one_thread: None) -> None:
     from test_native import _greedy
 
     from switchyard.engine.chat.tokenizer import from_gguf
-    from switchyard.engine.model.decoder import TPModel
+    from switchyard.engine.model.decoder import Decoder
     from switchyard.engine.model.weights import Shard, load_shard, open_source
     from switchyard.engine.runner.comm import SingleRank
 
@@ -71,7 +72,7 @@ def test_w4a8_build_decodes_as_llama_cpp(llama_server: str, gguf_path: Path, mon
         src = open_source(gguf_path)
         tok = from_gguf(src.reader)
         prompts = [tok.encode(tok.render([{"role": "user", "content": p}])) for p in PROMPTS]
-        model = TPModel(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), max_slots=3,
+        model = Decoder(src.config, Shard(0, 1, src.config), load_shard(src, 0, 1), SingleRank(), max_slots=3,
                         max_len=128, dtype="int4")
         with torch.inference_mode():
             ours = _greedy(model, prompts, NEW)

@@ -1,1 +1,1 @@
-"""backends: what the decoder calls per device: cpu (native kernels, row ops, token masks) and cuda (Triton kernels, graphs, torch ops)."""
+"""backends: how the one decoder's layers run per device, behind one interface (base) with named backends in one registry (registry): cpu (cpu/: native kernels, row ops, token masks), torch (torch_backend, torch_ops: any device), cuda (cuda/: Triton kernels, graphs)."""

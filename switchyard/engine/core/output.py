@@ -1,18 +1,37 @@
 """The output stage: from a step's logits to what each request's client sees. Grammar masks,
 sampling, logprobs, detokenising, stop tokens and stop strings, the length limit, the text
 that can no longer change, and the usage of a finished request. The scheduler hands it the
-sequences a step advanced; it returns the ones that finished (the scheduler frees them)."""
+sequences a step advanced; it returns the ones that finished (the scheduler frees them).
+
+It works in two halves, so that the scheduler can overlap the host with the device (async
+decode, core/scheduler.py): `sample` queues the device's share (masks, sampling, logprobs) behind
+the step that made the logits and starts copying the choices back, without waiting for any of
+it; `finish` waits for those values and does the host's share. `advance` is both at once."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
+from switchyard.engine.backends.transfer import Download, upload
 from switchyard.engine.chat.grammar import GrammarMasker
 from switchyard.engine.chat.tokenizer import ChatTokenizer
-from switchyard.engine.core.sampling import sample, token_logprobs
+from switchyard.engine.core.sampling import row_logprobs, sample_tokens
 from switchyard.engine.core.sequence import Event, Sequence
+
+
+@dataclass
+class Sampled:
+    """A step's choices, made where its logits are: `seqs[i]` took `tokens[i]` (a device tensor,
+    which async decoding feeds to the next step without reading it), and `host` brings them, with
+    the logprobs of the rows in `lp_rows`, back to the host."""
+
+    seqs: list[Sequence]
+    tokens: torch.Tensor
+    lp_rows: list[int]
+    host: Download
 
 
 class OutputStage:
@@ -26,15 +45,43 @@ class OutputStage:
 
     def advance(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Sequence]:
         """Sample one token per sequence and stream it; returns the sequences that finished."""
+        return self.finish(self.sample(seqs, logits))
+
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor, rows: list[int] | None = None) -> Sampled:
+        """The device's share of a step: seqs[i]'s token from logits row rows[i] (rows None: row
+        i), under its grammar's mask (filled now, on the host, from the grammar's state after the
+        tokens finish() has given it), and the logprobs asked for. Nothing here waits for the
+        device."""
+        if rows is not None and rows != list(range(logits.shape[0])):
+            logits = logits.index_select(0, upload(rows, torch.int64, logits.device))
         grammars = [s.grammar for s in seqs]
         if any(g is not None for g in grammars):
             if self.masker is None:
-                self.masker = GrammarMasker(logits.shape[1])
+                width = next(g.vocab_size for g in grammars if g is not None) or logits.shape[1]
+                self.masker = GrammarMasker(width)
             self.masker.apply(logits, grammars)
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        tokens = sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        lp_rows = [i for i, s in enumerate(seqs) if s.params.logprobs]
+        back = [tokens]
+        if lp_rows:
+            back += row_logprobs(logits, tokens, lp_rows, [seqs[i].params.top_logprobs for i in lp_rows])
+        return Sampled(list(seqs), tokens, lp_rows, Download(back))
+
+    def finish(self, sampled: Sampled) -> list[Sequence]:
+        """The host's share: wait for the step's tokens, then stream them; returns the sequences
+        that finished. A sequence that finished (an abort) since the step was sampled is skipped:
+        its token is dropped."""
+        host = sampled.host.get()
+        tokens = host[0].tolist()
+        lps: dict[int, tuple[float, list[float], list[int]]] = {}
+        if sampled.lp_rows:
+            chosen, vals, ids = (t.tolist() for t in host[1:])
+            lps = {i: (chosen[k], vals[k], ids[k]) for k, i in enumerate(sampled.lp_rows)}
         now = time.monotonic()
         done: list[Sequence] = []
-        for i, (s, tok) in enumerate(zip(seqs, tokens, strict=True)):
+        for i, (s, tok) in enumerate(zip(sampled.seqs, tokens, strict=True)):
+            if s.finished:
+                continue
             if s.first_token_at is None:
                 s.first_token_at = now
                 self.ttft.append(now - s.arrived)
@@ -45,13 +92,15 @@ class OutputStage:
             if not stop_tok:
                 s.out.append(tok)
                 self.stats["generation_tokens"] += 1
-            if p.logprobs:
-                lp, top = token_logprobs(logits[i], tok, p.top_logprobs)
-                if not stop_tok:
-                    s.pending_logprobs.append({"id": tok, "logprob": lp, "top": top})
+            if p.logprobs and not stop_tok:
+                lp, top_vals, top_ids = lps[i]
+                n = p.top_logprobs
+                s.pending_logprobs.append({"id": tok, "logprob": lp,
+                                           "top": list(zip(top_ids[:n], top_vals[:n], strict=True))})
             reason = "stop" if stop_tok else self._reason(s, tok)
             self._emit(s, final=reason is not None)
             if reason is not None:
+                s.finished = True
                 done.append(s)
                 self.stats["requests_finished"] += 1
                 self.finished_by_reason[reason] += 1

@@ -10,6 +10,27 @@ be prefilled again, prompt and output so far, when there is room (vLLM's recompu
 step, block tables included, is broadcast to the other ranks before it runs. A collective
 failure stops everything (fail-stop): every open request gets an error and the process exits
 non-zero.
+
+Async decode (`overlap`, as vLLM's async scheduling): on one rank, with a decoder that decodes
+in slot space (the torch and cuda backends), a decode step n+1 is launched before step n's
+tokens are read. Its ids are step n's sampled tokens, on the device (the graph runner copies
+them into its ids buffer there); its positions, context lengths and blocks follow from what is
+known (each row's next position; blocks reserved before the launch). Then step n's tokens are
+read and the output stage runs (detokenising, stop tokens and strings, length, grammar state)
+while step n+1 runs on the device, and step n+1's sampling (with its grammar masks, filled now)
+is queued behind it. A sequence that finishes at step n still has a row in step n+1: computed
+and dropped. Its blocks are freed after step n+1 was launched, which is safe because the device
+runs everything in launch order: whoever gets those blocks next writes them in a later step,
+after step n+1 has read and written them, and reads them only after writing them; the one
+position step n+1 wrote past a sequence's last known token is never keyed for the prefix cache
+(blocks are keyed, on finishing a step, only up to the tokens the host has read).
+
+The rule for when a step runs synchronously instead (the in-flight step's tokens read first):
+TP > 1 (the other ranks need each step's token ids from the host), a decoder without slot-space
+decode (the cpu backend: its steps run on the host anyway), a step that prefills (admitted
+prompts, chunks, or a preempted sequence's recompute), and a decode step whose blocks cannot all
+be reserved without preempting someone. Greedy, seeded sampling, logprobs and grammar masks all
+run on the device without a host round trip, so they keep the overlap.
 """
 
 from __future__ import annotations
@@ -21,9 +42,10 @@ import threading
 
 import torch
 
+from switchyard.engine.backends.transfer import upload
 from switchyard.engine.chat.tokenizer import ChatTokenizer, Detokenizer
 from switchyard.engine.core.kv_blocks import BlockPool
-from switchyard.engine.core.output import OutputStage
+from switchyard.engine.core.output import OutputStage, Sampled
 from switchyard.engine.core.sampling import make_generator
 from switchyard.engine.core.sequence import Sequence
 from switchyard.engine.errors import EngineFailed, QueueFull
@@ -37,7 +59,7 @@ log = logging.getLogger("switchyard.engine.core.scheduler")
 class Scheduler:
     def __init__(self, runner: Runner, tokenizer: ChatTokenizer, max_num_seqs: int, max_model_len: int,
                  max_waiting: int = 256, max_prefill_tokens: int = 4096, heartbeat_s: float = 0.5,
-                 max_num_batched_tokens: int = 512, pool: BlockPool | None = None) -> None:
+                 max_num_batched_tokens: int = 512, pool: BlockPool | None = None, overlap: bool = True) -> None:
         self.runner = runner
         self.tok = tokenizer
         self.max_num_seqs = max_num_seqs
@@ -67,6 +89,9 @@ class Scheduler:
         self.failed: str | None = None
         self.output = OutputStage(tokenizer, max_model_len)
         self.stats = self.output.stats  # counters the output stage and the scheduler share
+        # Async decode (see the module's docstring), where it can hold.
+        self.overlap = overlap and can_overlap(runner)
+        self._inflight: Sampled | None = None  # a decode step launched, its tokens not read yet
 
     # -- called from the HTTP thread -------------------------------------------------------
 
@@ -110,29 +135,44 @@ class Scheduler:
         """Run until stop() or a failure. Raises on failure after failing every request."""
         try:
             with torch.inference_mode():
-                while True:
-                    with self._cv:
-                        self._drop_aborted()
-                        if self._stop:
-                            break
-                        if not self.waiting and not self.running and not self.prefilling:
-                            self._cv.wait(self.heartbeat_s)
-                            idle = not self.waiting and not self.running and not self._stop
-                        else:
-                            idle = False
-                        self._admit()
-                    if idle:
-                        self.runner.signal(HEARTBEAT)
-                        continue
-                    # A prompt that finds no blocks (older sequences hold them) waits: decode goes on.
-                    prefilled = bool(self.prefilling) and self._prefill()
-                    # Unchunked, new prompts go first (as before); chunked, every step also decodes.
-                    if self.running and (self.chunk or not prefilled):
-                        self._decode()
+                while self.step(wait=True):
+                    pass
             self.runner.signal(STOP)
         except BaseException as e:
             self.fail(f"{type(e).__name__}: {e}")
             raise
+
+    def step(self, wait: bool = False) -> bool:
+        """One turn of the engine loop: admit what fits, then a prefill step or a decode step
+        (async: launch decode step n+1, then finish step n). False once stopped. With nothing to
+        do it waits for work up to the heartbeat when `wait`, then sends a heartbeat. (The GPU
+        bench drives this, not a copy of it.)"""
+        with self._cv:
+            self._drop_aborted()
+            if self._stop:
+                return False
+            idle = not (self.waiting or self.running or self.prefilling) and self._inflight is None
+            if idle and wait:
+                self._cv.wait(self.heartbeat_s)
+                idle = not self.waiting and not self.running and not self._stop
+            self._admit()
+        if idle:
+            self.runner.signal(HEARTBEAT)
+            return True
+        prefilled = False
+        if self.prefilling:
+            self._drain()  # a step that prefills runs synchronously
+            # A prompt that finds no blocks (older sequences hold them) waits: decode goes on.
+            prefilled = self._prefill()
+        # Unchunked, new prompts go first (as before); chunked, every step also decodes.
+        if self.running and (self.chunk or not prefilled):
+            if self.overlap:
+                self._decode_async()
+            else:
+                self._decode()
+        else:
+            self._drain()
+        return True
 
     def fail(self, reason: str) -> None:
         with self._cv:
@@ -153,6 +193,7 @@ class Scheduler:
             keep = []
             for s in group:
                 if s.id in self._aborted:
+                    s.finished = True  # a token in flight for it is dropped
                     self._release(s)
                 else:
                     keep.append(s)
@@ -267,7 +308,7 @@ class Scheduler:
                 self.stats["prompt_tokens"] += len(s.prompt)
         self.running.extend(done)
         self.running.sort(key=lambda s: s.slot)  # slots 0..B-1 in order: decode skips a scatter
-        self._advance(done, logits[done_rows] if len(done_rows) < B else logits)
+        self._advance(done, logits, done_rows)
         return True
 
     def _decode(self) -> None:
@@ -293,11 +334,82 @@ class Scheduler:
             self.pool.commit(s.kv, s.tokens, s.computed)
         self._advance(list(run), logits)
 
-    def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """The output stage takes the step's tokens; the scheduler frees what finished."""
-        done = self.output.advance(seqs, logits)
+    def _decode_async(self) -> None:
+        """Launch the next decode step, its ids taken on the device from the step in flight (none:
+        from the host, as a synchronous step), then finish the step in flight while the new one
+        runs, then queue the new step's sampling. Falls back to a synchronous step when a row's
+        next block needs a preemption."""
+        prev = self._inflight
+        run = self.running
+        if prev is not None and [s.id for s in run] != [s.id for s in prev.seqs if not s.finished]:
+            self._drain()  # not expected (only aborts leave a step in flight's rows), but safe
+            prev = None
+        # Each row's next position: the tokens read so far, and the one in flight.
+        n = [s.ctx_len + s.inflight for s in run]
+        for s in sorted(run, key=lambda s: s.admitted):
+            had = len(s.kv.table)
+            if not self.pool.grow(s.kv, s.ctx_len + s.inflight):
+                # Short of blocks: the synchronous step decides whom to preempt, on tokens read.
+                self._drain()
+                self._decode()
+                return
+            self._sync_table(s, had)
+        B = len(run)
+        if prev is None:
+            ids = torch.tensor([[s.out[-1]] for s in run], dtype=torch.int64)
+        else:
+            keep = [j for j, s in enumerate(prev.seqs) if not s.finished]
+            toks = prev.tokens if len(keep) == len(prev.seqs) else \
+                prev.tokens.index_select(0, upload(keep, torch.int64, prev.tokens.device))
+            ids = toks.view(B, 1)
+        ctx = torch.tensor(n, dtype=torch.int64)
+        slots = torch.tensor([s.slot for s in run], dtype=torch.int64)
+        tables = self._tables[slots, :self.pool.blocks_for(max(n))]
+        logits = self.runner.run(Step(ids, (ctx - 1).view(B, 1), slots, torch.ones(B, dtype=torch.int64), ctx,
+                                      int(slots.max()) + 1, tables))
+        self._inflight = None
+        for s, k in zip(run, n, strict=True):
+            s.computed = k
+        if prev is not None:
+            self._finish(prev)  # step n's tokens and output, while step n+1 runs
+        live = [i for i, s in enumerate(run) if not s.finished]
+        if not live:
+            return
+        seqs = [run[i] for i in live]
+        self._inflight = self.output.sample(seqs, logits, live)
+        for s in seqs:
+            s.inflight = 1
+
+    def _finish(self, sampled: Sampled) -> None:
+        """A step in flight's tokens through the output stage; its rows' blocks keyed up to the
+        tokens now known; the finished freed."""
+        done = self.output.finish(sampled)
+        for s in sampled.seqs:
+            s.inflight = 0
+            if s.kv.table:
+                self.pool.commit(s.kv, s.tokens, min(s.computed, s.ctx_len))
+        self._free(done)
+
+    def _drain(self) -> None:
+        """Finish the step in flight, if any (what a synchronous step needs first)."""
+        prev, self._inflight = self._inflight, None
+        if prev is not None:
+            self._finish(prev)
+
+    def _advance(self, seqs: list[Sequence], logits: torch.Tensor, rows: list[int] | None = None) -> None:
+        """The output stage takes the step's tokens (seqs[i]'s from logits row rows[i]); the
+        scheduler frees what finished."""
+        self._free(self.output.finish(self.output.sample(seqs, logits, rows)))
+
+    def _free(self, done: list[Sequence]) -> None:
         if done:
             for s in done:
                 self._release(s)
             ids = {s.id for s in done}
             self.running = [s for s in self.running if s.id not in ids]
+
+
+def can_overlap(runner: Runner | None) -> bool:
+    """Whether async decode can hold for this runner: one rank, slot-space decode."""
+    model = getattr(runner, "model", None)
+    return runner is not None and runner.world == 1 and getattr(model, "graph_runner", None) is not None

@@ -40,6 +40,8 @@ class Sequence:
     cached_tokens: int = 0  # prompt tokens the prefix cache served at admission
     admitted: int = 0  # admission order, kept through preemptions: the latest is preempted first
     preemptions: int = 0
+    inflight: int = 0  # tokens sampled on the device and not yet read (async decode: 0 or 1)
+    finished: bool = False  # finished or aborted: a token still in flight for it is dropped
 
     @property
     def ctx_len(self) -> int:

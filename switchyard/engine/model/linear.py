@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from switchyard.engine.backends.cpu.native import Int4Weight, build_named
 from switchyard.engine.backends.cpu.native import load as load_native
+from switchyard.engine.errors import KernelError
 
 GROUP = 32
 NATIVE_COLS = 16  # output columns per block of the native kernel
@@ -20,9 +21,10 @@ NATIVE_COLS = 16  # output columns per block of the native kernel
 class Dense:
     __slots__ = ("w", "b")
 
-    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype) -> None:
-        self.w = w.to(dtype).contiguous()
-        self.b = b.to(dtype) if b is not None else None
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype,
+                 device: torch.device | None = None) -> None:
+        self.w = w.to(device=device, dtype=dtype).contiguous()
+        self.b = b.to(device=device, dtype=dtype) if b is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.to(self.w.dtype), self.w, self.b)
@@ -91,7 +93,7 @@ class Int4:
             assert self.weight is not None
             if self.native(x2.data_ptr(), self.weight.w, self.weight.s, self.weight.z,
                            y.data_ptr(), x2.shape[0], self.n, self.k, torch.get_num_threads()):
-                raise RuntimeError("native int4 matmul failed: out of memory")  # shapes are checked at load
+                raise KernelError("native int4 matmul failed: out of memory")  # shapes are checked at load
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), self.packed, GROUP, self.sz)
         y = y.view(*shape[:-1], self.n)
@@ -126,9 +128,10 @@ def int4_kernel() -> str:
     return f"native {what}" if lib is not None else f"torch ({what})"
 
 
-def make_linear(w: torch.Tensor, b: torch.Tensor | None, fmt: str) -> Dense | Int4:
+def make_linear(w: torch.Tensor, b: torch.Tensor | None, fmt: str, device: torch.device | None = None) -> Dense | Int4:
+    """fmt: int4 (CPU) or a dense dtype's name; dense weights go to `device` (None: where they are)."""
     if fmt == "int4":
         if w.shape[1] % GROUP == 0:
             return Int4(w, b)
         fmt = "bfloat16"  # a shard too narrow for whole groups: same activations, dense weights
-    return Dense(w, b, getattr(torch, fmt))
+    return Dense(w, b, getattr(torch, fmt), device)

@@ -21,8 +21,7 @@ from switchyard.engine.backends.cpu.native import load as load_native
 from switchyard.engine.backends.cuda.device import rank_device
 from switchyard.engine.errors import ConfigError
 from switchyard.engine.model.config import ModelConfig
-from switchyard.engine.model.cuda_decoder import CudaModel
-from switchyard.engine.model.decoder import TPModel
+from switchyard.engine.model.decoder import Decoder
 from switchyard.engine.model.step import Step
 from switchyard.engine.model.weights import Shard, load_shard, open_source
 from switchyard.engine.runner import broadcast
@@ -68,7 +67,7 @@ class Runner:
         self.collective_info: dict[str, Any] = {"mode": opts.collective, "chosen": "none"}
         self.group: dist.ProcessGroup | None = None
         self.config: ModelConfig | None = None
-        self.model: TPModel | CudaModel | None = None
+        self.model: Decoder | None = None
         self.ctrl_group: dist.ProcessGroup | None = None  # the step protocol's group (CPU tensors)
         self.source: Any = None
         self.load_seconds = 0.0
@@ -127,21 +126,16 @@ class Runner:
         if device.type == "cuda":
             # bf16 weights and KV cache on the GPU (int4 is a CPU kernel); float32 on request.
             self.dtype = "float32" if self.opts.dtype == "float32" else "bfloat16"
-            self.model = CudaModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
-                                   max_slots=self.opts.max_num_seqs, max_len=max_len, device=device,
-                                   dtype=getattr(torch, self.dtype),
-                                   cuda_graphs=self.opts.cuda_graphs,
-                                   block_size=bs, num_blocks=blocks,
-                                   decode_kernels=self.opts.decode_kernels)
-            # Compile and capture now (every rank: the captures' collectives pair up), not on
-            # the first requests.
-            log.info("GPU warm-up (fused ops, decode graphs) took %.1fs", self.model.warmup())
         else:
             self.dtype = resolve_dtype(self.opts.dtype, src)
-            self.model = TPModel(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
-                                 max_slots=self.opts.max_num_seqs, max_len=max_len,
-                                 dtype=self.dtype, kv_dtype=self.opts.kv_cache_dtype, block_size=bs,
-                                 num_blocks=blocks)
+        self.model = Decoder(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
+                             max_slots=self.opts.max_num_seqs, max_len=max_len, backend=self.opts.backend,
+                             device=device, dtype=self.dtype, kv_dtype=self.opts.kv_cache_dtype, block_size=bs,
+                             num_blocks=blocks, cuda_graphs=self.opts.cuda_graphs)
+        if device.type == "cuda":
+            # Check, compile and capture now (every rank: the captures' collectives pair up), not
+            # on the first requests.
+            log.info("GPU warm-up (backend check, fused ops, decode graphs) took %.1fs", self.model.warmup())
         self.num_kv_blocks = self.model.num_blocks
         self.kv_cache_dtype = str(self.model.k_cache.dtype).removeprefix("torch.")
         del weights

@@ -41,6 +41,7 @@ class EngineOptions:
     device: str = "cpu"
     cuda_graphs: bool = True  # GPU: replay decode steps as CUDA graphs
     decode_kernels: str = "auto"  # GPU, one rank: fused Triton kernels | torch ops | auto
+    async_decode: bool = True  # launch decode step n+1 before reading step n's tokens (where it holds)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_path", Path(self.model_path))
@@ -59,6 +60,14 @@ class EngineOptions:
         if self.max_model_len and 0 < self.num_kv_blocks * self.block_size < self.max_model_len:
             raise ConfigError(f"--num-kv-blocks must be 0 (auto) or hold one sequence of --max-model-len: at least "
                               f"{-(-self.max_model_len // self.block_size)} blocks of {self.block_size}")
+
+    @property
+    def backend(self) -> str:
+        """The decoder backend asked for (backends/registry.py): cpu on a CPU; on a GPU cuda
+        (--decode-kernels fused), torch, or auto (cuda where it can run, else torch)."""
+        if self.device == "cpu":
+            return "cpu"
+        return {"auto": "auto", "fused": "cuda", "torch": "torch"}[self.decode_kernels]
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> EngineOptions:

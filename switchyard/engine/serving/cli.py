@@ -71,6 +71,11 @@ def engine_serve(
         "auto", help="GPU steps on one rank: fused (decode steps of up to 16 rows as five Triton kernels a layer, "
                      "and the prefill's RoPE and SiLU in Triton; checked against torch at start-up and kept only "
                      "if they agree) | torch (its ops) | auto (fused on a GPU with triton)"),
+    async_decode: bool = typer.Option(
+        True, "--async-decode/--no-async-decode",
+        help="GPU, one rank: launch each decode step before reading the previous step's tokens, its ids taken "
+             "on the device, so the host's work overlaps the GPU's (steps that prefill, preempt, or run at TP > 1 "
+             "stay synchronous)"),
 ) -> None:
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
@@ -87,7 +92,7 @@ def engine_serve(
             max_num_batched_tokens=max_num_batched_tokens, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
             block_size=block_size, num_kv_blocks=num_kv_blocks, prefix_caching=prefix_caching, threads=threads,
             collective_timeout_s=collective_timeout, device=device, cuda_graphs=cuda_graphs,
-            decode_kernels=decode_kernels)
+            decode_kernels=decode_kernels, async_decode=async_decode)
     except ConfigError as e:
         raise typer.BadParameter(str(e)) from None
     except (registry.ModelNotFound, RuntimeError) as e:

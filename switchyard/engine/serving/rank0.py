@@ -72,7 +72,8 @@ def serve_rank0(runner: Runner, model_name: str, host: str, port: int) -> int:
             pool = BlockPool(runner.model.num_blocks, runner.opts.block_size, runner.opts.prefix_caching)
             sched = Scheduler(runner, state.tokenizer, runner.opts.max_num_seqs, runner.max_model_len,
                               max_waiting=runner.opts.max_waiting,
-                              max_num_batched_tokens=runner.opts.max_num_batched_tokens, pool=pool)
+                              max_num_batched_tokens=runner.opts.max_num_batched_tokens, pool=pool,
+                              overlap=runner.opts.async_decode)
             state.scheduler = sched
             state.phase = "ready"
             log.info("ready: %s tp=%d dtype=%s %s collective=%s (%.1fs)", model_name, runner.world, state.dtype,

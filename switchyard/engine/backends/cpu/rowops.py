@@ -11,22 +11,16 @@ from __future__ import annotations
 import ctypes
 
 import torch
-import torch.nn.functional as F
+
+from switchyard.engine.backends.torch_ops import rms_norm, rotate, silu_mul
+from switchyard.engine.errors import KernelError
 
 F32 = torch.float32
 
 
 def rms_norm_torch(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.dtype | None = None) -> torch.Tensor:
-    # Like HF: normalize in float32, scale in the weight's dtype; `out` is the next matmul's input dtype.
-    xf = x.float()
-    y = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(w.dtype)
-    return y if out is None else y.to(out)
-
-
-def rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    """torch_ops.rms_norm (float32 weights: the norms' always are), in w's dtype unless `out` says."""
+    return rms_norm(x, w, eps, out or w.dtype)
 
 
 def _native_ok(*ts: torch.Tensor) -> bool:
@@ -85,12 +79,11 @@ class RowOps:
             self._check(self.lib.sy_silu_mul(gu.data_ptr(), out.data_ptr(), gu.numel() // gu.shape[-1], inter,
                                              torch.get_num_threads()))
             return out
-        g, u = gu.chunk(2, dim=-1)
-        return F.silu(g) * u
+        return silu_mul(gu)
 
     def rope_(self, qkv: torch.Tensor, positions: torch.Tensor, heads: int, head_dim: int) -> bool:
         """Rotate the first `heads` heads of each row of qkv [B, T, width] in place, at
-        positions [B, T]. False (nothing done) where the caller must use `rotate_torch`."""
+        positions [B, T]. False (nothing done) where the caller must rotate in torch (torch_ops.rotate)."""
         if self.lib is None or not _native_ok(qkv) or positions.dtype != torch.int64:
             return False
         pos = positions.contiguous()
@@ -119,4 +112,7 @@ class RowOps:
         if rc:
             # 1 is ruled out before each call; 2 is a caller's position past max_len.
             why = {1: "row width not a multiple of 16", 2: "position or row index out of range"}
-            raise RuntimeError(f"native row op failed: {why.get(rc, rc)}")
+            raise KernelError(f"native row op failed: {why.get(rc, rc)}")
+
+
+rotate_torch = rotate  # the tests' name for torch's RoPE

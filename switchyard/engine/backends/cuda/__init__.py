@@ -1,1 +1,1 @@
-"""backends.cuda: Triton decode kernels (kernels; paged_attention: the decode attention; prefill_kernels), CUDA graphs (graphs), compiled torch ops (ops), the rank's GPU (device)."""
+"""backends.cuda: the cuda backend (backend: the torch backend plus Triton kernels), its kernels (kernels: a decode layer in five launches; paged_attention; prefill_kernels), CUDA graphs (graphs), the rank's GPU (device)."""

@@ -1,4 +1,5 @@
-"""The elementwise pieces of a GPU step, fused by torch.compile where it works.
+"""The torch backend's elementwise pieces (backends/torch_backend.py), fused by torch.compile
+where it works.
 
 Unfused, a decode layer runs ~25 tiny kernels (norm, RoPE, casts, SiLU, residual adds);
 at batch 1 their fixed cost rivals the time to read the layer's weights. Each function
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-log = logging.getLogger("switchyard.engine.backends.cuda.ops")
+log = logging.getLogger("switchyard.engine.backends.torch_ops")
 
 NO_COMPILE_ENV = "SWITCHYARD_NO_COMPILE"
 
@@ -35,6 +36,12 @@ def add_rms(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float,
     return x, rms_norm(x, w, eps, out)
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Half-split RoPE of the last dimension (cos and sin broadcast to x)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
              head_dim: int, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
              out: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -48,9 +55,7 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int
         q = rms_norm(q, q_norm, eps, torch.float32)
         k = rms_norm(k, k_norm, eps, torch.float32)
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    half = head_dim // 2
-    q = q * c + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * s
-    k = k * c + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * s
+    q, k = rotate(q, c, s), rotate(k, c, s)
     v = qkv[:, qk_width:].reshape(n, kv_heads, head_dim).to(out)
     return q.to(out), k.to(out), v
 

@@ -1,0 +1,92 @@
+"""The GPU decode and prefill variants the benches measure against the served backends: what
+lost on an H200 stays here, as backends of the benches' own, not as options of the served ones.
+
+- `torch-index-sdpa`: the torch backend with keys and values written by advanced indexing
+  (`cache[blocks, :, offsets] = k`) and decode attention through memory-efficient SDPA over an
+  additive mask: both slower than the served index_copy_ rows and batched matmuls around a fused
+  softmax (measured on the per-slot cache before paging; tests/engine/test_cuda.py checks they
+  still compute the same).
+- `cuda-prefill-flash`, `cuda-prefill-cudnn`: the cuda backend with one attention kernel for
+  every prefill, where the served one picks cuDNN's from 4096 prompt tokens and flash below
+  (bench/engine_cuda_probe.py measures the TTFT of both).
+- `cuda-fused-rows-N`: the cuda backend with its fused decode layers up to N rows (a step's batch
+  bucket), cuBLAS's projections and the paged attention kernel past them, where the served one
+  fuses up to backends/cuda/backend.MAX_FUSED_ROWS (16); N = 0: never fused
+  (bench/engine_cuda_sweep.py sweeps it).
+
+  import engine_cuda_variants  # registers them; then Decoder(..., backend=NAME) or decoder.view(NAME)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from switchyard.engine.backends import attention, registry
+from switchyard.engine.backends.base import LayerWeights, ModelDims
+from switchyard.engine.backends.torch_backend import CUDNN_PREFILL, FLASH_PREFILL, TorchBackend, TorchPlan
+
+_DECODE_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # takes a mask, capturable
+
+
+class IndexSdpaBackend(TorchBackend):
+    name = "torch-index-sdpa"
+
+    def write_kv(self, kc: torch.Tensor, vc: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor,
+                 k: torch.Tensor, v: torch.Tensor) -> None:
+        kc[blocks, :, offs] = k
+        vc[blocks, :, offs] = v
+
+    def _shared(self, p: TorchPlan) -> None:
+        super()._shared(p)
+        if p.decode:  # SDPA takes its mask in the model dtype
+            p.bias = p.bias.to(self.d.dtype)  # type: ignore[union-attr]
+
+    def decode_attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
+        S, Hkv = p.B, self.d.kv_heads
+        kc, vc = attention.gather(kc, p.tables), attention.gather(vc, p.tables)  # type: ignore[arg-type]
+        with sdpa_kernel(_DECODE_SDPA):
+            return F.scaled_dot_product_attention(q.view(S, Hkv, self.d.heads // Hkv, self.d.head_dim), kc, vc,
+                                                  attn_mask=p.bias)
+
+
+def _prefill_with(kernels: list[SDPBackend], name: str) -> type:
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    class PrefillBackend(CudaBackend):
+        def prefill_kernels(self, tokens: int) -> list[SDPBackend]:
+            return kernels
+
+    PrefillBackend.name = name
+    return PrefillBackend
+
+
+def _fused_rows(limit: int) -> type:
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    class FusedRowsBackend(CudaBackend):
+        def decode_plan(self, ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor, tables: torch.Tensor,
+                        span: int, graphs: bool) -> TorchPlan:
+            p = super().decode_plan(ids, pos, ctx, tables, span, graphs)
+            p.fused = limit >= p.B
+            return p
+
+    FusedRowsBackend.name = f"cuda-fused-rows-{limit}"
+    return FusedRowsBackend
+
+
+def _lazy(make_cls: object, *args: object) -> object:
+    """A factory that builds its class on first use (the cuda backend imports triton)."""
+    def factory(dims: ModelDims, layers: Sequence[LayerWeights]) -> object:
+        return make_cls(*args)(dims, layers)  # type: ignore[operator]
+    return factory
+
+
+registry.register(IndexSdpaBackend.name, IndexSdpaBackend)
+registry.register("cuda-prefill-flash", _lazy(_prefill_with, FLASH_PREFILL, "cuda-prefill-flash"))  # type: ignore[arg-type]
+registry.register("cuda-prefill-cudnn", _lazy(_prefill_with, CUDNN_PREFILL, "cuda-prefill-cudnn"))  # type: ignore[arg-type]
+for _n in (0, 1, 2, 4, 8, 16):
+    registry.register(f"cuda-fused-rows-{_n}", _lazy(_fused_rows, _n))  # type: ignore[arg-type]

@@ -1,0 +1,98 @@
+"""The `cuda` backend: the torch backend with Triton kernels where they were measured faster on
+an H200 (bench/results/engine_cuda_fused.md), on one rank (TP > 1 puts an all-reduce between a
+projection and its residual add):
+
+- a decode step of up to 16 rows: each layer in five kernels (kernels.py: norm + QKV + RoPE + KV
+  write, paged attention, o-proj + residual, norm + gate/up + SiLU, down + residual);
+- a larger decode step: torch's ops and cuBLAS for the projections, but attention still reads
+  the cache in place with the paged kernel (gathering each row's blocks first cost an 8B step at
+  batch 256 ~17 GB of copies);
+- a prefill: RoPE (with the QKV split) and SiLU in Triton kernels (prefill_kernels.py), torch's
+  SDPA for attention.
+
+Without a GPU the kernels run in Triton's interpreter (the CPU tests). Whether they compute what
+the torch backend computes is checked at start-up (model/warmup.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from switchyard.engine.backends.base import LayerWeights
+from switchyard.engine.backends.cuda import kernels as ck
+from switchyard.engine.backends.cuda import prefill_kernels as pk
+from switchyard.engine.backends.cuda.graphs import len_bucket
+from switchyard.engine.backends.torch_backend import TorchBackend, TorchPlan
+
+MAX_FUSED_ROWS = ck.MAX_ROWS
+
+
+class CudaBackend(TorchBackend):
+    name = "cuda"
+
+    def status(self) -> dict[str, Any]:
+        # one switch: the prefill's RoPE and SiLU kernels go with the decode kernels
+        return {**super().status(), "decode_kernels": "fused", "prefill_kernels": "fused"}
+
+    def decode_plan(self, ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor, tables: torch.Tensor, span: int,
+                    graphs: bool) -> TorchPlan:
+        p = super().decode_plan(ids, pos, ctx, tables, span, graphs)
+        p.fused = p.B <= MAX_FUSED_ROWS
+        return p
+
+    def _shared(self, p: TorchPlan) -> None:
+        # The fused layers and the prefill's RoPE kernel read the whole tables at each row's
+        # position, and the paged kernel takes no mask: only a large decode step gathers angles.
+        p.ready = True
+        if p.decode and not p.fused:
+            p.cos, p.sin = self.d.cos[p.pos], self.d.sin[p.pos]
+
+    def layer_in(self, layer: LayerWeights, kc: torch.Tensor, vc: torch.Tensor, x: torch.Tensor,
+                 carry: torch.Tensor | None, p: TorchPlan) -> tuple[torch.Tensor, Any]:
+        if p.fused:
+            d = self.d
+            return x, ck.qkv_rope(x, layer.ln1, layer.qkv.w, layer.qkv.b, layer.qk_norm, d.cos, d.sin, p.pos,
+                                  p.w_blocks, p.w_offs, kc, vc, d.heads, d.kv_heads, d.eps)
+        return super().layer_in(layer, kc, vc, x, carry, p)
+
+    def _rope(self, layer: LayerWeights, h: torch.Tensor,
+              p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if p.decode:
+            return super()._rope(layer, h, p)
+        d = self.d
+        return pk.rope_split(layer.qkv(h), d.cos, d.sin, p.pos, d.heads, d.kv_heads, d.head_dim, layer.qk_norm, d.eps)
+
+    def attention(self, q: Any, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
+        if not p.decode:
+            return super().attention(q, kc, vc, p)
+        if not p.fused:
+            q = q[0].reshape(p.B, self.d.heads, self.d.head_dim)
+        return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L)
+
+    def layer_out(self, layer: LayerWeights, x: torch.Tensor, o: torch.Tensor,
+                  p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if p.fused:
+            x = ck.gemv_residual(o, layer.o.w, x)
+            return ck.gemv_residual(ck.gate_up_silu(x, layer.ln2, layer.gate_up.w, self.d.eps), layer.down.w, x), None
+        return super().layer_out(layer, x, o, p)
+
+    def silu_mul(self, gu: torch.Tensor, p: TorchPlan) -> torch.Tensor:
+        return super().silu_mul(gu, p) if p.decode else pk.silu_mul(gu)
+
+    def warm(self, kc: torch.Tensor, vc: torch.Tensor) -> None:
+        """The attention kernel is compiled once per span bucket (its split count and chunk are
+        constants): compile them all now, reading the spare block only, rather than on the step
+        whose context first crosses into a bucket."""
+        d = self.d
+        if d.device.type != "cuda":
+            return
+        q = torch.zeros(1, d.heads, d.head_dim, dtype=d.dtype, device=d.device)
+        ctx = torch.ones(1, dtype=torch.int64, device=d.device)
+        longest = 1
+        while longest < d.max_len:
+            longest = len_bucket(longest + 1, d.max_len)
+            span = -(-longest // d.block_size) * d.block_size  # as the graph runner rounds it
+            tables = torch.full((1, span // d.block_size), d.num_blocks, dtype=torch.int64, device=d.device)
+            ck.paged_attention(q, kc, vc, tables, ctx, span)

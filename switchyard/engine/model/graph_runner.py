@@ -1,0 +1,136 @@
+"""Decode steps in slot space, replayed as CUDA graphs: how the decoder runs a decode step on
+a backend with slot_decode (torch, cuda).
+
+- A step covers decode slots 0..S-1 (S = a batch bucket >= the highest live slot + 1), so that
+  its shapes depend only on (S, span bucket) and it can be captured once per bucket. Slots not in
+  the step write their keys and values into the cache's spare block (index num_blocks), which no
+  live row attends to, and their logits are dropped.
+- The step reads token ids, positions, context lengths and block tables from static device
+  buffers and writes logits into a static buffer: no host synchronisation inside a step, two
+  small host-to-device copies before it and one gather after it. The host stages those inputs in
+  one of two pinned buffers, in turn, so that staging a step never waits for the copies of the
+  step before it.
+- Token ids that already live on the device (async decode: the previous step's sampled tokens,
+  which the host has not read) are copied into the ids buffer there, row by row into their
+  slots, after the staged inputs; host ids are staged with the rest. On a CPU device every
+  tensor is on the device, so the CPU tests run the device copy.
+- The step is captured in GRAPH_PARTS graphs (the decoder's layer loop yields between them), so
+  that the GPU starts on the first part while the host still launches the next ones.
+
+On a CPU device, or with graphs off, the same step runs eagerly (backends/cuda/graphs.py), which
+is how the CPU tests check it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from switchyard.engine.backends.base import ModelDims
+from switchyard.engine.backends.cuda.graphs import DecodeGraphs, batch_bucket, len_bucket
+from switchyard.engine.model.parallel import CollectiveBackend
+from switchyard.engine.model.step import Step
+
+GRAPH_PARTS = 4  # graphs a decode step is captured in: measured best on an H200 (bench/engine_cuda_probe.py)
+# decode(ids, pos, ctx, tables, span, graphs on, layers a part) -> a generator yielding between
+# parts and returning the step's logits: Decoder.decode_step.
+DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool, int],
+                    Generator[None, None, torch.Tensor]]
+
+
+class GraphRunner:
+    def __init__(self, dims: ModelDims, decode: DecodeFn, max_slots: int, vocab: int, layers: int, cuda_graphs: bool,
+                 parts: int | None = None) -> None:
+        self.d, self.decode, self.max_slots, self.layers = dims, decode, max_slots, layers
+        self.parts = parts or GRAPH_PARTS
+        dev, bs = dims.device, dims.block_size
+        self.blocks_per_seq = bps = -(-dims.max_len // bs)
+        comm: CollectiveBackend = dims.comm  # type: ignore[assignment]
+        # A decode step's largest all-reduce: the embedding rows, float32, per batch slot.
+        self.graphs = DecodeGraphs(self._step, dev, cuda_graphs,
+                                   capturable=lambda batch: comm.graph_safe(batch * dims.hidden * 4))
+        # ids, positions, ctx lens by slot; row 3: each row's slot (the device copy's and the
+        # logits gather's index)
+        self.step_in = torch.zeros(4, max_slots, dtype=torch.int64, device=dev)
+        # Block tables of a decode step: the first S * (span / block_size) entries, viewed [S, span / block_size].
+        self.step_tables = torch.zeros(max_slots * bps, dtype=torch.int64, device=dev)
+        self.step_out = torch.zeros(max_slots, vocab, dtype=torch.float32, device=dev)
+        pin = dev.type == "cuda"
+        # Two staging buffers for step_in and step_tables, used in turn; numpy views of the same memory.
+        self._host = [torch.zeros(4, max_slots, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._host_tables = [torch.zeros(max_slots * bps, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._host_np = [h.numpy() for h in self._host]
+        self._host_tables_np = [h.numpy() for h in self._host_tables]
+        self._iota_np = np.arange(max(max_slots, bps), dtype=np.int64)  # slot and block ids
+        self._staged: list[torch.cuda.Event | None] = [None, None]  # each buffer's copies, queued
+        self._turn = 0
+
+    def status(self) -> dict[str, Any]:
+        return {"cuda_graphs": self.graphs.enabled, "graphs_captured": len(self.graphs.graphs),
+                "eager_batch_buckets": sorted(self.graphs.eager_batches)}
+
+    def run(self, step: Step) -> torch.Tensor:
+        """A decode step (T = 1): the logits of its rows. Never waits for the device."""
+        d = self.d
+        ids, positions, slots, block_tables = step.ids, step.positions, step.slots, step.tables
+        B = ids.shape[0]
+        # Ids on the model's device are copied there, never read by the host (`cuda` and `cuda:0`
+        # are one device: compare kinds, not names).
+        on_device = not ids.is_cpu or d.device.type == "cpu"
+        # A decode step's host work is on every token's path (at batch 1 it rivals a small
+        # model's whole GPU step), so it stages the inputs with numpy on the pinned buffers'
+        # memory: a third of the time of the same dozen torch calls.
+        slot_np = slots.cpu().numpy()
+        ctx_np = step.ctx_lens.cpu().numpy()
+        S = batch_bucket(max(step.view_slots, int(slot_np.max()) + 1), self.max_slots)
+        # The span: a bucket of whole blocks, so that it splits into each row's blocks.
+        L = -(-len_bucket(int(ctx_np.max()), d.max_len) // d.block_size) * d.block_size
+        nb = L // d.block_size
+        k = self._turn
+        self._turn ^= 1
+        staged_ev = self._staged[k]
+        if staged_ev is not None:
+            staged_ev.synchronize()  # this buffer's copies (two steps back) have left it
+        staged = self._host_np[k][:, :S]
+        staged[:] = 0  # slots outside this step: token 0 at position 0 of the spare block
+        if not on_device:
+            staged[0, slot_np] = ids.numpy()[:, 0]
+        staged[1, slot_np] = positions.cpu().numpy()[:, 0]
+        staged[2, slot_np] = ctx_np
+        staged[3, :B] = slot_np
+        staged_tables = self._host_tables_np[k][: S * nb].reshape(S, nb)
+        staged_tables.fill(d.num_blocks)
+        if block_tables is None:  # slot s owns blocks s * blocks_per_seq onwards
+            staged_tables[slot_np] = slot_np[:, None] * self.blocks_per_seq + self._iota_np[:nb]
+        else:
+            tables = block_tables.cpu().numpy()
+            w = min(nb, tables.shape[1])
+            staged_tables[slot_np, :w] = tables[:, :w]
+        self.step_in[:, :S].copy_(self._host[k][:, :S], non_blocking=True)
+        self.step_tables[: S * nb].copy_(self._host_tables[k][: S * nb], non_blocking=True)
+        if d.device.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record()
+            self._staged[k] = ev
+        in_order = bool((slot_np == self._iota_np[:B]).all())  # slots 0..B-1: no scatter, no gather
+        if on_device:
+            if in_order:
+                self.step_in[0, :B].copy_(ids.view(-1))
+            else:
+                self.step_in[0].index_copy_(0, self.step_in[3, :B], ids.view(-1))
+        self.graphs.run(S, L)
+        if in_order:
+            return self.step_out[:B].clone()
+        return self.step_out.index_select(0, self.step_in[3, :B])
+
+    def _step(self, S: int, L: int) -> Iterator[None]:
+        """One decode step over slots 0..S-1 attending over positions 0..L-1, from step_in to
+        step_out, with no host synchronisation: what a CUDA graph records, in parts."""
+        per = max(1, -(-self.layers // max(1, self.parts)))
+        nb = L // self.d.block_size
+        logits = yield from self.decode(self.step_in[0, :S], self.step_in[1, :S], self.step_in[2, :S],
+                                        self.step_tables[: S * nb].view(S, nb), L, self.graphs.enabled, per)
+        self.step_out[:S].copy_(logits)

@@ -1,0 +1,84 @@
+"""A slot-space decoder's start-up, before it serves: the cuda backend checked against the torch
+backend over the same weights and cache (as the collectives have their start-up test), the
+decode graphs of every batch bucket captured, and what the backend compiles per shape compiled."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+import torch
+
+from switchyard.engine.backends.base import Backend
+from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, batch_bucket
+from switchyard.engine.model.step import Step
+
+log = logging.getLogger("switchyard.engine.model.warmup")
+CHECKED = {"cuda": "torch"}  # a backend -> the one its start-up check holds it to
+
+
+class Decoder(Protocol):
+    """What the warm-up needs of model/decoder.Decoder (which imports this module when warmed)."""
+
+    backend: Backend
+    backend_name: str
+    max_slots: int
+    device: torch.device
+    k_cache: torch.Tensor | None
+    v_cache: torch.Tensor | None
+
+    def forward(self, step: Step) -> torch.Tensor: ...
+
+    def view(self, backend: str) -> Decoder: ...
+
+    def use_backend(self, name: str, reason: str = "") -> None: ...
+
+
+def warmup(m: Decoder) -> float:
+    """Check the backend, then capture the decode graphs of every batch bucket (at the shortest
+    span) before serving, so the first requests do not pay for them. Writes only into slot 0's
+    blocks (and the spare), which no request reads before its own prefill or decode writes them
+    (the scheduler's pool has no keys for them). Every TP rank must call it (its collectives pair
+    up). Returns the seconds it took."""
+    start = time.perf_counter()
+    n = 8
+    one = torch.ones(1, dtype=torch.int64)
+    if m.backend_name in CHECKED:
+        reference = CHECKED[m.backend_name]
+        why = check_backend(m, reference, n)
+        if why:
+            log.warning("%s; decoding with the %s backend", why, reference)
+            m.use_backend(reference, why)
+    m.forward(Step(torch.zeros(1, n, dtype=torch.int64), torch.arange(n).view(1, n), torch.zeros_like(one),
+                   one * n, one * n, 0))
+    for S in sorted({batch_bucket(b, m.max_slots) for b in BATCH_BUCKETS if b <= m.max_slots} | {m.max_slots}):
+        m.forward(Step(torch.zeros(1, 1, dtype=torch.int64), (one * n).view(1, 1), torch.zeros_like(one), one,
+                       one * (n + 1), S))
+    m.backend.warm(m.k_cache[0], m.v_cache[0])  # type: ignore[index]
+    if m.device.type == "cuda":
+        torch.cuda.synchronize(m.device)
+    return time.perf_counter() - start
+
+
+def check_backend(m: Decoder, reference: str, n: int, tol: float = 0.5) -> str:
+    """m's backend against `reference` over m's weights and cache, graphs off: a prefill of slot 0,
+    then one decode step, through each. "" when they agree, else why not: a failure, or logits
+    further apart than `tol` x their std. It catches a kernel that computes something else (NaN,
+    or logits a std or more apart), not rounding: two bfloat16 paths over a random 8B model's 32
+    layers differ by 0.18-0.25 x std on an H200 (the accuracy bound against the float32 engine is
+    the GPU tests' job)."""
+    one = torch.ones(1, dtype=torch.int64)
+    prompt = Step(torch.arange(n).view(1, n) % 7, torch.arange(n).view(1, n), torch.zeros_like(one), one * n, one * n)
+    decode = Step(torch.tensor([[3]]), (one * n).view(1, 1), torch.zeros_like(one), one, one * (n + 1), 1)
+    ref, test = m.view(reference), m.view(m.backend_name)
+    what = "prefill"
+    try:
+        for what, step in (("prefill", prompt), ("decode", decode)):
+            want = ref.forward(step).float()
+            err = float((test.forward(step).float() - want).abs().max() / want.std())
+            if not err <= tol:  # NaN too
+                return f"{m.backend_name} backend's {what} check: logits {err:.3g} x std from the {reference} backend's"
+    except Exception as e:  # a kernel that does not compile or launch on this device
+        return f"{m.backend_name} backend's {what} check failed: {type(e).__name__}: {e}"[:300]
+    return ""
