@@ -156,36 +156,12 @@ async def test_http_error_fails_open(label_server) -> None:
     assert lab.kind == "fail-open" and clf.error_count == 1 and "500" in (clf.last_error or "")
 
 
-def _engine_serve_unavailable() -> str | None:
-    """Why the engine cannot serve here (skip reason), or None when `engine serve` exists."""
-    import subprocess
-
-    from procs import ROOT
-
-    r = subprocess.run([sys.executable, "-m", "switchyard.cli", "engine", "serve", "--help"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=60)
-    if r.returncode != 0:
-        lines = [ln.strip(" \u2502\u256d\u256e\u2570\u256f\u2500") for ln in (r.stderr + r.stdout).splitlines()]
-        said = " ".join(ln for ln in lines if ln)[-200:]
-        return f"switchyard.engine cannot serve yet (`switchyard engine serve --help` fails: {said})"
-    return None
-
-
-@pytest.mark.engine
-async def test_real_engine_serving_smollm2_gives_a_label(tmp_path: Path) -> None:
-    reason = _engine_serve_unavailable()
-    if reason:
-        pytest.skip(reason)
-    port = free_port()
-    proc = Proc([sys.executable, "-m", "switchyard.cli", "engine", "serve", "--model", "smollm2-135m",
-                 "--port", str(port)], f"http://127.0.0.1:{port}/health", tmp_path / "engine.log", timeout=120)
-    try:
-        call, sent = pool_caller({"small": f"http://127.0.0.1:{port}"})
-        clf = llm(call, timeout=30.0)  # the budget is generous here: this test is about the answer
-        lab = await clf.classify(FEATURES, BODY)
-        assert lab.kind == "llm", f"failed open: {clf.last_error}\n{proc.output()}"
-        assert lab.name in ("simple", "complex")
-        assert 0.0 < lab.confidence <= 1.0
-        assert sent[0]["max_tokens"] == 1
-    finally:
-        proc.stop()
+async def test_real_engine_serving_smollm2_gives_a_label(smollm2_server) -> None:
+    """Our engine serving SmolLM2 (the session's shared server, tests/conftest.py: `engine` by its fixture)."""
+    call, sent = pool_caller({"small": smollm2_server.url})
+    clf = llm(call, timeout=30.0)  # the budget is generous here: this test is about the answer
+    lab = await clf.classify(FEATURES, BODY)
+    assert lab.kind == "llm", f"failed open: {clf.last_error}\n{smollm2_server.output()}"
+    assert lab.name in ("simple", "complex")
+    assert 0.0 < lab.confidence <= 1.0
+    assert sent[0]["max_tokens"] == 1

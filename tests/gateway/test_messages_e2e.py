@@ -1,19 +1,15 @@
 """Anthropic Messages end to end: the real anthropic SDK against the real gateway in front of our
-engine serving SmolLM2 (greedy, a few tokens), translated to chat and back."""
+engine serving SmolLM2 (the session's shared int4 server, tests/conftest.py; greedy, a few tokens),
+translated to chat and back."""
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import anthropic
 import pytest
 from procs import start_gateway
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from engine_support import SERVER_ARGS, EngineServer, smollm2_path  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -24,9 +20,10 @@ pools:
   small:
     model: smollm2-135m
     health: {{interval: 0}}
-    # The engine holds 1024 (SERVER_ARGS). Claude Code's max_tokens 32000 is lowered to what the window
-    # leaves by the gateway's estimate of the prompt, which does not see the engine's own tool
-    # instructions (~90 tokens of SmolLM2's prompt here): the policy keeps that much in hand.
+    # The pool's window, under the engine's own (8,192: SMOLLM2_SERVER_ARGS, tests/conftest.py). Claude
+    # Code's max_tokens 32000 is lowered to what this window leaves by the gateway's estimate of the
+    # prompt, which does not see the engine's own tool instructions (~90 tokens of SmolLM2's prompt):
+    # 1,024 less that much in hand.
     max_model_len: 896
     replicas: [{{url: '{url}/v1', name: e0}}]
 routes: [{{name: default, pool: small}}]
@@ -41,17 +38,10 @@ TIME = {"name": "get_time", "description": "The time in a time zone.",
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="session")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
-    s = EngineServer(smollm2_path(), tmp_path_factory.mktemp("msg-engine") / "engine.log", extra=SERVER_ARGS)
-    yield s
-    s.close()
-
-
 @pytest.fixture(scope="module")
-def client(engine: EngineServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[anthropic.Anthropic]:
+def client(smollm2_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[anthropic.Anthropic]:
     tmp = tmp_path_factory.mktemp("msg-gw")
-    (tmp / "agents.yaml").write_text(POLICY.format(url=engine.url))
+    (tmp / "agents.yaml").write_text(POLICY.format(url=smollm2_server.url))
     proc, url = start_gateway(tmp, [tmp / "agents.yaml"])
     try:
         yield anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)

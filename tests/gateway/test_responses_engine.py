@@ -1,6 +1,7 @@
 """The Responses API end to end through real parts: the openai SDK and the OpenAI Agents SDK (its
 default OpenAIResponsesModel) against two gateways sharing one Redis, in front of our engine
-serving SmolLM2 (greedy, a few tokens), translated to chat and back."""
+serving SmolLM2 (the session's shared int4 server, tests/conftest.py; greedy, a few tokens),
+translated to chat and back."""
 
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ import openai
 import pytest
 from procs import Proc, start_gateway
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "state"))
-from engine_support import SERVER_ARGS, EngineServer, smollm2_path  # noqa: E402
 from statekit import RedisServer  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -39,13 +38,6 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
 GREEDY = {"temperature": 0, "max_output_tokens": 8}
 
 
-@pytest.fixture(scope="session")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
-    s = EngineServer(smollm2_path(), tmp_path_factory.mktemp("resp-engine") / "engine.log", extra=SERVER_ARGS)
-    yield s
-    s.close()
-
-
 @dataclass
 class Two:
     a: openai.OpenAI
@@ -55,10 +47,10 @@ class Two:
 
 
 @pytest.fixture(scope="module")
-def gws(engine: EngineServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Two]:
+def gws(smollm2_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Two]:
     tmp = tmp_path_factory.mktemp("resp-gw")
     redis = RedisServer(tmp)
-    (tmp / "agents.yaml").write_text(POLICY.format(url=engine.url))
+    (tmp / "agents.yaml").write_text(POLICY.format(url=smollm2_server.url))
     procs: list[Proc] = []
     try:
         urls = []

