@@ -182,12 +182,13 @@ def grammar_factory(tok: Any) -> Any:
 
 
 def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: bool = True, tok: Any = None,
-                grammar: Any = None) -> dict[str, float]:
+                grammar: Any = None, mask_threads: int | None = None) -> dict[str, float]:
     """`batch` prompts of PROMPT random tokens through the served engine's loop (Scheduler.step,
     not a copy of it), greedy, EOS ignored, each to WARM + `tokens` tokens: the decode rate from
     when every sequence has WARM tokens to the last token read. overlap: async decode (else each
     step's tokens are read before the next step is launched); grammar: a factory of each row's
-    grammar state (masks on)."""
+    grammar state (masks on); mask_threads: llguidance's threads for the masks (None: the engine's
+    default, one)."""
     tok = tok or Letters()
     sched = Scheduler(served_runner(m), tok, m.max_slots, m.max_len, overlap=overlap)
     hi = min(vocab, tok.vocab_size)
@@ -196,6 +197,9 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
                      grammar=grammar() if grammar is not None else None) for _ in range(batch)]
     for s in seqs:
         sched.submit(s)
+    if grammar is not None and mask_threads is not None:
+        from switchyard.engine.chat.grammar import GrammarMasker
+        sched.output.masker = GrammarMasker(seqs[0].grammar.vocab_size or vocab, threads=mask_threads)
     marks: list[tuple[float, int, int]] = []  # after each turn: time, tokens so far, the fewest a row has
     fills: list[float] = []
     t0 = time.perf_counter()
@@ -344,6 +348,8 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
                     decode("ours (async)", m, b)
                 decode("ours (async, grammar)", m, b, grammar=make)
                 decode("ours (sync, grammar)", m, b, overlap=False, grammar=make)
+                if a.mask_threads_ab and b >= 4:  # llguidance's pool, beside the engine's in-line fill
+                    decode("ours (async, grammar, pool)", m, b, grammar=make, mask_threads=a.mask_threads_ab)
     if sweep_batches and clock.left() > 60:
         from engine_cuda_sweep import sweep
 
@@ -453,6 +459,12 @@ def summary(rows: list[dict[str, Any]], bw: float) -> str:
             fill = note.split("mask fill ")[-1] if "mask fill" in note else ""
             lines.append(f"| {shape} | {b} | {n(f)} | {n(g)} | {ratio(g, f)} | "
                          f"{n(val(shape, 'ours (sync, grammar)', 'decode_tok_s', b))} | {fill} |")
+        pool = [(r["shape"], r["batch"], r["value"]) for r in rows if r["engine"] == "ours (async, grammar, pool)"]
+        if pool:
+            lines += ["", "The masks filled by llguidance's pool (--mask-threads-ab), against the in-line fill above:", "",
+                      "| shape | batch | grammar async tok/s, pool | pool / in line |", "| --- | --- | --- | --- |"]
+            lines += [f"| {shape} | {b} | {n(v)} | {ratio(v, val(shape, 'ours (async, grammar)', 'decode_tok_s', b))} |"
+                      for shape, b, v in pool]
     if any(r["engine"].startswith("sweep:") for r in rows):
         from engine_cuda_sweep import sweep_table
 
@@ -471,6 +483,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--peer-batches", default="1,16", help="the compiled PyTorch peer's batches ('' for none)")
     ap.add_argument("--grammar-batches", default="", help="batches decoded under a grammar too (e.g. 1,16)")
+    ap.add_argument("--mask-threads-ab", type=int, default=0, help="grammar batches >= 4 also with the masks filled "
+                                                                   "by llguidance's pool of this many threads")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")
     ap.add_argument("--sweep-batches", default="1,2,4,8,16", help="the fused-rows sweep's batches")
     ap.add_argument("--parts-batches", default="1,16", help="the graph-parts sweep's batches")

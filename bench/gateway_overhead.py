@@ -4,6 +4,7 @@
     python bench/gateway_overhead.py --no-litellm    # skip the peer
     python bench/gateway_overhead.py --redis         # also: the gateway with shared state in Redis
     python bench/gateway_overhead.py --tracing --no-litellm --rounds 5   # tracing off vs on, alternating
+    python bench/gateway_overhead.py --alternate 5   # direct, bare forwarder and switchyard in 5 alternating rounds
 
 Layout on a 2-core machine: the fast upstream(s) and the load generator on core 0, the server
 under test (gateway / bare forwarder / LiteLLM) alone on core 1, one at a time.
@@ -328,6 +329,45 @@ def ab_rounds(args, policy: Path, tmp: Path, results: dict) -> None:
           f"({statistics.median(x[1] for x in a):.0f} vs {statistics.median(x[1] for x in b):.0f} us)", flush=True)
 
 
+def alternating_rounds(args, ups: list[str], tmp: Path, results: dict) -> None:
+    """Direct, the bare forwarder and the gateway, all up at once (servers on core 1), measured in
+    `args.alternate` rounds whose order rotates; each figure is the median of its rounds, and the
+    two ratios the per-core goal names are medians of the per-round ratios."""
+    bp, gp = free_port(), free_port()
+    script = tmp / "bare.py"
+    script.write_text(BARE_FORWARDER)
+    policy = tmp / "alt.yaml"
+    policy.write_text(bench_policy(ups, pin=False))
+    bare = spawn([sys.executable, str(script), str(bp), ups[0]], core=1, log=tmp / "bare.log")
+    gw = spawn([sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(policy), "--port", str(gp),
+                "--log-level", "warning"], core=1, log=tmp / "alt-gw.log")
+    servers = [("direct", ups[0], None), ("bare forwarder", f"http://127.0.0.1:{bp}/v1", bare),
+               ("switchyard", f"http://127.0.0.1:{gp}/v1", gw)]
+    try:
+        wait_http(f"http://127.0.0.1:{bp}/docs", proc=bare)
+        wait_http(f"http://127.0.0.1:{gp}/health", proc=gw)
+        rounds: dict[str, list[dict]] = {name: [] for name, *_ in servers}
+        for r in range(args.alternate):
+            k = r % len(servers)
+            for name, url, proc in servers[k:] + servers[:k]:
+                one: dict = {}
+                measure(f"{name} #{r + 1}", url, "auto", args, one, proc=proc)
+                rounds[name].append(one[f"{name} #{r + 1}"])
+    finally:
+        stop(bare)
+        stop(gw)
+    for name, rs in rounds.items():
+        results[name] = {k: statistics.median(x[k] for x in rs) for k in rs[0]} | {"rounds": rs}
+    d, b, s = rounds["direct"], rounds["bare forwarder"], rounds["switchyard"]
+    added = [(si["p50"] - di["p50"]) / max(bi["p50"] - di["p50"], 1e-6) for di, bi, si in zip(d, b, s, strict=True)]
+    rps = [si["rps"] / bi["rps"] for bi, si in zip(b, s, strict=True)]
+    results["alternating"] = {"rounds": args.alternate, "added_p50_ratio_per_round": added, "rps_ratio_per_round": rps,
+                              "added_p50_ratio": statistics.median(added), "rps_ratio": statistics.median(rps)}
+    print(f"  switchyard's added p50 / the forwarder's, per round: {' '.join(f'{x:.2f}' for x in added)} "
+          f"(median {statistics.median(added):.2f}x; goal <= 0.7x); its req/s at c=32 / the forwarder's: "
+          f"{' '.join(f'{x:.2f}' for x in rps)} (median {statistics.median(rps):.2f}x; goal >= 1.5x)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=2000, help="sequential requests for the latency figures")
@@ -336,6 +376,8 @@ def main() -> None:
     ap.add_argument("--redis", action="store_true", help="also run the gateway with --redis (a private redis-server)")
     ap.add_argument("--tracing", action="store_true", help="also: the gateway with tracing off and on, alternating")
     ap.add_argument("--rounds", type=int, default=3, help="--tracing: rounds of off/on")
+    ap.add_argument("--alternate", type=int, default=0, help="direct, the bare forwarder and the gateway in this many "
+                                                             "rounds, order rotating, medians kept (0: one pass each)")
     ap.add_argument("--before", type=Path, help="--tracing: also the gateway of this source tree (e.g. a worktree of "
                                                 "the commit before tracing), in the same rounds")
     ap.add_argument("--ab", type=Path, help="only: this tree's gateway against this source tree's, interleaved rounds "
@@ -361,6 +403,12 @@ def main() -> None:
             policy.write_text(bench_policy(ups, pin=False))
             ab_rounds(args, policy, tmp, results)
             args.out.write_text(json.dumps(results, indent=1))
+            return
+        if args.alternate:
+            alternating_rounds(args, ups, tmp, results)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(results, indent=2))
+            print(f"\nraw figures: {args.out}")
             return
         measure("direct", ups[0], "auto", args, results)
 

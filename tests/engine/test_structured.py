@@ -108,11 +108,9 @@ def test_token_mask_native_equals_torch_and_spares_free_rows() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 def test_gpu_masks_equal_the_cpu_kernel() -> None:
     """The GPU path (torch ops on the device, the bitmask copied over) masks as the CPU kernel does,
-    in float32 and bfloat16; a real grammar's masker leaves the free row alone on the GPU too.
-    SmolLM2's tokenizer: from the GGUF, or on a device run the carried copy
-    (SWITCHYARD_TEST_TOKENIZER_DIR, as test_cuda_serve reads it; the GGUF is 98 MB)."""
+    in float32 and bfloat16; a real grammar's masker leaves the free row alone on the GPU too."""
     from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask
-    from switchyard.engine.chat.grammar import GrammarMasker, Grammars
+    from switchyard.engine.chat.grammar import GrammarMasker
     from switchyard.engine.chat.structured import constraint
 
     g = torch.Generator().manual_seed(1)
@@ -124,9 +122,34 @@ def test_gpu_masks_equal_the_cpu_kernel() -> None:
         dev = logits.to("cuda", dtype)
         apply_token_bitmask(dev, bitmask, [0, 2])
         assert torch.equal(torch.isinf(dev.float().cpu()), torch.isinf(ref))
+    tok, grammars = _smollm2_grammars()
+    state = grammars.compile(constraint({"tool_choice": "required"}, TOOLS))
+    dev = torch.randn(2, tok.vocab_size, device="cuda")
+    free = dev[1].clone()
+    GrammarMasker(tok.vocab_size).apply(dev, [state, None])
+    assert torch.equal(dev[1], free)
+    allowed = torch.isfinite(dev[0]).nonzero().flatten().tolist()
+    assert allowed and all("<tool_call>".startswith(tok.id_to_token(i)) for i in allowed)
+    # A batch filled by the pool (pinned buffers, used in turn) masks as the CPU does, step after step.
+    states = [grammars.compile(constraint({"tool_choice": "required"}, TOOLS)) for _ in range(6)]
+    on_gpu, on_cpu = GrammarMasker(tok.vocab_size, threads=2), GrammarMasker(tok.vocab_size, threads=1)
+    for _ in range(3):
+        x = torch.randn(7, tok.vocab_size, generator=g)
+        y = x.to("cuda")
+        on_gpu.apply(y, [*states[:3], None, *states[3:]])
+        on_cpu.apply(x, [*states[:3], None, *states[3:]])
+        assert torch.equal(torch.isinf(y.cpu()), torch.isinf(x))
+        for st, row in zip(states, (0, 1, 2, 4, 5, 6), strict=True):
+            assert st.matcher.consume_token(int(x[row].argmax()))
+
+
+def _smollm2_grammars() -> tuple[Any, Any]:
+    """SmolLM2's tokenizer and its Grammars: from the GGUF, or on a device run the carried copy
+    (SWITCHYARD_TEST_TOKENIZER_DIR, as test_cuda_serve reads it; the GGUF is 98 MB)."""
     import os
 
     from switchyard.engine.chat import tokenizer
+    from switchyard.engine.chat.grammar import Grammars
 
     carried = os.environ.get("SWITCHYARD_TEST_TOKENIZER_DIR")
     if carried:
@@ -136,14 +159,30 @@ def test_gpu_masks_equal_the_cpu_kernel() -> None:
         from engine_support import smollm2_path
 
         tok = tokenizer.from_gguf(gguf.GGUFReader(str(smollm2_path())))
-    grammars = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
-    state = grammars.compile(constraint({"tool_choice": "required"}, TOOLS))
-    dev = torch.randn(2, tok.vocab_size, device="cuda")
-    free = dev[1].clone()
-    GrammarMasker(tok.vocab_size).apply(dev, [state, None])
-    assert torch.equal(dev[1], free)
-    allowed = torch.isfinite(dev[0]).nonzero().flatten().tolist()
-    assert allowed and all("<tool_call>".startswith(tok.id_to_token(i)) for i in allowed)
+    return tok, Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
+
+
+def test_masks_filled_by_the_pool_equal_those_filled_in_line() -> None:
+    """llguidance's pool (GrammarMasker(threads > 1)) fills a batch's masks as the in-line loop
+    does, rows without a grammar left free, step after step (the host buffers used in turn)."""
+    from switchyard.engine.chat.grammar import GrammarMasker
+    from switchyard.engine.chat.structured import constraint
+
+    tok, grammars = _smollm2_grammars()
+    pool_states = [grammars.compile(constraint({"tool_choice": "required"}, TOOLS)) for _ in range(5)]
+    line_states = [grammars.compile(constraint({"tool_choice": "required"}, TOOLS)) for _ in range(5)]
+    pool, line = GrammarMasker(tok.vocab_size, threads=2), GrammarMasker(tok.vocab_size, threads=1)
+    assert pool.executor is not None and line.executor is None
+    g = torch.Generator().manual_seed(2)
+    for _ in range(4):
+        x = torch.randn(6, tok.vocab_size, generator=g)
+        y = x.clone()
+        pool.apply(x, [*pool_states[:2], None, *pool_states[2:]])
+        line.apply(y, [*line_states[:2], None, *line_states[2:]])
+        assert torch.equal(x, y) and torch.isfinite(x[2]).all() and torch.isinf(x[0]).any()
+        for a, b, row in zip(pool_states, line_states, (0, 1, 3, 4, 5), strict=True):
+            t = int(x[row].argmax())
+            assert a.matcher.consume_token(t) and b.matcher.consume_token(t)
 
 
 def test_call_parser_streams_what_the_whole_text_gives() -> None:

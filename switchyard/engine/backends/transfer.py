@@ -24,7 +24,8 @@ def upload(values: Sequence[int] | Sequence[float] | torch.Tensor, dtype: torch.
     t = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     if device.type == "cpu":
         return t
-    return t.pin_memory().to(device, non_blocking=True)
+    # Already pinned (a buffer the caller keeps, e.g. the grammar masks): no staging copy.
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
 
 
 class Download:

@@ -107,36 +107,47 @@ class GrammarMasker:
     grammars' tokenizer (`vocab_size`); logits wider than that (a model whose vocabulary is
     padded) never allow the padding.
 
-    The bitmask is filled by llguidance on the host: row after row on this thread (threads=1), or
-    by its executor's pool. At batch 16 on a busy 2-core machine the pool's hand-offs took 8-28 ms
-    a step where the same rows one after the other took 0.25-0.6 ms, so one thread fills in
-    line. GPU logits get their masks without the host waiting for the device (the bits go up
-    from pinned memory, token_mask.apply_token_bitmask_torch): under async decoding, step n+1's
+    The bitmask is filled by llguidance on the host: row after row on this thread (threads=1), or,
+    with at least PAR_ROWS constrained rows, by its executor's pool. In line is the default: at
+    batch 16 on a busy 2-core machine the pool's hand-offs took 8-28 ms a step where the same rows
+    one after the other took 0.25-0.6 ms, and on the H200's 16-core host a pool of 8 gave the
+    same decode rate as one thread (1.00x on the 8B shape, 1.02x on SmolLM2's: bench/engine_cuda.py
+    --mask-threads-ab; bench/results/gpu_grammar). GPU logits get
+    their masks without the host waiting for the device: llguidance writes straight into pinned
+    memory (two buffers, used in turn, so a step's fill never overwrites bits still being copied
+    up), token_mask.apply_token_bitmask_torch queues the copy; under async decoding, step n+1's
     masks are filled while step n+1 runs."""
+
+    PAR_ROWS = 4  # fewer constrained rows than this fill in line even with a pool
 
     def __init__(self, vocab_size: int, threads: int = 1) -> None:
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
         self.executor = llguidance.LLExecutor(threads) if threads > 1 else None
-        self._bitmask = torch.full((0, self.words), -1, dtype=torch.int32)
+        self._buffers = [torch.full((0, self.words), -1, dtype=torch.int32)] * 2
+        self._turn = 0
         self.last_fill_s = 0.0  # the last step's llguidance time (bench/grammar.py reads it)
+
+    def _buffer(self, rows: int, pinned: bool) -> torch.Tensor:
+        self._turn ^= 1
+        bm = self._buffers[self._turn]
+        if bm.shape[0] < rows or bm.is_pinned() != pinned:
+            bm = torch.full((rows, self.words), -1, dtype=torch.int32, pin_memory=pinned)
+            self._buffers[self._turn] = bm
+        return bm[:rows]
 
     def apply(self, logits: torch.Tensor, states: list[GrammarState | None]) -> None:
         """Mask `logits` [B, V >= vocab_size] in place; states[i] constrains row i (None: free)."""
-        rows = [i for i, s in enumerate(states) if s is not None]
-        if not rows:
-            return
-        B = len(states)
-        if self._bitmask.shape[0] < B:
-            self._bitmask = torch.full((B, self.words), -1, dtype=torch.int32)
-        bm = self._bitmask[:B]
         todo = [(s.matcher, i) for i, s in enumerate(states) if s is not None]
+        if not todo:
+            return
+        bm = self._buffer(len(states), logits.device.type == "cuda")
         t0 = time.perf_counter()
-        if self.executor is not None:
+        if self.executor is not None and len(todo) >= self.PAR_ROWS:
             llguidance.torch.fill_next_token_bitmask_par(self.executor, todo, bm)
         else:
             row_bytes, base = self.words * 4, bm.data_ptr()
             for m, i in todo:
                 m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
         self.last_fill_s = time.perf_counter() - t0
-        apply_token_bitmask(logits, bm, rows)
+        apply_token_bitmask(logits, bm, [i for _, i in todo])
