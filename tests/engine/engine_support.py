@@ -136,6 +136,7 @@ def hf_reference(path: Path) -> tuple[Any, Any]:
 def _save_hf_reading(path: Path, saved: Path) -> None:
     """transformers' reading of the GGUF (config, dequantized weights, tokenizer) into `saved`."""
     import shutil
+    import tempfile
 
     import torch
     from safetensors.torch import save_file
@@ -146,12 +147,19 @@ def _save_hf_reading(path: Path, saved: Path) -> None:
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    tmp = saved.with_name(saved.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    cfg.save_pretrained(tmp)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "weights.safetensors"))
-    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp)
-    (tmp / "done").write_text("")
-    shutil.rmtree(saved, ignore_errors=True)
-    tmp.rename(saved)
+    # A folder of its own, renamed into place whole: test workers reading at once never meet half of one.
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=saved.name + ".", suffix=".tmp", dir=saved.parent))
+    try:
+        cfg.save_pretrained(tmp)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "weights.safetensors"))
+        AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp)
+        (tmp / "done").write_text("")
+        if not (saved / "done").exists():
+            shutil.rmtree(saved, ignore_errors=True)  # a reading cut short earlier
+            try:
+                tmp.rename(saved)
+            except OSError:  # another worker's reading got there first: it is the same
+                pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,36 +1,23 @@
 """Rank 0's scheduler: continuous batching over a paged KV cache.
 
-New requests wait in a bounded queue; between decode steps they are admitted (prefilled
-together, right-padded) while decode slots are free, then join the running batch. At
-admission a request takes the longest cached run of its prompt's leading blocks (automatic
-prefix caching, see kv_blocks) and prefills only the rest. Blocks are taken as each step
-needs them; when the pool runs out, the most recently admitted sequence is preempted: its
-blocks are freed (the full ones stay cached) and it goes back to the front of the queue, to
-be prefilled again, prompt and output so far, when there is room (vLLM's recompute). Each
-step, block tables included, is broadcast to the other ranks before it runs. A collective
-failure stops everything (fail-stop): every open request gets an error and the process exits
-non-zero.
+New requests wait in a bounded queue; between decode steps they are admitted (prefilled together, right-
+padded) while decode slots are free, then join the running batch. At admission a request takes the longest
+cached run of its prompt's leading blocks (automatic prefix caching, see kv_blocks) and prefills only the
+rest. Blocks are taken as each step needs them; when the pool runs out, the most recently admitted
+sequence is preempted: its blocks are freed (the full ones stay cached) and it goes back to the front of
+the queue, to be prefilled again, prompt and output so far, when there is room (vLLM's recompute). Each
+step, block tables included, is broadcast to the other ranks before it runs. A collective failure stops
+everything (fail-stop): every open request gets an error and the process exits non-zero.
 
-Async decode (`overlap`, as vLLM's async scheduling): on one rank, with a decoder that decodes
-in slot space (the torch and cuda backends), a decode step n+1 is launched before step n's
-tokens are read. Its ids are step n's sampled tokens, on the device (the graph runner copies
-them into its ids buffer there); its positions, context lengths and blocks follow from what is
-known (each row's next position; blocks reserved before the launch). Then step n's tokens are
-read and the output stage runs (detokenising, stop tokens and strings, length, grammar state)
-while step n+1 runs on the device, and step n+1's sampling (with its grammar masks, filled now)
-is queued behind it. A sequence that finishes at step n still has a row in step n+1: computed
-and dropped. Its blocks are freed after step n+1 was launched, which is safe because the device
-runs everything in launch order: whoever gets those blocks next writes them in a later step,
-after step n+1 has read and written them, and reads them only after writing them; the one
-position step n+1 wrote past a sequence's last known token is never keyed for the prefix cache
-(blocks are keyed, on finishing a step, only up to the tokens the host has read).
-
-The rule for when a step runs synchronously instead (the in-flight step's tokens read first):
-TP > 1 (the other ranks need each step's token ids from the host), a decoder without slot-space
-decode (the cpu backend: its steps run on the host anyway), a step that prefills (admitted
-prompts, chunks, or a preempted sequence's recompute), and a decode step whose blocks cannot all
-be reserved without preempting someone. Greedy, seeded sampling, logprobs and grammar masks all
-run on the device without a host round trip, so they keep the overlap.
+Async decode (`overlap`, as vLLM's async scheduling; docs/engine.md has why each step is safe): on one
+rank, with a decoder that decodes in slot space (the torch and cuda backends), decode step n+1 is launched
+before step n's tokens are read, its ids taken on the device from step n's sampled tokens; then step n's
+tokens go through the output stage while step n+1 runs, and step n+1's sampling (its grammar masks filled
+now) is queued behind it. A sequence that finishes at step n still has a row in step n+1, computed and
+dropped; its blocks are freed after that launch (the device runs in launch order) and keyed for the prefix
+cache only up to the tokens read. A step runs synchronously instead (the step in flight finished first)
+with TP > 1, without slot-space decode (the cpu backend), when it prefills, and when its blocks cannot be
+reserved without a preemption.
 """
 
 from __future__ import annotations
@@ -75,12 +62,10 @@ class Scheduler:
         # long prompt delays the others' next token by one chunk, not by its whole prefill.
         self.chunk = max_num_batched_tokens if runner is not None and runner.chunked_prefill else 0
         self.free_slots = list(range(max_num_seqs))
-        # Default: the runner's pool in blocks of 16 (rank 0's start-up passes the options' pool).
-        self.pool = pool or BlockPool(runner.num_kv_blocks if runner is not None
+        self.pool = pool or BlockPool(runner.num_kv_blocks if runner is not None  # rank 0 passes its options' pool
                                       else max_num_seqs * -(-max_model_len // 16), 16)
         bs = self.pool.block_size
-        # Each decode slot's block table, kept up to date as blocks are taken, so that a step's
-        # tables are one index_select, not a tensor built from lists.
+        # Each decode slot's block table, kept up to date: a step's tables are one index_select.
         self._tables = torch.zeros(max_num_seqs, -(-max_model_len // bs), dtype=torch.int64)
         self._admissions = itertools.count(1)
         self._aborted: set[int] = set()
