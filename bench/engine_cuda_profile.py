@@ -18,6 +18,7 @@ import sys
 import traceback
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,7 +46,8 @@ def main() -> None:
     ec.decode_rate(m, a.batch, 8, c.vocab_size, tok=tok, grammar=make)  # compiles, captures the graphs
     waits: collections.Counter[str] = collections.Counter()
     if a.sync_debug:
-        def seen(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+        def seen(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
             stack = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename]
             waits[f"{message}\n" + "".join(traceback.format_list(stack[-6:]))] += 1
 

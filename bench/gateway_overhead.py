@@ -281,8 +281,18 @@ def tracing_rounds(args, policy: Path, tmp: Path, results: dict) -> None:
     finally:
         stop(sink)
     for name, rs in rounds.items():
-        results[f"switchyard, {name}"] = {k: statistics.median(x[k] for x in rs) for k in rs[0]} | {"rounds": rs}
+        results[f"switchyard, {name}"] = medians(rs)
 
+
+def medians(rounds: list[dict]) -> dict:
+    """Each figure's median over the rounds, the rounds themselves kept beside."""
+    return {k: statistics.median(x[k] for x in rounds) for k in rounds[0]} | {"rounds": rounds}
+
+
+def write_results(out: Path, results: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"\nraw figures: {out}")
 
 def bench_policy(ups: list[str], pin: bool) -> str:
     """One pool of the test upstreams, one route. With `pin`, requests with a session id read and
@@ -357,7 +367,7 @@ def alternating_rounds(args, ups: list[str], tmp: Path, results: dict) -> None:
         stop(bare)
         stop(gw)
     for name, rs in rounds.items():
-        results[name] = {k: statistics.median(x[k] for x in rs) for k in rs[0]} | {"rounds": rs}
+        results[name] = medians(rs)
     d, b, s = rounds["direct"], rounds["bare forwarder"], rounds["switchyard"]
     added = [(si["p50"] - di["p50"]) / max(bi["p50"] - di["p50"], 1e-6) for di, bi, si in zip(d, b, s, strict=True)]
     rps = [si["rps"] / bi["rps"] for bi, si in zip(b, s, strict=True)]
@@ -406,9 +416,7 @@ def main() -> None:
             return
         if args.alternate:
             alternating_rounds(args, ups, tmp, results)
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(results, indent=2))
-            print(f"\nraw figures: {args.out}")
+            write_results(args.out, results)
             return
         measure("direct", ups[0], "auto", args, results)
 
@@ -516,9 +524,7 @@ def main() -> None:
               f"throughput {on['rps'] / off['rps']:.2f}x, req per CPU-second "
               f"{on['rps_per_cpu_second'] / off['rps_per_cpu_second']:.2f}x; the gateway's own overhead header: "
               f"p50 {on['overhead_hdr_p50'] - off['overhead_hdr_p50']:+.3f} ms (goal: p50 <= +0.3 ms)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    print(f"\nraw figures: {args.out}")
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,13 @@ def upload(values: Sequence[int] | Sequence[float] | torch.Tensor, dtype: torch.
     """A small host list (or CPU tensor) on `device`, queued behind the device's work: the host
     does not wait. The pinned staging tensor is kept alive by torch's host allocator until the
     copy has run."""
-    t = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    if not isinstance(values, torch.Tensor):
+        t = torch.tensor(values, dtype=dtype)
+        return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
+    t = values.to(dtype)
     if device.type == "cpu":
         return t
-    # Already pinned (a buffer the caller keeps, e.g. the grammar masks): no staging copy.
+    # A tensor already pinned (a buffer the caller keeps, e.g. the grammar masks): no staging copy.
     return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
 
 

@@ -110,13 +110,13 @@ class GrammarMasker:
     The bitmask is filled by llguidance on the host: row after row on this thread (threads=1), or,
     with at least PAR_ROWS constrained rows, by its executor's pool. In line is the default: at
     batch 16 on a busy 2-core machine the pool's hand-offs took 8-28 ms a step where the same rows
-    one after the other took 0.25-0.6 ms, and on the H200's 16-core host a pool of 8 gave the
-    same decode rate as one thread (1.00x on the 8B shape, 1.02x on SmolLM2's: bench/engine_cuda.py
-    --mask-threads-ab; bench/results/gpu_grammar). GPU logits get
-    their masks without the host waiting for the device: llguidance writes straight into pinned
-    memory (two buffers, used in turn, so a step's fill never overwrites bits still being copied
-    up), token_mask.apply_token_bitmask_torch queues the copy; under async decoding, step n+1's
-    masks are filled while step n+1 runs."""
+    one after the other took 0.25-0.6 ms, and on the H200's 16-core host a pool of 8 gave the same
+    decode rate as one thread (1.00x on the 8B shape, 1.02x on SmolLM2's: bench/engine_cuda.py
+    --mask-threads-ab; bench/results/gpu_grammar). GPU logits get their masks without the host
+    waiting for the device: llguidance writes straight into pinned memory (two buffers, used in
+    turn, so a step's fill never overwrites bits still being copied up) and
+    token_mask.apply_token_bitmask_torch queues the copy; under async decoding, step n+1's masks
+    are filled while step n+1 runs."""
 
     PAR_ROWS = 4  # fewer constrained rows than this fill in line even with a pool
 
@@ -124,16 +124,18 @@ class GrammarMasker:
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
         self.executor = llguidance.LLExecutor(threads) if threads > 1 else None
+        self._pinned = False  # whether the buffers are pinned (for GPU logits)
         self._buffers = [torch.full((0, self.words), -1, dtype=torch.int32)] * 2
         self._turn = 0
         self.last_fill_s = 0.0  # the last step's llguidance time (bench/grammar.py reads it)
 
     def _buffer(self, rows: int, pinned: bool) -> torch.Tensor:
+        if pinned != self._pinned:
+            self._pinned, self._buffers = pinned, [self._buffers[0][:0]] * 2
         self._turn ^= 1
         bm = self._buffers[self._turn]
-        if bm.shape[0] < rows or bm.is_pinned() != pinned:
-            bm = torch.full((rows, self.words), -1, dtype=torch.int32, pin_memory=pinned)
-            self._buffers[self._turn] = bm
+        if bm.shape[0] < rows:
+            bm = self._buffers[self._turn] = torch.full((rows, self.words), -1, dtype=torch.int32, pin_memory=pinned)
         return bm[:rows]
 
     def apply(self, logits: torch.Tensor, states: list[GrammarState | None]) -> None:
