@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,9 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from gateway_overhead import free_port, wait_http  # noqa: E402
+
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "What is the weather in Paris today?"}],
         "max_tokens": 16}
 
@@ -79,28 +81,6 @@ try:
 except ImportError:
     asyncio.run(main())
 '''
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    import urllib.request
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status < 500:
-                    return
-        except Exception:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up in {timeout}s")
 
 
 def wait_workers(url: str, n: int, timeout: float = 60.0) -> None:
@@ -241,7 +221,7 @@ def start_gateway(policy: Path, n: int, log: Path, cores: str | None = None) -> 
                           "--admin-key", "bench-admin", "--workers", str(n), "--no-local-redis"],
                          stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/health", p)
+    wait_http(url + "/health", proc=p)
     wait_workers(url, n)
     return p, url
 
@@ -351,7 +331,7 @@ def main() -> None:
           + (f" x{args.loader_procs}" if args.loader == "python" else "") + f"; stub x{args.stub_procs}; "
           + (f"pinned: {results['pinned']}" if pin else "not pinned"), flush=True)
     try:
-        wait_http(f"http://127.0.0.1:{up_port}/v1/models", up)
+        wait_http(f"http://127.0.0.1:{up_port}/v1/models", proc=up)
         policy = tmp / "bench.yaml"
         policy.write_text("version: 1\nname: bench\npools:\n  p:\n    model: fake\n    replicas:\n"
                           f"      - url: http://127.0.0.1:{up_port}/v1\nroutes:\n  - name: default\n    pool: p\n")
