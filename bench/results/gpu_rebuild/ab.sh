@@ -10,7 +10,11 @@ final=${OUT:-bench/results/gpu_rebuild}; out=$(mktemp -d)
 trap 'tar -czf "$final/ab_run.tgz" -C "$out" .' EXIT
 PY=${PYTHON:-python3}
 left() { echo $(( ${DEADLINE:-540} - SECONDS )); }
-$PY -m pip install -q --no-index --find-links .whl --no-build-isolation -e . py-spy >"$out/pip.log" 2>&1 || tail -5 "$out/pip.log"
+# onnxruntime (the gateway's classifier, 27 MB) stays behind: a device run carries 64 MiB in all.
+deps=$($PY -c "import tomllib; print(' '.join(d.split(';')[0].replace(' ', '') for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] if not d.startswith(('numpy', 'onnxruntime'))))")
+{ $PY -m pip install --no-index --find-links .whl --no-build-isolation --no-deps -e . &&
+  $PY -m pip install --no-index --find-links .whl $deps llguidance gguf pytest-asyncio pytest-timeout safetensors \
+    tokenizers jinja2 hypothesis jsonschema py-spy; } >"$out/pip.log" 2>&1 || tail -5 "$out/pip.log"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; $PY -c "import torch; print(torch.__version__)"
 args="--shapes llama-8b,smollm2-135m --batches ${BATCHES:-1,16} --tokens 64 --skip-transformers --ttft="
 for r in $(seq 1 "${ROUNDS:-2}"); do
