@@ -8,7 +8,7 @@ from switchyard.api.cli import serve
 from switchyard.classify.cli import classifier_app
 from switchyard.cluster.cli import plan
 from switchyard.cluster.up import up
-from switchyard.engine.cli import engine_app, models_app
+from switchyard.engine.serving.cli import engine_app, models_app
 from switchyard.gateway.cli import keys_app, policy_app
 from switchyard.replay.cli import reference_pool, replay
 
