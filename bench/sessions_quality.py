@@ -70,7 +70,7 @@ def main() -> None:
     outcomes = args.out / "turn_outcomes.jsonl"
     outcomes.unlink(missing_ok=True)
     ref_port, eng_port = free_port(), free_port()
-    from switchyard.engine import registry
+    from switchyard.engine.serving import registry
 
     pools = args.pools.split(",")
     ref_log, eng_log = (args.out / "reference.log").open("wb"), (args.out / "engine.log").open("wb")

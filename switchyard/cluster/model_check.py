@@ -13,7 +13,7 @@ from typing import Any
 
 
 def _local_path(model: str, base: Path | None) -> Path | None:
-    from switchyard.engine import registry
+    from switchyard.engine.serving import registry
 
     p = Path(model).expanduser()
     if base is not None and not p.is_absolute() and (base / p).exists():
@@ -30,14 +30,14 @@ def _gguf_config(path: str, mtime_ns: int, size: int) -> Any:
     once per file version, not once per pool that names the model."""
     import gguf  # the engine extra's; a gateway-only install cannot read GGUF
 
-    from switchyard.engine.config import from_gguf
+    from switchyard.engine.model.config import from_gguf
 
     return from_gguf(gguf.GGUFReader(path))
 
 
 def tp_problem(pool: str, model: str, tp: int, base: Path | None) -> tuple[str | None, str | None]:
     """(error, note): the error when TP cannot split this model, a note when it was not checked."""
-    from switchyard.engine.config import ConfigError, from_hf
+    from switchyard.engine.model.config import ConfigError, from_hf
 
     path = _local_path(model, base)
     if path is None:

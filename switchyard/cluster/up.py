@@ -29,7 +29,7 @@ class _Child:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        from switchyard.engine.launch import die_with_parent_term
+        from switchyard.engine.serving.launch import die_with_parent_term
 
         f = self.log.open("wb")
         # A new session: Ctrl-C reaches `up` only, which then stops the children in order;
@@ -98,7 +98,7 @@ def up(
 ) -> None:
     """Start the engine replicas of a policy and the gateway in front of them."""
     from switchyard import datasets
-    from switchyard.engine import registry
+    from switchyard.engine.serving import registry
     from switchyard.policy.loader import PolicyError, load_policy
 
     try:

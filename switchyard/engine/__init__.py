@@ -16,6 +16,4 @@ Subpackages by role, each importing only those below it (import-linter holds it)
               kernels, row ops) | torch (any device) | cuda (Triton kernels, graphs)
   chat/       tokenizer and template, tools, tool-call streaming, structured output, grammar
   errors      the engine's exception tree
-
-cli, config, launch and registry here are the old paths, kept for code outside the engine.
 """

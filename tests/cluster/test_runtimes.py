@@ -8,7 +8,7 @@ from cluster_helpers import make_cluster, make_policy, plan_of
 from switchyard.cluster.local import local_launches
 from switchyard.cluster.placement import PlanError
 from switchyard.cluster.report import placement_text
-from switchyard.engine import registry
+from switchyard.engine.serving import registry
 from switchyard.policy.loader import PolicyError, parse_policy
 
 
