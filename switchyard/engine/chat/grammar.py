@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import llguidance
-import llguidance.torch
 import torch
 
 from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask
@@ -146,7 +145,9 @@ class GrammarMasker:
         bm = self._buffer(len(states), logits.device.type == "cuda")
         t0 = time.perf_counter()
         if self.executor is not None and len(todo) >= self.PAR_ROWS:
-            llguidance.torch.fill_next_token_bitmask_par(self.executor, todo, bm)
+            # What llguidance.torch.fill_next_token_bitmask_par does, without importing that module: its
+            # @torch.compile decorator imports torch._dynamo, ~1.5 s of every engine process's start.
+            self.executor.unsafe_compute_mask_ptr(todo, bm.data_ptr(), self.words * 4, bm.shape[0])
         else:
             row_bytes, base = self.words * 4, bm.data_ptr()
             for m, i in todo:
