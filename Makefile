@@ -41,9 +41,11 @@ test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15 $(XDIST)
 
 # The inner loop: no `slow` test (many processes) and no `engine` test (torch, SmolLM2 weights);
-# the gateway's logic runs in process (tests/gateway/inproc.py).
+# the gateway's logic runs in process (tests/gateway/inproc.py). tests/engine/ holds engine tests
+# alone: not even collected (its imports took ~5 s of each worker's start).
 test-fast: $(STAMP) sysdeps
-	$(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15 $(XDIST) -m "not slow and not engine"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15 $(XDIST) -m "not slow and not engine" \
+		--ignore=tests/engine
 
 # ruff, and the layering contract in pyproject.toml (no upward import, no import circle).
 lint: $(STAMP)

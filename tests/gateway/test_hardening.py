@@ -272,7 +272,7 @@ def _read_until_closed(s: socket.socket, limit: float) -> tuple[bytes, float]:
 def test_slow_silent_and_oversized_connections_are_cut(tmp_path):
     up, url = start_upstream(tmp_path, "u")
     pol = write(tmp_path, policy_text(url))
-    gw, gurl = start_gateway(tmp_path, [pol], "--header-timeout", "1", "--body-timeout", "1",
+    gw, gurl = start_gateway(tmp_path, [pol], "--header-timeout", "0.5", "--body-timeout", "0.5",
                              "--max-connections", "8")
     port = int(gurl.rsplit(":", 1)[1])
     try:
@@ -284,7 +284,7 @@ def test_slow_silent_and_oversized_connections_are_cut(tmp_path):
             try:
                 for b in b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n":
                     s.sendall(bytes([b]))
-                    time.sleep(0.1)
+                    time.sleep(0.05)
             except OSError:
                 pass
             assert time.monotonic() - t0 < 4

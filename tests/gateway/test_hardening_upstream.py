@@ -337,7 +337,8 @@ def test_unknown_keys_do_not_reparse_the_keys_file(tmp_path, reap):
     gw, gurl = start_gateway(tmp_path, [pol], "--auth", "--keys-file", str(keys), name="gw-keys")
     try:
         done = [0]
-        stop = time.perf_counter() + 2.0
+        window = 1.0
+        stop = time.perf_counter() + window
 
         def hammer(n: int) -> None:
             with httpx.Client(base_url=gurl, timeout=10, trust_env=False) as c:
@@ -353,7 +354,7 @@ def test_unknown_keys_do_not_reparse_the_keys_file(tmp_path, reap):
             t.start()
         for t in threads:
             t.join()
-        rate = done[0] / 2.0
+        rate = done[0] / window
         assert rate > 250, f"{rate:.0f} 401s a second with 5,000 keys (one parse each: ~27/s)"
         # A key added while serving is found: the file is read again once it changed.
         key, rec = make_key("late", None, None, None, None)
@@ -363,7 +364,7 @@ def test_unknown_keys_do_not_reparse_the_keys_file(tmp_path, reap):
             r = post(gurl, headers={"Authorization": f"Bearer {key}"})
             if r.status_code == 200:
                 break
-            time.sleep(0.2)
+            time.sleep(0.05)
         assert r.status_code == 200, r.text
         assert hash_key(key) == rec.hash
     finally:
