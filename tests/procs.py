@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +53,7 @@ class Proc:
                  ready: Callable[[int], bool] = lambda status: status < 500, cwd: Path | None = None):
         self.cmd = cmd
         self.log = log
+        self._signalled = False
         self._logf = log.open("w")
         self.p = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, cwd=cwd or ROOT,
                                   env={**os.environ, **(env or {})}, start_new_session=True)
@@ -80,15 +81,24 @@ class Proc:
             os.killpg(self.p.pid, signal.SIGKILL)
             self.p.wait(5)
 
-    def stop(self, group: bool = True, wait: float = 10.0) -> None:
-        """SIGTERM (to the process group, or to the process alone so that it stops its own
-        children), then SIGKILL to the group after `wait` seconds."""
-        if self.p.poll() is None:
+    def terminate(self, group: bool = True) -> None:
+        """SIGTERM alone, not waiting (stop_all signals many, then waits for them together)."""
+        if self.p.poll() is None and not self._signalled:
+            self._signalled = True  # once: a second SIGTERM would cut a gateway's drain short
             try:
                 if group:
                     os.killpg(self.p.pid, signal.SIGTERM)
                 else:
                     self.p.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, group: bool = True, wait: float = 10.0) -> None:
+        """SIGTERM (to the process group, or to the process alone so that it stops its own
+        children), then SIGKILL to the group after `wait` seconds."""
+        if self.p.poll() is None:
+            try:
+                self.terminate(group)
                 self.p.wait(wait)
             except (subprocess.TimeoutExpired, ProcessLookupError):
                 try:
@@ -97,6 +107,16 @@ class Proc:
                     pass
                 self.p.wait(5)
         self._logf.close()
+
+
+def stop_all(procs: Iterable[Proc | None]) -> None:
+    """Stop many processes at once: each gets SIGTERM first, then each is waited for (a gateway's
+    drain and an upstream's shutdown overlap instead of adding up)."""
+    live = [p for p in procs if p is not None]
+    for p in live:
+        p.terminate()
+    for p in live:
+        p.stop()
 
 
 def start_upstream(tmp: Path, name: str, port: int | None = None, *extra: str) -> tuple[Proc, str]:

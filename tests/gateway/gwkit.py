@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from procs import Proc, http_post, start_gateway, start_upstream
+from procs import Proc, http_post, start_gateway, start_upstream, stop_all
 
 
 @dataclass
@@ -88,9 +88,7 @@ def make_cluster(tmp: Path, *, max_inflight: int = 32, queue_size: int = 64, tim
 
 
 def stop_cluster(c: Cluster) -> None:
-    c.gw.stop()
-    for proc, _ in c.ups.values():
-        proc.stop()
+    stop_all([c.gw, *(proc for proc, _ in c.ups.values())])
 
 
 @pytest.fixture(scope="module")

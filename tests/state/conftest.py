@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from procs import Proc, start_gateway, start_upstream
+from procs import Proc, start_gateway, start_upstream, stop_all
 from statekit import RedisServer, Shared, write_policies
 
 
@@ -30,10 +30,7 @@ def shared(tmp_path_factory) -> Iterator[Shared]:
         gws.append(b)
         yield Shared(tmp, rs, ups, pa, pb, a, a_url, b, b_url)
     finally:
-        for g in gws:
-            g.stop()
-        for proc, _ in ups.values():
-            proc.stop()
+        stop_all([*gws, *(proc for proc, _ in ups.values())])
         rs.stop()
 
 

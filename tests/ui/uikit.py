@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from procs import ROOT, Proc, http_post, start_gateway, start_upstream
+from procs import ROOT, Proc, http_post, start_gateway, start_upstream, stop_all
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -119,9 +119,7 @@ def start_lone_gateway(tmp: Path, *extra: str) -> tuple[Proc, str, Path, Path]:
 
 
 def stop(c: UiCluster) -> None:
-    c.gw.stop()
-    for p, _ in c.ups.values():
-        p.stop()
+    stop_all([c.gw, *(p for p, _ in c.ups.values())])
 
 
 @pytest.fixture

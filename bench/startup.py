@@ -1,0 +1,97 @@
+"""How long a process of ours takes to start: a gateway (`switchyard serve`) until /health answers,
+and an engine process's imports (`switchyard.engine.serving.rank0`), for one or more source trees,
+rounds alternating between the trees.
+
+  python bench/startup.py --trees . ../before --runs 8
+
+A gateway is started in front of a port nothing listens on, health checks off, and stopped once it
+answers; its wall time to ready and the CPU it used (user + system, from wait4) are reported as
+medians. What the test suite pays for each process it starts (docs/testing.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+POLICY = """pools:
+  small: {{replicas: [{{url: "http://127.0.0.1:{dead}/v1"}}], model: m}}
+  large: {{replicas: [{{url: "http://127.0.0.1:{dead}/v1"}}], model: m}}
+routes:
+  - {{name: all, pool: small}}
+"""
+
+
+def wait4(p: subprocess.Popen) -> float:
+    """Reap p; the CPU seconds (user + system) it used."""
+    _, _, ru = os.wait4(p.pid, 0)
+    p.returncode = 0
+    return ru.ru_utime + ru.ru_stime
+
+
+def gateway(tree: Path, policy: Path) -> tuple[float, float]:
+    port = free_port()
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(policy), "--port", str(port),
+                          "--no-health-checks", "--drain-grace", "0"], cwd=tree,
+                         env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                break
+        except OSError:
+            if p.poll() is not None:
+                raise SystemExit(f"the gateway of {tree} exited with {p.returncode}") from None
+            time.sleep(0.005)
+    ready = time.perf_counter() - t0
+    p.send_signal(signal.SIGTERM)
+    return ready, wait4(p)
+
+
+def engine_import(tree: Path) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-c", "import switchyard.engine.serving.rank0"], cwd=tree,
+                         env={**os.environ, "PYTHONPATH": str(tree)})
+    cpu = wait4(p)
+    return time.perf_counter() - t0, cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trees", nargs="+", default=["."])
+    ap.add_argument("--runs", type=int, default=8)
+    a = ap.parse_args()
+    trees = [Path(t).resolve() for t in a.trees]
+    tmp = Path(tempfile.mkdtemp())
+    policy = tmp / "policy.yaml"
+    policy.write_text(POLICY.format(dead=free_port()))
+    got: dict[tuple[str, Path], list[tuple[float, float]]] = {}
+    for r in range(a.runs):
+        order = trees if r % 2 == 0 else trees[::-1]
+        for t in order:
+            got.setdefault(("gateway to /health", t), []).append(gateway(t, policy))
+            got.setdefault(("engine imports", t), []).append(engine_import(t))
+    for (what, t), v in got.items():
+        print(f"{what:20} {str(t):40} wall {statistics.median(x[0] for x in v):.3f} s, "
+              f"CPU {statistics.median(x[1] for x in v):.3f} s (medians of {len(v)})")
+
+
+if __name__ == "__main__":
+    main()
