@@ -21,11 +21,8 @@ made it. A `previous_response_id` chain is a session: its root id is the session
 
 from __future__ import annotations
 
-import os
-import random
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -33,6 +30,16 @@ import orjson
 from switchyard import errors
 from switchyard.api.dialect import Parsed
 from switchyard.api.errors import error_body
+from switchyard.api.responses_render import (
+    ResponsesCtx,
+    call_item,
+    event,
+    message_item,
+    new_id,
+    response_object,
+    usage_of,
+)
+from switchyard.api.responses_stream import ResponsesStream
 from switchyard.state.base import RESPONSE_TTL, StateStore
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -51,30 +58,6 @@ REFUSED = {
     "conversation": "conversations are not supported here; send previous_response_id or the whole input",
     "prompt": "stored prompts (prompt) are not supported here; send instructions and input",
 }
-
-
-# Ids need to be unique, not secret: a stored response is visible only to the key that made it. A
-# seeded PRNG makes them in ~0.2 us where uuid4 (a getrandom call each) took ~3 us.
-_ids = random.Random(os.urandom(32))
-os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))  # a forked worker draws its own
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}{_ids.getrandbits(128):032x}"
-
-
-@dataclass(slots=True)
-class ResponsesCtx:
-    """What a Responses request carries past parsing: its id, what to echo, what to store."""
-
-    id: str
-    created: int
-    store: bool
-    echo: dict  # request fields a Response object repeats (instructions, tools, tool_choice, ...)
-    input_messages: list[dict]  # this request's input as chat messages (instructions left out)
-    previous: str | None = None  # previous_response_id
-    history: list[dict] = field(default_factory=list)  # the chain's chat messages before this input
-    root: str = ""  # the chain's first response id (this one's own when it starts a chain)
 
 
 def _bad(message: str, param: str | None = None) -> errors.BadRequest:
@@ -258,41 +241,6 @@ def _number(body: dict, name: str) -> float | int | None:
     return v
 
 
-def usage_of(chat_usage: Any) -> dict | None:
-    """Chat usage -> Responses usage (None when the upstream reported none)."""
-    if not isinstance(chat_usage, dict):
-        return None
-    p = chat_usage.get("prompt_tokens") or 0
-    c = chat_usage.get("completion_tokens") or 0
-    details = chat_usage.get("prompt_tokens_details")
-    cached = (details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
-    return {"input_tokens": p, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": c, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": p + c}
-
-
-def response_object(ctx: ResponsesCtx, model: str, status: str, output: list[dict], usage: dict | None,
-                    incomplete: bool = False, error: dict | None = None) -> dict:
-    """A Response object, every field the openai SDK reads."""
-    done = status in ("completed", "incomplete", "failed")
-    return {
-        "id": ctx.id, "object": "response", "created_at": ctx.created, "status": status, "background": False,
-        "completed_at": int(time.time()) if status == "completed" else None, "error": error,
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "model": model, "output": output if done else [], "usage": usage if done else None, **ctx.echo,
-    }
-
-
-def message_item(item_id: str, text: str, status: str) -> dict:
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text or
-            status != "in_progress" else []}
-
-
-def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
-            "arguments": arguments}
-
-
 class ResponsesDialect:
     api = "responses"
     native_path = "/responses"
@@ -375,7 +323,7 @@ class ResponsesDialect:
             "tool_choice": body.get("tool_choice") or "auto", "tools": kept, "top_p": chat.get("top_p", 1.0),
             "truncation": "disabled", "user": user if isinstance(user, str) else None,
         }
-        rid = _new_id("resp_")
+        rid = new_id("resp_")
         ctx = ResponsesCtx(rid, int(time.time()), body.get("store") is not False, echo, inp, previous, root=rid)
         hint = body.get("prompt_cache_key")
         return Parsed("responses", chat, body, stream is True, hint if isinstance(hint, str) and hint else None,
@@ -418,10 +366,10 @@ class ResponsesDialect:
         output: list[dict] = []
         text = msg.get("content")
         if isinstance(text, str) and text:
-            output.append(message_item(_new_id("msg_"), text, "completed"))
+            output.append(message_item(new_id("msg_"), text, "completed"))
         for tc in msg.get("tool_calls") or ():
             fn = tc.get("function") or {}
-            output.append(call_item(_new_id("fc_"), tc.get("id") or _new_id("call_"), fn.get("name", ""),
+            output.append(call_item(new_id("fc_"), tc.get("id") or new_id("call_"), fn.get("name", ""),
                                     fn.get("arguments") or "", "completed"))
         incomplete = choice.get("finish_reason") == "length"
         return response_object(ctx, chat_answer.get("model") or parsed.chat["model"],
@@ -437,7 +385,7 @@ class ResponsesDialect:
     def native_stream_error(self, message: str) -> bytes:
         """A stream passed through from a pool that serves Responses, failing mid-way: OpenAI's error
         event (its sequence number is not ours to know: the SDK and Codex read the type and message)."""
-        return _event("error", 0, {"code": "upstream_error", "message": message, "param": None})
+        return event("error", 0, {"code": "upstream_error", "message": message, "param": None})
 
     # --- store --------------------------------------------------------------------------
 
@@ -476,174 +424,3 @@ class ResponsesDialect:
 
     async def delete(self, caller: str, response_id: str) -> bool:
         return self.state is not None and await self.state.delete_response(caller, response_id)
-
-
-def _event(kind: str, seq: int, payload: dict) -> bytes:
-    payload["type"] = kind
-    payload["sequence_number"] = seq
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
-
-
-class ResponsesStream:
-    """Chat Completions SSE (split anywhere) -> the Responses event stream, as OpenAI sends it:
-    response.created, response.in_progress, then per output item .output_item.added, (text)
-    .content_part.added, .output_text.delta..., .output_text.done, .content_part.done, (call)
-    .function_call_arguments.delta..., .function_call_arguments.done, and .output_item.done, then
-    response.completed (or response.incomplete at max_output_tokens). `result` holds the final
-    Response object once closed."""
-
-    def __init__(self, ctx: ResponsesCtx, model: str) -> None:
-        self.ctx = ctx
-        self.model = model
-        self.seq = 0
-        self.buf = b""
-        self.started = False
-        self.items: list[dict] = []  # output items, final form, by output_index
-        self.text_at: int | None = None  # output index of the open message item
-        self.text: list[str] = []
-        self.calls: dict[int, int] = {}  # the chat tool call index -> its output index
-        self.args: dict[int, list[str]] = {}  # output index -> argument pieces
-        self.finish: str | None = None
-        self.usage: Any = None
-        self.failed = False
-        self.result: dict | None = None
-
-    def _ev(self, kind: str, payload: dict) -> bytes:
-        out = _event(kind, self.seq, payload)
-        self.seq += 1
-        return out
-
-    def _start(self) -> bytes:
-        self.started = True
-        r = response_object(self.ctx, self.model, "in_progress", [], None)
-        return self._ev("response.created", {"response": r}) + self._ev("response.in_progress", {"response": r})
-
-    def feed(self, data: bytes) -> bytes:
-        out = [] if self.started else [self._start()]
-        if self.failed:
-            return b"".join(out)
-        lines = (self.buf + data if self.buf else data).split(b"\n")
-        self.buf = lines.pop()  # the line not yet complete
-        for line in lines:
-            if line.startswith(b"data:"):
-                payload = line[5:].strip()
-                if payload and payload != b"[DONE]":
-                    out.append(self._chunk(payload))
-                    if self.failed:
-                        break
-        return b"".join(out)
-
-    def _chunk(self, payload: bytes) -> bytes:
-        try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return b""
-        if not isinstance(obj, dict):
-            return b""
-        if "error" in obj:  # an upstream (or a gateway before us) reporting a failure mid-stream
-            err = obj["error"]
-            msg = err.get("message") if isinstance(err, dict) else None
-            return self.error(msg if isinstance(msg, str) else "the upstream failed mid-stream")
-        if isinstance(obj.get("model"), str):
-            self.model = obj["model"]
-        if obj.get("usage"):
-            self.usage = obj["usage"]
-        out = []
-        for ch in obj.get("choices") or ():
-            if not isinstance(ch, dict) or ch.get("index", 0) != 0:
-                continue
-            delta = ch.get("delta") or {}
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                out.append(self._text(text))
-            for tc in delta.get("tool_calls") or ():
-                out.append(self._call(tc))
-            if ch.get("finish_reason"):
-                self.finish = ch["finish_reason"]
-        return b"".join(out)
-
-    def _text(self, text: str) -> bytes:
-        out = b""
-        if self.text_at is None:
-            self.text_at = len(self.items)
-            item = message_item(_new_id("msg_"), "", "in_progress")
-            self.items.append(item)
-            out += self._ev("response.output_item.added", {"output_index": self.text_at, "item": item})
-            out += self._ev("response.content_part.added", {
-                "item_id": item["id"], "output_index": self.text_at, "content_index": 0,
-                "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}})
-        self.text.append(text)
-        return out + self._ev("response.output_text.delta", {
-            "item_id": self.items[self.text_at]["id"], "output_index": self.text_at, "content_index": 0,
-            "delta": text, "logprobs": []})
-
-    def _close_text(self) -> bytes:
-        if self.text_at is None:
-            return b""
-        i, self.text_at = self.text_at, None
-        text = "".join(self.text)
-        item = message_item(self.items[i]["id"], text, "completed")
-        self.items[i] = item
-        part = item["content"][0]
-        return (self._ev("response.output_text.done", {"item_id": item["id"], "output_index": i, "content_index": 0,
-                                                        "text": text, "logprobs": []})
-                + self._ev("response.content_part.done", {"item_id": item["id"], "output_index": i,
-                                                           "content_index": 0, "part": part})
-                + self._ev("response.output_item.done", {"output_index": i, "item": item}))
-
-    def _call(self, tc: Any) -> bytes:
-        if not isinstance(tc, dict):
-            return b""
-        k = tc.get("index", 0)
-        fn = tc.get("function") or {}
-        out = b""
-        at = self.calls.get(k)
-        if at is None:
-            out += self._close_text()  # a message item ends where the calls begin
-            at = self.calls[k] = len(self.items)
-            item = call_item(_new_id("fc_"), tc.get("id") or _new_id("call_"), fn.get("name") or "", "",
-                             "in_progress")
-            self.items.append(item)
-            self.args[at] = []
-            out += self._ev("response.output_item.added", {"output_index": at, "item": item})
-        elif fn.get("name"):  # a name sent in pieces
-            self.items[at]["name"] += fn["name"]
-        piece = fn.get("arguments")
-        if isinstance(piece, str) and piece:
-            self.args[at].append(piece)
-            out += self._ev("response.function_call_arguments.delta", {
-                "item_id": self.items[at]["id"], "output_index": at, "delta": piece})
-        return out
-
-    def close(self) -> bytes:
-        if self.failed:
-            return b""
-        out = [] if self.started else [self._start()]
-        if self.buf.strip():  # a last event without its blank line
-            self.buf += b"\n"
-            out.append(self.feed(b""))
-        out.append(self._close_text())
-        for at in sorted(self.args):
-            old = self.items[at]
-            args = "".join(self.args[at])
-            item = call_item(old["id"], old["call_id"], old["name"], args, "completed")
-            self.items[at] = item
-            out.append(self._ev("response.function_call_arguments.done", {
-                "item_id": item["id"], "output_index": at, "name": item["name"], "arguments": args}))
-            out.append(self._ev("response.output_item.done", {"output_index": at, "item": item}))
-        incomplete = self.finish == "length"
-        status = "incomplete" if incomplete else "completed"
-        self.result = response_object(self.ctx, self.model, status, self.items, usage_of(self.usage), incomplete)
-        out.append(self._ev("response.incomplete" if incomplete else "response.completed", {"response": self.result}))
-        return b"".join(out)
-
-    def error(self, message: str) -> bytes:
-        """OpenAI's error event, then response.failed: the SDK raises, Codex reports it (and retries)."""
-        if self.failed:
-            return b""
-        out = b"" if self.started else self._start()
-        self.failed = True
-        failed = response_object(self.ctx, self.model, "failed", self.items, usage_of(self.usage),
-                                 error={"code": "server_error", "message": message})
-        return (out + self._ev("error", {"code": "upstream_error", "message": message, "param": None})
-                + self._ev("response.failed", {"response": failed}))
