@@ -51,7 +51,7 @@ def variant(name: str) -> Any:
         gm.GrammarMasker.apply = fill_only  # type: ignore[method-assign]
     elif name == "masking only":
         gm.GrammarMasker.apply = masking_only  # type: ignore[method-assign]
-    if name != "grammar":
+    if name not in ("free", "grammar"):  # the masks stay the first state's
         gm.GrammarState.accept = lambda self, token: None  # type: ignore[method-assign]
 
     def undo() -> None:
