@@ -53,7 +53,7 @@ def spawn(cmd: list[str], core: int | None, env: dict | None = None, log: Path |
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
-def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, poll: float = 0.2) -> None:
     import urllib.request
 
     deadline = time.time() + timeout
@@ -65,7 +65,7 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
                 if r.status < 500:
                     return
         except Exception:
-            time.sleep(0.2)
+            time.sleep(poll)
     raise RuntimeError(f"{url} did not come up in {timeout}s")
 
 

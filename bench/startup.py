@@ -14,21 +14,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gateway_overhead import free_port, spawn, wait_http  # noqa: E402
 
 POLICY = """pools:
   small: {{replicas: [{{url: "http://127.0.0.1:{dead}/v1"}}], model: m}}
@@ -48,18 +42,9 @@ def wait4(p: subprocess.Popen) -> float:
 def gateway(tree: Path, policy: Path) -> tuple[float, float]:
     port = free_port()
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(policy), "--port", str(port),
-                          "--no-health-checks", "--drain-grace", "0"], cwd=tree,
-                         env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                break
-        except OSError:
-            if p.poll() is not None:
-                raise SystemExit(f"the gateway of {tree} exited with {p.returncode}") from None
-            time.sleep(0.005)
+    p = spawn([sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(policy), "--port", str(port),
+               "--no-health-checks", "--drain-grace", "0"], None, env={"PYTHONPATH": str(tree)}, cwd=tree)
+    wait_http(f"http://127.0.0.1:{port}/health", 60, p, poll=0.005)  # fine-grained: the wait is the figure
     ready = time.perf_counter() - t0
     p.send_signal(signal.SIGTERM)
     return ready, wait4(p)
@@ -67,9 +52,8 @@ def gateway(tree: Path, policy: Path) -> tuple[float, float]:
 
 def engine_import(tree: Path) -> tuple[float, float]:
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-c", "import switchyard.engine.serving.rank0"], cwd=tree,
-                         env={**os.environ, "PYTHONPATH": str(tree)})
-    cpu = wait4(p)
+    cpu = wait4(spawn([sys.executable, "-c", "import switchyard.engine.serving.rank0"], None,
+                      env={"PYTHONPATH": str(tree)}, cwd=tree))
     return time.perf_counter() - t0, cpu
 
 

@@ -65,7 +65,7 @@ def build(only: str | None = None) -> typer.Typer:
 
 
 def _group() -> None:
-    """A multi-model routing gateway for LLM agents, with its own tensor-parallel engine."""
+    pass  # no options of its own: it only makes the app a group (its help is the Typer's)
 
 
 def main() -> None:
