@@ -60,11 +60,10 @@ BODIES = {"required": {"tool_choice": "required", "parallel_tool_calls": False},
 
 
 def _tokenizer(path: Path) -> Any:
-    import gguf
-
     from switchyard.engine.chat import tokenizer
+    from switchyard.engine.model.gguf_file import GGUFFile
 
-    return tokenizer.from_gguf(gguf.GGUFReader(str(path)))
+    return tokenizer.from_gguf(GGUFFile(path))
 
 
 def _ms(xs: list[float]) -> str:

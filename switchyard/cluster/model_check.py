@@ -26,13 +26,11 @@ def _local_path(model: str, base: Path | None) -> Path | None:
 
 @functools.lru_cache(maxsize=8)
 def _gguf_config(path: str, mtime_ns: int, size: int) -> Any:
-    """GGUFReader parses every field, the tokenizer's 49k strings included (seconds on 2 cores):
-    once per file version, not once per pool that names the model."""
-    import gguf  # the engine extra's; a gateway-only install cannot read GGUF
+    """Once per file version, not once per pool that names the model."""
+    from switchyard.engine.model.config import from_gguf  # the engine extra's: gguf, numpy
+    from switchyard.engine.model.gguf_file import GGUFFile
 
-    from switchyard.engine.model.config import from_gguf
-
-    return from_gguf(gguf.GGUFReader(path))
+    return from_gguf(GGUFFile(path))
 
 
 def tp_problem(pool: str, model: str, tp: int, base: Path | None) -> tuple[str | None, str | None]:

@@ -51,12 +51,12 @@ def write_tokenizer(d: Path) -> None:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             (d / name).write_bytes((Path(src) / name).read_bytes())
         return
-    import gguf
     from engine_support import smollm2_path
 
     from switchyard.engine.chat import tokenizer
+    from switchyard.engine.model.gguf_file import GGUFFile
 
-    t = tokenizer.from_gguf(gguf.GGUFReader(str(smollm2_path())))
+    t = tokenizer.from_gguf(GGUFFile(smollm2_path()))
     (d / "tokenizer.json").write_text(t.tok.to_str())
     (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": t.template_src, "bos_token": t.bos,
                                                          "eos_token": "<|im_end|>"}))

@@ -155,10 +155,11 @@ def _smollm2_grammars() -> tuple[Any, Any]:
     if carried:
         tok = tokenizer.from_hf_dir(Path(carried), set())
     else:
-        import gguf
         from engine_support import smollm2_path
 
-        tok = tokenizer.from_gguf(gguf.GGUFReader(str(smollm2_path())))
+        from switchyard.engine.model.gguf_file import GGUFFile
+
+        tok = tokenizer.from_gguf(GGUFFile(smollm2_path()))
     return tok, Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
 
 

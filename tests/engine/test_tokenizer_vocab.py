@@ -38,11 +38,10 @@ def _cases(vocab_dir: Path, name: str) -> list[tuple[str, list[int]]]:
 
 
 def _load(vocab_dir: Path, name: str):  # type: ignore[no-untyped-def]
-    from gguf import GGUFReader
-
     from switchyard.engine.chat.tokenizer import from_gguf
+    from switchyard.engine.model.gguf_file import GGUFFile
 
-    return from_gguf(GGUFReader(str(vocab_dir / f"ggml-vocab-{name}.gguf")))
+    return from_gguf(GGUFFile(vocab_dir / f"ggml-vocab-{name}.gguf"))
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -83,9 +82,10 @@ def test_unsupported_tokenizer_is_refused_by_name(vocab_dir: Path) -> None:
 def test_unknown_pre_tokenizer_is_refused(tmp_path: Path) -> None:
     """A BPE GGUF whose `tokenizer.ggml.pre` we do not know: refused by name (llama.cpp refuses
     it too), not split with GPT-2's regex as before."""
-    from gguf import GGUFReader, GGUFWriter
+    from gguf import GGUFWriter
 
     from switchyard.engine.chat.tokenizer import from_gguf
+    from switchyard.engine.model.gguf_file import GGUFFile
 
     path = tmp_path / "vocab.gguf"
     w = GGUFWriter(str(path), "llama")
@@ -98,4 +98,4 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path: Path) -> None:
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(ValueError, match="pre-tokenizer 'made-up' is not supported"):
-        from_gguf(GGUFReader(str(path)))
+        from_gguf(GGUFFile(path))

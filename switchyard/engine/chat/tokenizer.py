@@ -10,6 +10,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from switchyard.engine.chat.tools import render_tool_messages
+from switchyard.engine.model.gguf_file import GGUFFile
 
 # ChatML, for models whose file carries no template.
 _CHATML = (
@@ -113,14 +114,11 @@ def _raise(msg: str) -> None:
     raise ValueError(msg)
 
 
-def from_gguf(reader: Any) -> ChatTokenizer:
+def from_gguf(reader: GGUFFile) -> ChatTokenizer:
     """The tokenizer a GGUF file describes, splitting text as llama.cpp does: byte-level BPE
     (`tokenizer.ggml.model = gpt2`) with the pre-tokenizer `tokenizer.ggml.pre` names, or
     SentencePiece (`llama`: Llama 2, Phi-3) from the tokens' scores."""
-    f = reader.fields
-
-    def get(key: str, default: Any = None) -> Any:
-        return f[key].contents() if key in f else default
+    get = reader.fields.get
 
     kind = get("tokenizer.ggml.model")
     tokens: list[str] = get("tokenizer.ggml.tokens")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.engine.errors import ConfigError
+from switchyard.engine.model.gguf_file import GGUFFile
 
 # What --kv-cache-dtype takes (CPU engine); here, free of torch, so the CLI checks it before
 # torch loads.
@@ -56,15 +57,11 @@ class ModelConfig:
         return tp % self.num_kv_heads == 0 and (self.num_heads // tp) <= self.num_heads // self.num_kv_heads
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    v = f.contents()
-    return v
+def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
+    return reader.fields.get(key, default)
 
 
-def from_gguf(reader: Any) -> ModelConfig:
+def from_gguf(reader: GGUFFile) -> ModelConfig:
     arch = str(_field(reader, "general.architecture"))
     if arch not in ("llama", "qwen2", "qwen3"):
         raise ConfigError(f"unsupported GGUF architecture {arch!r} (llama, qwen2, qwen3 are)")
@@ -75,7 +72,7 @@ def from_gguf(reader: Any) -> ModelConfig:
     head_dim = int(_field(reader, p + "attention.key_length", hidden // heads))
     vocab = _field(reader, p + "vocab_size")
     if vocab is None:
-        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+        vocab = len(reader.fields["tokenizer.ggml.tokens"])
     scaling: dict[str, Any] = {}
     if _field(reader, p + "rope.scaling.type") == "llama3" or "rope_freqs.weight" in names:
         scaling = {"rope_type": "llama3", "from_gguf_rope_freqs": "rope_freqs.weight" in names}

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from switchyard.engine.model.config import ConfigError, ModelConfig, from_gguf, from_hf
+from switchyard.engine.model.gguf_file import GGUFFile
 
 _GGUF_LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -56,7 +57,7 @@ class GGUFSource:
 
         self._gguf = gguf
         self.path = Path(path)
-        self.reader = gguf.GGUFReader(str(path))
+        self.reader = GGUFFile(path)
         self.config = from_gguf(self.reader)
         self._tensors = {t.name: t for t in self.reader.tensors}
 
