@@ -8,6 +8,7 @@ import collections
 import random
 
 import httpx
+import pytest
 from procs import start_gateway, start_upstream
 
 from switchyard.pools.affinity import CacheAware, prefix_key
@@ -75,6 +76,7 @@ def test_a_key_the_bound_moved_stays_where_it_went():
     assert s.pick(reps, other_key) is CacheAware().pick(reps, other_key)
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_gateway_sends_a_sessions_turns_to_one_replica_and_spreads_sessions(tmp_path):
     ups = [start_upstream(tmp_path, f"r{i}") for i in range(2)]
     replicas = "".join(f"      - {{url: '{u}/v1', name: r{i}}}\n" for i, (_, u) in enumerate(ups))

@@ -138,6 +138,7 @@ def test_a_huge_flat_policy_is_refused_by_its_node_count_not_the_deadline(env):
 # --- 2. clients that stop reading ---------------------------------------------------------
 
 
+@pytest.mark.slow  # a socket's timing against a real process: `make test`
 def test_a_client_that_stops_reading_frees_its_slot(tmp_path):
     up, url = start_upstream(tmp_path, "big")
     # A ~40 MB stream over 10 s or more: it outlasts the stall, so only the stall can end it, and
@@ -183,6 +184,7 @@ def test_a_client_that_stops_reading_frees_its_slot(tmp_path):
         up.stop()
 
 
+@pytest.mark.slow  # a socket's timing against a real process: `make test`
 def test_the_pool_timeout_bounds_a_whole_stream(tmp_path):
     up, url = start_upstream(tmp_path, "slow")
     control(url, stream_chunks=100, chunk_delay_ms=100)  # 10 s of stream
@@ -269,6 +271,7 @@ def _read_until_closed(s: socket.socket, limit: float) -> tuple[bytes, float]:
     return data, time.monotonic() - t0
 
 
+@pytest.mark.slow  # a socket's timing against a real process: `make test`
 def test_slow_silent_and_oversized_connections_are_cut(tmp_path):
     up, url = start_upstream(tmp_path, "u")
     pol = write(tmp_path, policy_text(url))
@@ -314,6 +317,7 @@ def test_slow_silent_and_oversized_connections_are_cut(tmp_path):
 # --- 8. no open gateway on a network address by accident -----------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_serving_a_network_address_without_keys_needs_insecure_open(tmp_path):
     pol = write(tmp_path, policy_text("http://127.0.0.1:9"))
     r = subprocess.run([sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(pol), "--host", "0.0.0.0",
@@ -329,6 +333,7 @@ def test_serving_a_network_address_without_keys_needs_insecure_open(tmp_path):
 # --- 9, 10, 16: health, metrics, the UI's login, the admin key --------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_health_and_metrics_details_need_the_admin_key(tmp_path):
     up, url = start_upstream(tmp_path, "u")
     pol = write(tmp_path, policy_text(url))
@@ -351,6 +356,7 @@ def test_health_and_metrics_details_need_the_admin_key(tmp_path):
         up.stop()
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_ui_sessions_are_random_expire_on_logout_and_failed_logins_slow_down(tmp_path):
     up, url = start_upstream(tmp_path, "u")
     pol = write(tmp_path, policy_text(url))
@@ -381,6 +387,7 @@ def test_ui_sessions_are_random_expire_on_logout_and_failed_logins_slow_down(tmp
         up.stop()
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_ui_sessions_expire_on_the_server(tmp_path):
     up, url = start_upstream(tmp_path, "u")
     pol = write(tmp_path, policy_text(url))
@@ -418,6 +425,7 @@ def _self_signed(tmp: Path) -> tuple[Path, Path]:
     return cert, key
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_the_ui_cookie_is_secure_over_tls(tmp_path):
     cert, tls_key = _self_signed(tmp_path)
     up, url = start_upstream(tmp_path, "u")
@@ -439,6 +447,7 @@ def test_the_ui_cookie_is_secure_over_tls(tmp_path):
         up.stop()
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_the_admin_key_from_the_environment_never_shows_in_ps(tmp_path):
     up, url = start_upstream(tmp_path, "u")
     pol = write(tmp_path, policy_text(url))
@@ -536,6 +545,7 @@ def _serve_fails(pol: Path, *extra: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_classifier_dir_widens_where_a_policy_may_load_a_model(tmp_path):
     models, pols = tmp_path / "models", tmp_path / "policies"
     models.mkdir()
@@ -574,6 +584,7 @@ def test_classifier_dir_widens_where_a_policy_may_load_a_model(tmp_path):
 # --- 14, 15: upstream keys and upstream error text ---------------------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_api_key_from_the_environment_and_never_shown(tmp_path):
     up, url = start_upstream(tmp_path, "u")
     up2, url2 = start_upstream(tmp_path, "v")
@@ -610,6 +621,7 @@ def test_api_key_from_the_environment_and_never_shown(tmp_path):
     assert r.returncode == 1 and "SWITCHYARD_TEST_UPSTREAM_KEY is not set" in r.stderr
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_upstream_error_text_and_refused_credentials_stay_in_the_log(tmp_path):
     up, url = start_upstream(tmp_path, "u")
     pol = write(tmp_path, policy_text(url).replace("    model: m\n", "    model: m\n    retries: 0\n"))
@@ -635,6 +647,7 @@ def test_upstream_error_text_and_refused_credentials_stay_in_the_log(tmp_path):
 # --- 16: access logs and trace files -------------------------------------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_access_log_without_query_strings_and_private_trace_files(env, tmp_path):
     tmp, url, gw, gurl, pol = env
     httpx.get(gurl + "/health?token=sekrit-token", timeout=5, trust_env=False)

@@ -177,6 +177,7 @@ def test_an_endless_upstream_event_ends_the_stream_with_an_error_event(edge):
         metric(before, "switchyard_requests_total", code="502") + len(runs)
 
 
+@pytest.mark.slow  # a socket's timing against a real process: `make test`
 def test_a_long_event_is_relayed_as_it_comes(edge):
     url, gurl, gw = edge
     # One 40 KB event written in 8 pieces, 150 ms apart: the client has bytes long before its end
@@ -372,6 +373,7 @@ def _wait_minute_clear() -> None:
         time.sleep(60 - time.time() % 60 + 0.2)
 
 
+@pytest.mark.slow  # seconds of waiting or load by design: `make test`
 def test_a_pool_name_resolves_within_the_keys_own_policies(keyed):
     gurl, keys, _ = keyed
     k = keys["cheap-small"]
@@ -442,6 +444,7 @@ def _tokens(gurl: str, key_name: str) -> float:
     return metric(text, "switchyard_key_tokens_total", key=key_name)
 
 
+@pytest.mark.slow  # seconds of waiting or load by design: `make test`
 def test_concurrent_streams_cannot_overspend_the_tpm(keyed):
     gurl, keys, _ = keyed
     _wait_minute_clear()

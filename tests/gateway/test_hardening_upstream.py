@@ -89,6 +89,7 @@ def post(gurl: str, body: dict | None = None, **kw) -> httpx.Response:
 # --- 2. credentials in a replica URL ------------------------------------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_replica_url_credentials_never_shown_and_sent_as_basic_auth(bad):
     tmp, url = bad
     steer(url)
@@ -150,6 +151,7 @@ def test_redirects_are_never_followed(gw):
     assert seen(url)["stolen"] == 0
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_load_scrapes_never_follow_redirects(bad):
     tmp, url = bad
     steer(url, metrics_status=302, metrics_headers=[["Location", url + "/stolen"]])
@@ -174,6 +176,7 @@ def test_load_scrapes_never_follow_redirects(bad):
 # --- 9. the size of an answer -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_upstream_answer_over_the_cap_is_a_502(bad):
     tmp, url = bad
     pol = policy(tmp, [url + "/v1"], file="cap.yaml")
@@ -220,6 +223,7 @@ def test_upstream_cookies_never_cross_tenants(gw):
 # --- 18. the pool's key in a relayed body -----------------------------------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_pool_key_is_scrubbed_from_relayed_bodies(bad):
     tmp, url = bad
     pol = policy(tmp, [url + "/v1"], file="key.yaml", pool_extra="    api_key: '${SWITCHYARD_TEST_POOL_KEY}'\n")
@@ -293,6 +297,7 @@ def test_gzip_answers_are_decoded_and_usage_still_counted(gw):
 # --- 22. a 200 that is an error -----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_a_200_error_body_is_an_upstream_error(bad, reap):
     tmp, url = bad
     good, gurl_up = start_upstream(tmp, "good")
@@ -324,6 +329,7 @@ def test_a_200_error_body_is_an_upstream_error(bad, reap):
 # --- 5. the keys file ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_unknown_keys_do_not_reparse_the_keys_file(tmp_path, reap):
     from switchyard.gateway.keys import hash_key, make_key
 
@@ -375,6 +381,7 @@ def test_unknown_keys_do_not_reparse_the_keys_file(tmp_path, reap):
 # --- 11. ${ENV} in a policy -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_policy_env_expansion_only_of_allowed_names(tmp_path, reap):
     up, url = start_upstream(tmp_path, "u")
     reap.append(up)
@@ -405,6 +412,7 @@ def test_policy_env_expansion_only_of_allowed_names(tmp_path, reap):
 # --- 15. --record rotation --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_record_is_capped_and_rotated(tmp_path, reap):
     up, url = start_upstream(tmp_path, "u")
     reap.append(up)
@@ -433,6 +441,7 @@ def test_record_is_capped_and_rotated(tmp_path, reap):
 # --- 16. UI apply: bounded before anything composes; merge-key secrets --------------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_ui_apply_is_bounded_and_merge_key_secrets_are_redacted(tmp_path, reap):
     up, url = start_upstream(tmp_path, "u")
     reap.append(up)
@@ -491,6 +500,7 @@ def test_ui_apply_is_bounded_and_merge_key_secrets_are_redacted(tmp_path, reap):
 # --- 17. X-Forwarded-For and the login throttle -----------------------------------------------------------
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_login_throttle_ignores_forwarded_for_unless_the_proxy_is_trusted(tmp_path, reap):
     up, url = start_upstream(tmp_path, "u")
     reap.append(up)
@@ -529,6 +539,7 @@ def test_size_flags_refuse_nonsense(tmp_path):
     assert r.returncode == 2 and "not a size: 'lots'" in r.stderr
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_pool_key_and_url_credentials_together(bad):
     """Both set: the pool's Bearer key goes upstream (one Authorization header); neither is shown.
     Found by bench/hardening.py: aiohttp refused the pair and the gateway answered 500."""

@@ -60,6 +60,7 @@ def test_translated_answers_usage_and_tool_calls(own):
                                                                       {"city": "Paris"})]
 
 
+@pytest.mark.slow  # seconds of waiting or load by design: `make test`
 def test_a_busy_pool_is_529_overloaded_with_retry_after(own):
     c = own(max_inflight=1, queue_size=1)
     c.control("s0", delay_ms=1500)

@@ -425,6 +425,7 @@ def test_a_policy_edit_that_drops_a_replica_closes_its_connections(tmp_path, stk
     assert gw.post("/v1/chat/completions", json=body).status_code == 200
 
 
+@pytest.mark.slow  # seconds of waiting or load by design: `make test`
 def test_a_replica_dropped_while_serving_is_closed_when_its_last_request_ends(tmp_path, stk):
     # The edit's prune must leave the busy replica alone (the request is answered), and with no
     # further edit to come, the end of that request is what closes its connection pool.

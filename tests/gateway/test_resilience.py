@@ -149,6 +149,7 @@ def test_queue_then_429_with_retry_after(light):
     assert all(int(h["retry-after"]) >= 1 for h in rejected)
 
 
+@pytest.mark.slow  # seconds of waiting or load by design: `make test`
 def test_pool_with_no_healthy_replica_falls_back(light):
     c = light()
     c.control("s0", health=503)

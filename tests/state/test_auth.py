@@ -77,6 +77,7 @@ def _post(url: str, body: bytes, key: str | None) -> tuple[int, dict, dict]:
     return st, hdrs, orjson.loads(raw) if raw.startswith(b"{") else {}
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_keys_cli_create_list_revoke_and_401(shared: Shared, pair: AuthPair) -> None:
     r = cli("create", "--name", "team-a", "--policies", "auto", "--rpm", "600", "--tpm", "200000", "--redis",
             shared.redis.url)
@@ -176,6 +177,7 @@ def test_keys_never_reach_logs_or_metrics(shared: Shared, pair: AuthPair) -> Non
     assert 'switchyard_key_requests_total{key="open",outcome="admitted"}' in text
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_keys_file_without_redis(shared: Shared, tmp_path) -> None:
     """One gateway, no Redis: keys in a file (hashes only, mode 600), limits counted locally."""
     from procs import start_gateway

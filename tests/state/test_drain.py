@@ -8,8 +8,11 @@ import signal
 import time
 
 import aiohttp
+import pytest
 from procs import start_gateway
 from statekit import Shared, chat
+
+pytestmark = pytest.mark.slow  # SIGTERM to a gateway process under load: `make test`
 
 
 def test_sigterm_drain_under_load_loses_no_request(fresh: Shared, tmp_path) -> None:

@@ -8,8 +8,11 @@ from __future__ import annotations
 import time
 
 import orjson
+import pytest
 from procs import http_get, http_post, start_gateway, start_upstream
 from statekit import RedisServer, wait_for
+
+pytestmark = pytest.mark.slow  # gateways and upstreams of its own on a redis-server: `make test`
 
 BUSY = "vllm:num_requests_running 5\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.4\n"
 IDLE = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.0\n"

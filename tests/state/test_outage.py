@@ -9,8 +9,11 @@ import time
 import uuid
 
 import aiohttp
+import pytest
 from procs import http_get, start_gateway
 from statekit import RedisServer, Shared, chat, health, wait_for
+
+pytestmark = pytest.mark.slow  # a Redis outage under load, seconds by design: `make test`
 
 
 def _store_up_metric(url: str) -> float:

@@ -52,6 +52,7 @@ def test_session_record_round_trips() -> None:
         assert 59 < st.expiry(k) <= 60
 
 
+@pytest.mark.slow  # seconds of waiting or load by design: `make test`
 def test_session_store_at_its_cap_evicts_and_stays_within_its_memory_bound() -> None:
     cap, ttl = 20_000, 3600.0
     rec = _rec(replica="http://127.0.0.1:8101/v1")
@@ -277,6 +278,7 @@ def test_cache_aware_homes_stay_bounded_and_out_of_the_gc() -> None:
     assert s.pick(reps, key) is moved and ring.pick(reps, key) is reps[0]
 
 
+@pytest.mark.slow  # its own gateway process (a flag, the environment, a log): `make test`
 def test_gateway_max_sessions_bounds_what_it_keeps(tmp_path) -> None:
     """`serve --max-sessions` through a real gateway: fresh ids past the cap evict the oldest, the
     newest stay pinned, /health says how many it holds."""
