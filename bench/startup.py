@@ -1,8 +1,9 @@
 """How long a process of ours takes to start: a gateway (`switchyard serve`) until /health answers,
 and an engine process's imports (`switchyard.engine.serving.rank0`), for one or more source trees,
-rounds alternating between the trees.
+rounds alternating between the trees; with `--engine MODEL`, an engine until it is ready.
 
   python bench/startup.py --trees . ../before --runs 8
+  python bench/startup.py --trees . ../before --runs 3 --engine smollm2-135m --tp 3
 
 A gateway is started in front of a port nothing listens on, health checks off, and stopped once it
 answers; its wall time to ready and the CPU it used (user + system, from wait4) are reported as
@@ -57,10 +58,27 @@ def engine_import(tree: Path) -> tuple[float, float]:
     return time.perf_counter() - t0, cpu
 
 
+def engine_ready(tree: Path, model: str, tp: int) -> tuple[float, float]:
+    """`switchyard engine serve` (int4, the test suite's settings) until /health answers 200: imports,
+    the GGUF's reading, the weights' packing and the warm-up, on every rank."""
+    port = free_port()
+    t0 = time.perf_counter()
+    p = spawn([sys.executable, "-m", "switchyard.cli", "engine", "serve", "--model", model, "--tp", str(tp),
+               "--port", str(port), "--max-model-len", "1024", "--max-num-seqs", "12", "--collective", "ring",
+               "--threads", "1"], None, env={"PYTHONPATH": str(tree)}, cwd=tree)
+    wait_http(f"http://127.0.0.1:{port}/health", 300, p, poll=0.02)  # 503 while it loads
+    ready = time.perf_counter() - t0
+    p.send_signal(signal.SIGTERM)
+    return ready, wait4(p)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trees", nargs="+", default=["."])
     ap.add_argument("--runs", type=int, default=8)
+    ap.add_argument("--engine", metavar="MODEL", help="also time an engine to ready on this model (a path or "
+                    "a registry name, e.g. smollm2-135m): wall time to ready; CPU of the server and the ranks it reaped")
+    ap.add_argument("--tp", type=int, default=1)
     a = ap.parse_args()
     trees = [Path(t).resolve() for t in a.trees]
     tmp = Path(tempfile.mkdtemp())
@@ -72,6 +90,8 @@ def main() -> None:
         for t in order:
             got.setdefault(("gateway to /health", t), []).append(gateway(t, policy))
             got.setdefault(("engine imports", t), []).append(engine_import(t))
+            if a.engine:
+                got.setdefault((f"engine TP={a.tp} to ready", t), []).append(engine_ready(t, a.engine, a.tp))
     for (what, t), v in got.items():
         print(f"{what:20} {str(t):40} wall {statistics.median(x[0] for x in v):.3f} s, "
               f"CPU {statistics.median(x[1] for x in v):.3f} s (medians of {len(v)})")
