@@ -39,17 +39,18 @@ XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 # PYTHONDONTWRITEBYTECODE every gateway and engine process the suite starts compiled switchyard
 # again (0.11 s a gateway, 0.39 s an engine rank, measured) and each pytest worker rewrote the
 # asserts of every test module again (about 4 s of its start).
-PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15 $(XDIST)
+TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 
 # Everything, real components included (CI: .ci/run).
 test: $(STAMP) sysdeps
-	$(PYTEST)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15 $(XDIST)
 
 # The inner loop: no `slow` test (many processes) and no `engine` test (torch, SmolLM2 weights);
 # the gateway's logic runs in process (tests/gateway/inproc.py). tests/engine/ holds engine tests
 # alone: not even collected (its imports took ~5 s of each worker's start).
 test-fast: $(STAMP) sysdeps
-	$(PYTEST) -m "not slow and not engine" --ignore=tests/engine
+	$(TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider -rs --durations=15 $(XDIST) -m "not slow and not engine" \
+		--ignore=tests/engine
 
 # ruff, and the layering contract in pyproject.toml (no upward import, no import circle).
 lint: $(STAMP)
