@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,36 @@ class GatewayApp(FastAPI):
 
     async def starlette_call(self, scope: Scope, receive: Receive, send: Send) -> None:
         await super().__call__(scope, receive, send)
+
+
+# What the lifespan's closing may take in all, after the drain: a gateway asked to stop exits,
+# whatever one of its parts does. Test runs saw a --redis gateway sit in "Waiting for application
+# shutdown" until it was killed 10 s later (rarely; the stalled part was not caught).
+SHUTDOWN_BUDGET_S = 5.0
+
+CloseStep = tuple[str, Callable[[], Awaitable[object]] | None]
+
+
+async def close_in_order(steps: list[CloseStep], budget: float) -> list[str]:
+    """Run each close in turn within one shared deadline. A close that overruns is left behind
+    (cancelled, not awaited: it may not honour cancellation) and named in a warning; the later
+    ones still run. Returns the names of those left behind."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + budget
+    left_behind: list[str] = []
+    for name, close in steps:
+        if close is None:
+            continue
+        task = asyncio.ensure_future(close())
+        done, _ = await asyncio.wait({task}, timeout=max(0.05, deadline - loop.time()))
+        if not done:
+            task.cancel()
+            left_behind.append(name)
+            log.warning("shutdown: closing %s did not finish within the %g s budget; exiting without it",
+                        name, budget)
+        elif not task.cancelled() and task.exception() is not None:
+            log.error("shutdown: closing %s failed: %r", name, task.exception())
+    return left_behind
 
 
 @dataclass
@@ -160,16 +191,17 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
         try:
             yield
         finally:
-            await sync.aclose()
-            if auth is not None:
-                await auth.aclose()
-            await checker.aclose()
-            await poller.aclose()
-            if rt.recorder is not None:
-                rt.recorder.close()
-            await gateway.aclose()
-            if tracing is not None:  # export what is left, off the event loop
-                await asyncio.to_thread(tracing.shutdown)
+            recorder = rt.recorder
+            await close_in_order([
+                ("state sync", sync.aclose),
+                ("auth", auth.aclose if auth is not None else None),
+                ("health checks", checker.aclose),
+                ("load polling", poller.aclose),
+                ("trace recorder", (lambda: asyncio.to_thread(recorder.close)) if recorder is not None else None),
+                ("gateway", gateway.aclose),
+                # export what is left, off the event loop
+                ("tracing", (lambda: asyncio.to_thread(tracing.shutdown)) if tracing is not None else None),
+            ], SHUTDOWN_BUDGET_S)
 
     app = GatewayApp(title="Switchyard", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     guard = GuardConfig(
