@@ -195,6 +195,10 @@ class _SyncCollector(Collector):
         outages = GaugeMetricFamily("switchyard_state_outages", "Times the shared store became unreachable",
                                     labels=["kind"])
         outages.add_metric([kind], float(d.get("outages", 0)))
+        late = GaugeMetricFamily("switchyard_state_late_flushes",
+                                 "Responses sent before their session writes reached the shared store",
+                                 labels=["kind"])
+        late.add_metric([kind], float(d.get("late_flushes", 0)))
         age = GaugeMetricFamily("switchyard_state_sync_age_seconds",
                                 "Seconds since the last successful sync with the shared store (-1: never)", labels=["kind"])
         age.add_metric([kind], time.time() - self.sync.last_ok if self.sync.last_ok else -1.0)
@@ -202,4 +206,4 @@ class _SyncCollector(Collector):
                                    labels=["replica"])
         for r in self.sync.registry.by_url.values():
             remote.add_metric([r.name], float(r.remote_inflight))
-        yield from (gws, outages, age, remote)
+        yield from (gws, outages, late, age, remote)

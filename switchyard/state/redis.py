@@ -200,6 +200,9 @@ class RedisStore:
         self.error = ""
         self.down_since: float | None = None
         self.outages = 0
+        # Responses that went out before their session writes reached Redis (flush gave up): the
+        # next turn through another gateway may read the state from before them.
+        self.late_flushes = 0
         self.gateways = 1
         self._queue: list[tuple] = []
         self._wake: asyncio.Event | None = None
@@ -303,7 +306,7 @@ class RedisStore:
 
     def describe(self) -> dict:
         out: dict = {"kind": self.kind, "healthy": self.up, "shared": True, "gateway_id": self.id,
-                     "gateways": self.gateways, "outages": self.outages,
+                     "gateways": self.gateways, "outages": self.outages, "late_flushes": self.late_flushes,
                      "local": self.local.held() | {"dirty": len(self._dirty_sessions) + len(self._dirty_responses),
                                                    "pending_writes": len(self._queue)}}
         if not self.up:
@@ -360,11 +363,13 @@ class RedisStore:
             if batch is None or batch.done():
                 await asyncio.sleep(0)  # the writer has not picked the queue up yet
                 if loop.time() > deadline:
+                    self.late_flushes += 1
                     return
                 continue
             try:
                 await asyncio.wait_for(asyncio.shield(batch), max(0.0, left))
             except TimeoutError:
+                self.late_flushes += 1
                 return
 
     async def _flush(self, ops: list[tuple]) -> None:

@@ -321,3 +321,37 @@ async def test_redis_gateway_keeps_locally_only_its_cap(redis_server: RedisServe
         assert await st.get_session(session_key("p", "a0", "a")) == _rec()  # read back from Redis
     finally:
         await st.aclose()
+
+
+async def test_a_flush_that_gives_up_is_counted_and_the_write_still_lands(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flush() waits at most the store's timeout before a response goes out; a write slower than
+    that is counted (`late_flushes`, in /health and /metrics): the next turn through another
+    gateway may read the session from before it. The write itself still lands."""
+    pre = f"t{uuid.uuid4().hex[:6]}:"
+    a, b = RedisStore(redis_server.url, prefix=pre), RedisStore(redis_server.url, prefix=pre)
+    real = a._flush
+
+    async def slow(ops: list) -> None:  # a starved Redis or event loop: the batch takes 0.3 s
+        await asyncio.sleep(0.3)
+        await real(ops)
+
+    monkeypatch.setattr(a, "_flush", slow)
+    try:
+        await a.put_session("s1", _rec(replica="http://r0/v1"), 60)
+        t0 = time.monotonic()
+        await a.flush()
+        assert time.monotonic() - t0 < 0.25
+        assert a.late_flushes == 1 and a.describe()["late_flushes"] == 1
+        assert await b.get_session("s1") is None  # what another gateway reads meanwhile
+        await asyncio.sleep(0.4)
+        assert await b.get_session("s1") == _rec(replica="http://r0/v1")
+        await a.put_session("s2", _rec(), 60)
+        monkeypatch.setattr(a, "_flush", real)
+        await asyncio.sleep(0.35)  # s2's slow batch done
+        await a.put_session("s3", _rec(), 60)
+        await a.flush()  # in time: not counted
+        assert a.late_flushes == 1
+    finally:
+        await a.aclose()
+        await b.aclose()
