@@ -39,9 +39,10 @@ def _ranks(world: int, args: list[str], timeout: float = 120.0) -> None:
 @pytest.fixture(scope="module")
 def server_tp3_forced_ring(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
     """TP=3 with --collective auto and the oneshot start-up test forced to fail. Its prompts are
-    prefilled 8 tokens a step (chunked prefill on every rank); TP=1's in one step."""
+    prefilled 16 tokens a step (chunked prefill on every rank: 3-4 chunks a chat prompt, ~17 for
+    the garden's); TP=1's in one step."""
     args = [a for a in SERVER_ARGS if a not in ("--collective", "ring")] + ["--collective", "auto",
-                                                                             "--max-num-batched-tokens", "8"]
+                                                                             "--max-num-batched-tokens", "16"]
     s = EngineServer(gguf_path, tmp_path_factory.mktemp("tp3") / "engine.log", tp=3, extra=args,
                      env={"SWITCHYARD_ONESHOT_FORCE_FAIL": "1"})
     yield s
@@ -50,7 +51,7 @@ def server_tp3_forced_ring(gguf_path: Path, tmp_path_factory: pytest.TempPathFac
 
 def _greedy(url: str, prompt: str) -> dict:
     status, body = post(url + "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 32,
+        "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 20,
         "logprobs": True, "top_logprobs": 5})
     assert status == 200, body
     return body["choices"][0]
