@@ -40,15 +40,21 @@ def wait4(p: subprocess.Popen) -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def gateway(tree: Path, policy: Path) -> tuple[float, float]:
+def to_ready(tree: Path, args: list[str], timeout: float, poll: float) -> tuple[float, float]:
+    """`switchyard ARGS --port P` of `tree` until its /health answers 200 (polled finely: the wait
+    is the figure), then stopped: (seconds to ready, CPU seconds)."""
     port = free_port()
     t0 = time.perf_counter()
-    p = spawn([sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(policy), "--port", str(port),
-               "--no-health-checks", "--drain-grace", "0"], None, env={"PYTHONPATH": str(tree)}, cwd=tree)
-    wait_http(f"http://127.0.0.1:{port}/health", 60, p, poll=0.005)  # fine-grained: the wait is the figure
+    p = spawn([sys.executable, "-m", "switchyard.cli", *args, "--port", str(port)], None,
+              env={"PYTHONPATH": str(tree)}, cwd=tree)
+    wait_http(f"http://127.0.0.1:{port}/health", timeout, p, poll=poll)  # an engine answers 503 while it loads
     ready = time.perf_counter() - t0
     p.send_signal(signal.SIGTERM)
     return ready, wait4(p)
+
+
+def gateway(tree: Path, policy: Path) -> tuple[float, float]:
+    return to_ready(tree, ["serve", "--policy", str(policy), "--no-health-checks", "--drain-grace", "0"], 60, 0.005)
 
 
 def engine_import(tree: Path) -> tuple[float, float]:
@@ -61,15 +67,8 @@ def engine_import(tree: Path) -> tuple[float, float]:
 def engine_ready(tree: Path, model: str, tp: int) -> tuple[float, float]:
     """`switchyard engine serve` (int4, the test suite's settings) until /health answers 200: imports,
     the GGUF's reading, the weights' packing and the warm-up, on every rank."""
-    port = free_port()
-    t0 = time.perf_counter()
-    p = spawn([sys.executable, "-m", "switchyard.cli", "engine", "serve", "--model", model, "--tp", str(tp),
-               "--port", str(port), "--max-model-len", "1024", "--max-num-seqs", "12", "--collective", "ring",
-               "--threads", "1"], None, env={"PYTHONPATH": str(tree)}, cwd=tree)
-    wait_http(f"http://127.0.0.1:{port}/health", 300, p, poll=0.02)  # 503 while it loads
-    ready = time.perf_counter() - t0
-    p.send_signal(signal.SIGTERM)
-    return ready, wait4(p)
+    return to_ready(tree, ["engine", "serve", "--model", model, "--tp", str(tp), "--max-model-len", "1024",
+                           "--max-num-seqs", "12", "--collective", "ring", "--threads", "1"], 300, 0.02)
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ written locally meanwhile (sessions, open circuits, drains) is pushed back, then
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -357,20 +358,15 @@ class RedisStore:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        while self._done_seq < target and self.up:
+        while self._done_seq < target and self.up and loop.time() <= deadline:
             batch = self._batch
-            left = deadline - loop.time()
             if batch is None or batch.done():
                 await asyncio.sleep(0)  # the writer has not picked the queue up yet
-                if loop.time() > deadline:
-                    self.late_flushes += 1
-                    return
                 continue
-            try:
-                await asyncio.wait_for(asyncio.shield(batch), max(0.0, left))
-            except TimeoutError:
-                self.late_flushes += 1
-                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(batch), max(0.0, deadline - loop.time()))
+        if self._done_seq < target and self.up:
+            self.late_flushes += 1
 
     async def _flush(self, ops: list[tuple]) -> None:
         pipe = self.redis.pipeline(transaction=False)

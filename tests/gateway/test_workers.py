@@ -66,25 +66,20 @@ def _health(url: str) -> dict:
         return orjson.loads(r.read())
 
 
-def per_worker(url: str, n: int, timeout: float = 20.0) -> dict[int, dict]:
-    """Each worker's /health `worker` block (index -> block), polling until all n have answered."""
+def per_worker_health(url: str, n: int, timeout: float = 20.0) -> dict[int, dict]:
+    """Each worker's whole /health (index -> body), polling until all n have answered."""
     seen: dict[int, dict] = {}
     deadline = time.time() + timeout
     while len(seen) < n:
         assert time.time() < deadline, f"only workers {sorted(seen)} of {n} answered"
-        w = _health(url)["worker"]
-        seen[w["index"]] = w
-    return seen
-
-
-def _per_worker_health(url: str, n: int, timeout: float = 20.0) -> dict[int, dict]:
-    """Each worker's whole /health (index -> body)."""
-    seen: dict[int, dict] = {}
-    deadline = time.time() + timeout
-    while len(seen) < n and time.time() < deadline:
         h = _health(url)
         seen[h["worker"]["index"]] = h
     return seen
+
+
+def per_worker(url: str, n: int, timeout: float = 20.0) -> dict[int, dict]:
+    """Each worker's /health `worker` block (index -> block)."""
+    return {i: h["worker"] for i, h in per_worker_health(url, n, timeout).items()}
 
 
 def _post(url: str, key: str, headers: dict | None = None, text: str = "hello") -> tuple[int, dict]:
@@ -157,7 +152,7 @@ def test_a_sessions_turns_stay_pinned_across_workers(workers: Workers) -> None:
     assert sum(1 for v in served.values() if v > 0) >= 2, served  # the turns really went to several workers
     if len(set(replicas)) != 1:  # a load-dependent flake seen twice: say what each worker's store saw
         states = {i: {k: h["state"].get(k) for k in ("healthy", "outages", "late_flushes")}
-                  for i, h in _per_worker_health(workers.url, WORKERS).items()}
+                  for i, h in per_worker_health(workers.url, WORKERS).items()}
         raise AssertionError(f"the session's turns moved between replicas: {replicas}; stores: {states}")
 
 

@@ -57,43 +57,40 @@ class ModelConfig:
         return tp % self.num_kv_heads == 0 and (self.num_heads // tp) <= self.num_heads // self.num_kv_heads
 
 
-def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
-    return reader.fields.get(key, default)
-
-
 def from_gguf(reader: GGUFFile) -> ModelConfig:
-    arch = str(_field(reader, "general.architecture"))
+    get = reader.fields.get
+    arch = str(get("general.architecture"))
     if arch not in ("llama", "qwen2", "qwen3"):
         raise ConfigError(f"unsupported GGUF architecture {arch!r} (llama, qwen2, qwen3 are)")
     p = arch + "."
     names = {t.name for t in reader.tensors}
-    heads = int(_field(reader, p + "attention.head_count"))
-    hidden = int(_field(reader, p + "embedding_length"))
-    head_dim = int(_field(reader, p + "attention.key_length", hidden // heads))
-    vocab = _field(reader, p + "vocab_size")
+    heads = int(get(p + "attention.head_count"))
+    hidden = int(get(p + "embedding_length"))
+    head_dim = int(get(p + "attention.key_length", hidden // heads))
+    vocab = get(p + "vocab_size")
     if vocab is None:
         vocab = len(reader.fields["tokenizer.ggml.tokens"])
     scaling: dict[str, Any] = {}
-    if _field(reader, p + "rope.scaling.type") == "llama3" or "rope_freqs.weight" in names:
+    if get(p + "rope.scaling.type") == "llama3" or "rope_freqs.weight" in names:
         scaling = {"rope_type": "llama3", "from_gguf_rope_freqs": "rope_freqs.weight" in names}
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eos = get("tokenizer.ggml.eos_token_id")
     return ModelConfig(
         arch=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(_field(reader, p + "feed_forward_length")),
-        num_layers=int(_field(reader, p + "block_count")),
+        intermediate_size=int(get(p + "feed_forward_length")),
+        num_layers=int(get(p + "block_count")),
         num_heads=heads,
-        num_kv_heads=int(_field(reader, p + "attention.head_count_kv", heads)),
+        num_kv_heads=int(get(p + "attention.head_count_kv", heads)),
         head_dim=head_dim,
-        rms_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
-        max_position=int(_field(reader, p + "context_length", 2048)),
+        rms_eps=float(get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(get(p + "rope.freq_base", 10000.0)),
+        max_position=int(get(p + "context_length", 2048)),
         tie_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
         rope_scaling=scaling,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        bos_token_id=get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=(int(eos),) if eos is not None else (),
     )
 

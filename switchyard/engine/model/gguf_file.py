@@ -26,11 +26,12 @@ import numpy as np
 _MAGIC = 0x46554747  # b"GGUF" read as a little-endian uint32
 _DEFAULT_ALIGNMENT = 32
 
-# GGUF value types -> struct codes and numpy dtypes (8 is a string, 9 an array).
-_SCALARS: dict[int, str] = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_DTYPES: dict[int, str] = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?",
-                           10: "<u8", 11: "<i8", 12: "<f8"}
+# GGUF value types -> numpy dtypes (8 is a string, 9 an array); scalars and arrays alike.
+_DTYPES: dict[int, np.dtype] = {k: np.dtype(v) for k, v in {
+    0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}.items()}
 _STRING, _ARRAY = 8, 9
+# Tensor types stored as plain elements (every other type is quantized blocks, read as bytes).
+_ELEMENT_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}
 
 
 class GGUFError(ValueError):
@@ -67,23 +68,25 @@ class _Cursor:
         self.pos = end
         return s
 
+    def numbers(self, dt: np.dtype, count: int) -> list:
+        end = self.pos + count * dt.itemsize
+        if end > len(self.buf):
+            raise GGUFError(f"{self.path}: truncated GGUF value at byte {self.pos}")
+        arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos)
+        self.pos = end
+        return arr.tolist()
+
     def value(self, vtype: int) -> Any:
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
             etype, count = self.unpack("I"), self.unpack("Q")
             if etype in _DTYPES:
-                dt = np.dtype(_DTYPES[etype])
-                end = self.pos + count * dt.itemsize
-                if end > len(self.buf):
-                    raise GGUFError(f"{self.path}: truncated GGUF array at byte {self.pos}")
-                arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos)
-                self.pos = end
-                return arr.tolist()
+                return self.numbers(_DTYPES[etype], count)
             return [self.value(etype) for _ in range(count)]
-        if vtype not in _SCALARS:
+        if vtype not in _DTYPES:
             raise GGUFError(f"{self.path}: unknown GGUF value type {vtype} at byte {self.pos}")
-        return self.unpack(_SCALARS[vtype])
+        return self.numbers(_DTYPES[vtype], 1)[0]
 
 
 class GGUFFile:
@@ -135,6 +138,3 @@ class GGUFFile:
                 raise GGUFError(f"{self.path}: tensor {name} runs past the end of the file")
             data = np.frombuffer(buf, dtype=dt, count=count, offset=at).reshape(np_dims)
             self.tensors.append(GGUFTensor(name, qtype, dims, data))
-
-
-_ELEMENT_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}
