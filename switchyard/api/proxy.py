@@ -297,7 +297,9 @@ class Proxy:
             if translate is not None:  # rendered first: what it costs is the gateway's overhead too
                 status, body = await self._rendered(answer, translate[0], translate[1], key)
                 ctype = JSON
-            usage = parse_usage(answer.body) if answer.status < 400 else None
+            # The usage is read before the answer leaves only when its cost is a header; the rest of
+            # the accounting runs once the answer is written (Answered's `after`), off its latency.
+            usage = parse_usage(answer.body) if answer.status < 400 and price is not None else None
             cost = None
             if usage is not None and price is not None:
                 cost = price.cost(usage.prompt, usage.completion, usage.cached)
@@ -305,16 +307,20 @@ class Proxy:
             now = time.perf_counter()
             overhead = (answer.t_sent - t_routed) + (t_routed - t0) + (now - answer.t_first)
             headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
-            rt.finished(decision, answer.pool, answer.replica.name, status, now - t0, overhead, usage, cost)
-            if trace is not None:
-                trace.answered(answer.pool, answer.replica.name, status, answer.attempts, usage, cost)
-            if answer.status >= 400:
-                adm.settle(rt, 0, True)
-            elif usage is None:
-                adm.settle(rt, adm.prompt_tokens, True)
-            else:
-                adm.settle(rt, usage.total, False)
-            return Answered(body, status, headers, ctype)
+
+            def account() -> None:
+                used = usage if price is not None or answer.status >= 400 else parse_usage(answer.body)
+                rt.finished(decision, answer.pool, answer.replica.name, status, now - t0, overhead, used, cost)
+                if trace is not None:
+                    trace.answered(answer.pool, answer.replica.name, status, answer.attempts, used, cost)
+                if answer.status >= 400:
+                    adm.settle(rt, 0, True)
+                elif used is None:
+                    adm.settle(rt, adm.prompt_tokens, True)
+                else:
+                    adm.settle(rt, used.total, False)
+
+            return Answered(body, status, headers, ctype, after=account)
         overhead = answer.t_sent - t0 + (time.perf_counter() - answer.t_first)
         headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
         if price is not None:  # the cost is known only after the last byte: the prices, for the client's usage
@@ -581,12 +587,17 @@ def _canceller(task: asyncio.Task | None, left: list[bool]) -> Callable[[], None
 
 class Answered(Response):
     """A non-streaming answer: its head and body in two ASGI messages, the headers built once
-    (Starlette's Response lowercases and re-encodes its headers in init_headers, per request)."""
+    (Starlette's Response lowercases and re-encodes its headers in init_headers, per request).
+    `after` runs once the body is handed to the server, however the sending ends: what Starlette's
+    `background` is for, without a task. An answer the socket takes at once (all but the largest)
+    is followed by `after` within the same turn of the loop: no other request can see the gap."""
 
-    def __init__(self, body: bytes, status: int, headers: dict[str, str], media_type: str) -> None:
+    def __init__(self, body: bytes, status: int, headers: dict[str, str], media_type: str,
+                 after: Callable[[], None] | None = None) -> None:
         self.body = body
         self.status_code = status
         self.background = None
+        self.after = after
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         raw.append((b"content-length", str(len(body)).encode()))
         if media_type.startswith("text/") and "charset=" not in media_type.lower():
@@ -595,8 +606,12 @@ class Answered(Response):
         self.raw_headers = raw
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        await send({"type": "http.response.body", "body": self.body})
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": self.body})
+        finally:
+            if self.after is not None:
+                self.after()
 
 
 class Translated:

@@ -50,6 +50,7 @@ log = logging.getLogger("switchyard.state.redis")
 ERRORS = (RedisError, OSError, TimeoutError, asyncio.TimeoutError)
 MAX_PENDING = 100_000  # queued writes kept while the writer is behind; beyond it, the oldest go
 MAX_DIRTY = 100_000  # ids written (or deleted) during an outage, pushed back on recovery; beyond it, the oldest go
+FLUSH_SLACK_S = 0.25  # a flush's wait beyond its two batches' timeouts: the event loop's own delays under load
 
 # One round trip per sync tick. Key names are built from the prefix (a standalone Redis,
 # not a cluster). Time comes from Redis itself so clocks of different hosts do not matter.
@@ -357,7 +358,12 @@ class RedisStore:
         if self._done_seq >= target or not self.up:
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
+        # Our writes go out in the batch after the one in flight at worst, and each batch's round
+        # trip is bounded by the socket timeout (a slower one marks the store down, which ends this
+        # wait): two timeouts, plus room for a busy loop's turns. One timeout from here gave up on
+        # writes that were still on time (a session's next turn, through another worker, then read
+        # its pin before it landed).
+        deadline = loop.time() + 2 * self.timeout + FLUSH_SLACK_S
         while self._done_seq < target and self.up and loop.time() <= deadline:
             batch = self._batch
             if batch is None or batch.done():

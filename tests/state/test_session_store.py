@@ -11,6 +11,8 @@ import time
 import tracemalloc
 import urllib.request
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 import pytest
@@ -21,7 +23,7 @@ from switchyard.pools.affinity import CacheAware
 from switchyard.pools.replica import Replica
 from switchyard.state.base import SessionRecord, session_caller, session_key
 from switchyard.state.memory import MemoryStore
-from switchyard.state.redis import RedisStore
+from switchyard.state.redis import FLUSH_SLACK_S, RedisStore
 
 
 @pytest.fixture(scope="module")
@@ -323,32 +325,60 @@ async def test_redis_gateway_keeps_locally_only_its_cap(redis_server: RedisServe
         await st.aclose()
 
 
-async def test_a_flush_that_gives_up_is_counted_and_the_write_still_lands(
-        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """flush() waits at most the store's timeout before a response goes out; a write slower than
-    that is counted (`late_flushes`, in /health and /metrics): the next turn through another
-    gateway may read the session from before it. The write itself still lands."""
-    pre = f"t{uuid.uuid4().hex[:6]}:"
-    a, b = RedisStore(redis_server.url, prefix=pre), RedisStore(redis_server.url, prefix=pre)
-    real = a._flush
+def _slowed(monkeypatch: pytest.MonkeyPatch, store: RedisStore, seconds: float) -> Callable[..., Any]:
+    """Each of `store`'s write batches takes `seconds` more (a starved Redis or event loop)."""
+    real = store._flush
 
-    async def slow(ops: list) -> None:  # a starved Redis or event loop: the batch takes 0.3 s
-        await asyncio.sleep(0.3)
+    async def slow(ops: list) -> None:
+        await asyncio.sleep(seconds)
         await real(ops)
 
-    monkeypatch.setattr(a, "_flush", slow)
+    monkeypatch.setattr(store, "_flush", slow)
+    return real
+
+
+async def test_a_flush_waits_for_its_batch_behind_the_one_in_flight(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn's writes queued behind a batch in flight go out after it: flush() waits for both
+    (each bounded by the socket timeout), so the next turn through another gateway reads them."""
+    pre = f"t{uuid.uuid4().hex[:6]}:"
+    a, b = RedisStore(redis_server.url, prefix=pre), RedisStore(redis_server.url, prefix=pre)
+    _slowed(monkeypatch, a, 0.12)  # more than the 0.1 s timeout a flush used to wait in all
+    try:
+        await a.put_session("s1", _rec(), 60)
+        await asyncio.sleep(0.01)  # s1's batch in flight
+        await a.put_session("s2", _rec(replica="http://r1/v1"), 60)  # queued behind it
+        t0 = time.monotonic()
+        await a.flush()
+        assert 0.15 < time.monotonic() - t0 < 2 * a.timeout + FLUSH_SLACK_S
+        assert a.late_flushes == 0
+        assert await b.get_session("s2") == _rec(replica="http://r1/v1")
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_a_flush_that_gives_up_is_counted_and_the_write_still_lands(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flush() waits at most two batches' timeouts and some slack before a response goes out; a
+    write slower than that is counted (`late_flushes`, in /health and /metrics): the next turn
+    through another gateway may read the session from before it. The write itself still lands."""
+    pre = f"t{uuid.uuid4().hex[:6]}:"
+    a, b = RedisStore(redis_server.url, prefix=pre), RedisStore(redis_server.url, prefix=pre)
+    wait = 2 * a.timeout + FLUSH_SLACK_S
+    real = _slowed(monkeypatch, a, wait + 0.3)
     try:
         await a.put_session("s1", _rec(replica="http://r0/v1"), 60)
         t0 = time.monotonic()
         await a.flush()
-        assert time.monotonic() - t0 < 0.25
+        assert time.monotonic() - t0 < wait + 0.15
         assert a.late_flushes == 1 and a.describe()["late_flushes"] == 1
         assert await b.get_session("s1") is None  # what another gateway reads meanwhile
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.5)
         assert await b.get_session("s1") == _rec(replica="http://r0/v1")
         await a.put_session("s2", _rec(), 60)
         monkeypatch.setattr(a, "_flush", real)
-        await asyncio.sleep(0.35)  # s2's slow batch done
+        await asyncio.sleep(wait + 0.4)  # s2's slow batch done
         await a.put_session("s3", _rec(), 60)
         await a.flush()  # in time: not counted
         assert a.late_flushes == 1
