@@ -5,10 +5,11 @@
     python bench/gateway_overhead.py --redis         # also: the gateway with shared state in Redis
     python bench/gateway_overhead.py --tracing --no-litellm --rounds 5   # tracing off vs on, alternating
     python bench/gateway_overhead.py --alternate 5   # direct, bare forwarder and switchyard in 5 alternating rounds
+                                                     # (their c=1 requests interleaved one by one)
 
 Layout on a 2-core machine: the fast upstream(s) and the load generator on core 0, the server
 under test (gateway / bare forwarder / LiteLLM) alone on core 1, one at a time.
-Concurrency 1: N sequential non-streaming requests (aiohttp client), added latency = p50/p99
+Concurrency 1: N sequential non-streaming requests (aiohttp client, this process, on core 0), added latency = p50/p99
 through the server minus direct. Streaming: time to first byte, same subtraction.
 Throughput: wrk, 32 connections, 10 s, POST of a small chat body.
 --tracing: the gateway with OpenTelemetry tracing off and on (every request sampled, spans sent by
@@ -51,6 +52,14 @@ def spawn(cmd: list[str], core: int | None, env: dict | None = None, log: Path |
         cmd = ["taskset", "-c", str(core), *cmd]
     out = log.open("w") if log else subprocess.DEVNULL
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def client_on_core0() -> None:
+    """The sequential (c=1) client is this process: beside the upstream and wrk on core 0, as the
+    layout says, not wherever the scheduler puts it (on the server's core it would queue behind
+    the server it times, one run in some rounds and not in others)."""
+    if hasattr(os, "sched_setaffinity") and os.cpu_count() and os.cpu_count() >= 2:
+        os.sched_setaffinity(0, {0})
 
 
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, poll: float = 0.2) -> None:
@@ -109,6 +118,29 @@ async def latency(url: str, n: int, model: str, headers: dict | None = None) -> 
                 assert r.status == 200, (r.status, await r.text())
             if i >= 50:  # warm-up
                 out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+async def latency_interleaved(urls: list[str], n: int, model: str) -> list[list[float]]:
+    """N sequential requests to each URL, taking turns request by request (each through its own
+    connection): a drift in the machine's speed falls on every URL alike, so their p50s compare
+    within a round rather than across the seconds between one URL's run and the next's."""
+    body = json.dumps({**BODY, "model": model}).encode()
+    h = {"Content-Type": "application/json"}
+    out: list[list[float]] = [[] for _ in urls]
+    sessions = [aiohttp.ClientSession() for _ in urls]
+    try:
+        for i in range(n + 50):
+            for k, (s, url) in enumerate(zip(sessions, urls, strict=True)):
+                t = time.perf_counter()
+                async with s.post(url, data=body, headers=h) as r:
+                    await r.read()
+                    assert r.status == 200, (r.status, await r.text())
+                if i >= 50:  # warm-up
+                    out[k].append((time.perf_counter() - t) * 1000)
+    finally:
+        for s in sessions:
+            await s.close()
     return out
 
 
@@ -191,8 +223,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def measure(name: str, url: str, model: str, args, results: dict, headers: dict | None = None,
-            proc: subprocess.Popen | None = None) -> None:
-    lat = asyncio.run(latency(url + "/chat/completions", args.requests, model, headers))
+            proc: subprocess.Popen | None = None, lat: list[float] | None = None) -> None:
+    if lat is None:
+        lat = asyncio.run(latency(url + "/chat/completions", args.requests, model, headers))
     tt = asyncio.run(ttfb(url + "/chat/completions", args.requests // 4, model, headers))
     rps, per_core = float("nan"), float("nan")
     if args.wrk:
@@ -342,12 +375,16 @@ def ab_rounds(args, policy: Path, tmp: Path, results: dict) -> None:
 def alternating_rounds(args, ups: list[str], tmp: Path, results: dict) -> None:
     """Direct, the bare forwarder and the gateway, all up at once (servers on core 1), measured in
     `args.alternate` rounds whose order rotates; each figure is the median of its rounds, and the
-    two ratios the per-core goal names are medians of the per-round ratios."""
+    two ratios the per-core goal names are medians of the per-round ratios. Within a round the
+    sequential requests take turns request by request (latency_interleaved)."""
     bp, gp = free_port(), free_port()
     script = tmp / "bare.py"
     script.write_text(BARE_FORWARDER)
     policy = tmp / "alt.yaml"
-    policy.write_text(bench_policy(ups, pin=False))
+    # The gateway's pool is the one upstream that the direct call and the forwarder reach: with a
+    # second replica its requests would alternate between two upstream processes, each woken half
+    # as often as the direct call's, and the subtraction would charge that to the gateway.
+    policy.write_text(bench_policy(ups[:1], pin=False))
     bare = spawn([sys.executable, str(script), str(bp), ups[0]], core=1, log=tmp / "bare.log")
     gw = spawn([sys.executable, "-m", "switchyard.cli", "serve", "--policy", str(policy), "--port", str(gp),
                 "--log-level", "warning"], core=1, log=tmp / "alt-gw.log")
@@ -359,9 +396,12 @@ def alternating_rounds(args, ups: list[str], tmp: Path, results: dict) -> None:
         rounds: dict[str, list[dict]] = {name: [] for name, *_ in servers}
         for r in range(args.alternate):
             k = r % len(servers)
-            for name, url, proc in servers[k:] + servers[:k]:
+            order = servers[k:] + servers[:k]
+            lats = asyncio.run(latency_interleaved([u + "/chat/completions" for _, u, _ in order], args.requests,
+                                                   "auto"))
+            for (name, url, proc), lat in zip(order, lats, strict=True):
                 one: dict = {}
-                measure(f"{name} #{r + 1}", url, "auto", args, one, proc=proc)
+                measure(f"{name} #{r + 1}", url, "auto", args, one, proc=proc, lat=lat)
                 rounds[name].append(one[f"{name} #{r + 1}"])
     finally:
         stop(bare)
@@ -394,6 +434,7 @@ def main() -> None:
                                             "of --requests sequential requests (--rounds of them)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gateway_overhead.json")
     args = ap.parse_args()
+    client_on_core0()
     args.wrk = ensure_wrk() is not None
     if not args.wrk:
         print("wrk is not available: throughput figures are skipped", flush=True)

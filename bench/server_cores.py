@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from gateway_overhead import cpu_seconds, free_port, latency, spawn, stop, wait_http, wrk_rps  # noqa: E402
+from gateway_overhead import client_on_core0, cpu_seconds, free_port, latency, spawn, stop, wait_http, wrk_rps  # noqa: E402
 from sessions_soak import cpu_name  # noqa: E402
 
 COMMON = '''
@@ -206,6 +206,7 @@ def main() -> None:
                     help="also these APIs through each gateway (c=32 req/s and CPU a request)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "server_cores.json")
     args = ap.parse_args()
+    client_on_core0()
     import importlib.util
 
     for lib in ("granian", "pyreqwest"):  # bench-only candidates: pip install granian pyreqwest to measure them
