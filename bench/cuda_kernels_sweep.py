@@ -6,9 +6,11 @@ Each kernel (qkv_rope, gemv_residual on o_proj and down_proj, gate_up_silu) runs
 shapes with random bf16 weights, over as many weight copies as it takes to pass 200 MB (a layer
 of SmolLM2 fits in the H200's L2, a real step's layers do not), launched back to back in one
 CUDA graph: the time a launch takes inside a decode step's graph. For each launch shape tried:
-microseconds a launch and the weight bytes read per second, against the default tile_for picks.
-Writes sweep.json and sweep.md to DIR; the fastest shape per kernel is what tile_for should
-return.
+microseconds a launch and the weight bytes read per second, against the default tile_for picks
+and against what the cuBLAS path runs in its place on the same rows (the projection by cuBLAS,
+with kernels.rope_write after the QKV one and the SiLU kernel after gate/up; its RMSNorm and
+residual add not counted). Writes sweep.json and sweep.md to DIR; the fastest shape per kernel
+is what tile_for should return.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from switchyard.engine.backends.cuda import kernels as ck
+from switchyard.engine.backends.cuda import prefill_kernels as pk
 from switchyard.engine.model.random_weights import SHAPES
 
 L2_DEFEAT_BYTES = 200e6
@@ -103,8 +107,9 @@ def triton_pow2(n: int) -> int:
 
 
 def kernels(name: str, M: int, dev: torch.device) -> dict[str, tuple[int, int, Callable[[int, ck.Tile | None], None],
-                                                                   int, int]]:
-    """kind label -> (n, k, launch(copy, tile), copies, weight bytes a launch)."""
+                                                                   int, int, Callable[[int], None]]]:
+    """kind label -> (n, k, launch(copy, tile), copies, weight bytes a launch, the cuBLAS path's
+    launches in its place(copy))."""
     c = SHAPES[name]
     H, Hkv, D, hid, inter = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size
     dt = torch.bfloat16
@@ -129,13 +134,18 @@ def kernels(name: str, M: int, dev: torch.device) -> dict[str, tuple[int, int, C
     wgu, wd = weights(2 * inter, hid), weights(hid, inter)
     a_o = torch.randn(M, H * D, generator=g, device=dev, dtype=dt)
     a_d = torch.randn(M, inter, generator=g, device=dev, dtype=dt)
+    h = x.to(dt)
     return {
         "qkv": ((H + 2 * Hkv) * D // 2, hid, lambda i, t: ck.qkv_rope(x, ln, wq[i], None, None, cos, sin, pos, blocks,
                                                                        offs, kc, vc, H, Hkv, 1e-5, t),
-                len(wq), wq[0].numel() * 2),
-        "o_proj": (hid, H * D, lambda i, t: ck.gemv_residual(a_o, wo[i], x, t), len(wo), wo[0].numel() * 2),
-        "gate_up": (inter, hid, lambda i, t: ck.gate_up_silu(x, ln, wgu[i], 1e-5, t), len(wgu), wgu[0].numel() * 2),
-        "down_proj": (hid, inter, lambda i, t: ck.gemv_residual(a_d, wd[i], x, t), len(wd), wd[0].numel() * 2),
+                len(wq), wq[0].numel() * 2,
+                lambda i: ck.rope_write(F.linear(h, wq[i]), None, cos, sin, pos, blocks, offs, kc, vc, H, Hkv, 1e-5)),
+        "o_proj": (hid, H * D, lambda i, t: ck.gemv_residual(a_o, wo[i], x, t), len(wo), wo[0].numel() * 2,
+                   lambda i: F.linear(a_o, wo[i])),
+        "gate_up": (inter, hid, lambda i, t: ck.gate_up_silu(x, ln, wgu[i], 1e-5, t), len(wgu), wgu[0].numel() * 2,
+                    lambda i: pk.silu_mul(F.linear(h, wgu[i]))),
+        "down_proj": (hid, inter, lambda i, t: ck.gemv_residual(a_d, wd[i], x, t), len(wd), wd[0].numel() * 2,
+                      lambda i: F.linear(a_d, wd[i])),
     }
 
 
@@ -180,23 +190,25 @@ def main() -> None:
     t0 = time.perf_counter()
     per_kernel = a.budget_s / (len(a.kernels.split(",")) * len(a.shapes.split(",")) * len(a.rows.split(",")))
     results: list[dict[str, Any]] = []
-    md = ["| shape | rows | kernel | default tile | us | GB/s | best tile | us | GB/s |", "|---|---|---|---|---|---|---|---|---|"]
+    md = ["| shape | rows | kernel | default tile | us | GB/s | best tile | us | GB/s | cuBLAS path us | GB/s |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, M in itertools.product(a.shapes.split(","), (int(r) for r in a.rows.split(","))):
-        M_P = 1 if M == 1 else 16
+        M_P = ck._rows_pad(M)
         for span in (int(x) for x in a.attention_spans.split(",") if x):
             att = attention_sweep(name, M, span, dev)
-            sp, bn = ck.attention_shape(span)
+            sp, bn = ck.attention_shape(span, M * SHAPES[name].num_kv_heads)
             default = next((r for r in att if r["block_n"] == bn and r["splits"] == sp and r["warps"] == 4), None)
             results.append({"shape": name, "rows": M, "kernel": f"attention@{span}", "default": default,
                             "top5": att[:5]})
             print(f"attention {name} M={M} span {span}: default {default}, best {att[:3]}", flush=True)
             (out / "sweep.json").write_text(json.dumps(results, indent=1))
-        for kind, (n, k, launch, copies, nbytes) in kernels(name, M, dev).items():
+        for kind, (n, k, launch, copies, nbytes, cublas) in kernels(name, M, dev).items():
             if kind not in a.kernels.split(","):
                 continue
             tk = {"o_proj": "gemv", "down_proj": "gemv"}.get(kind, kind)
             default = ck.tile_for(tk, M_P, n, k)
             d_us = time_us(lambda i, f=launch: f(i, None), copies)
+            c_us = time_us(cublas, copies)
             tried = []
             t1 = time.perf_counter()
             for t in (near if a.near else candidates)(tk, M_P, n, k, SHAPES[name].head_dim):
@@ -212,10 +224,12 @@ def main() -> None:
             best = tried[0] if tried else {"tile": default.__dict__, "us": d_us, "gb_s": nbytes / d_us / 1e3}
             row = {"shape": name, "rows": M, "kernel": kind, "n": n, "k": k, "weight_bytes": nbytes,
                    "default": {"tile": default.__dict__, "us": d_us, "gb_s": nbytes / d_us / 1e3},
-                   "best": best, "top5": tried[:5], "tried": len(tried)}
+                   "best": best, "top5": tried[:5], "tried": len(tried),
+                   "cublas_path": {"us": c_us, "gb_s": nbytes / c_us / 1e3}}
             results.append(row)
             line = (f"| {name} | {M} | {kind} | {default} | {d_us:.2f} | {nbytes / d_us / 1e3:,.0f} | "
-                    f"{ck.Tile(**best['tile'])} | {best['us']:.2f} | {best['gb_s']:,.0f} |")
+                    f"{ck.Tile(**best['tile'])} | {best['us']:.2f} | {best['gb_s']:,.0f} | {c_us:.2f} | "
+                    f"{nbytes / c_us / 1e3:,.0f} |")
             md.append(line)
             print(line, f"({len(tried)} tried, {time.perf_counter() - t0:.0f}s)", flush=True)
             (out / "sweep.json").write_text(json.dumps(results, indent=1))

@@ -29,6 +29,7 @@ import gc
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,13 +183,14 @@ def grammar_factory(tok: Any) -> Any:
 
 
 def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: bool = True, tok: Any = None,
-                grammar: Any = None, mask_threads: int | None = None) -> dict[str, float]:
+                grammar: Any = None, mask_threads: int | None = None,
+                on_step: Callable[[], None] | None = None) -> dict[str, float]:
     """`batch` prompts of PROMPT random tokens through the served engine's loop (Scheduler.step,
     not a copy of it), greedy, EOS ignored, each to WARM + `tokens` tokens: the decode rate from
     when every sequence has WARM tokens to the last token read. overlap: async decode (else each
     step's tokens are read before the next step is launched); grammar: a factory of each row's
     grammar state (masks on); mask_threads: llguidance's threads for the masks (None: the engine's
-    default, one)."""
+    default, one); on_step: called after each of the scheduler's steps (a profiler's schedule)."""
     tok = tok or Letters()
     sched = Scheduler(served_runner(m), tok, m.max_slots, m.max_len, overlap=overlap)
     hi = min(vocab, tok.vocab_size)
@@ -206,6 +208,8 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     with torch.inference_mode():
         while not all(s.finished for s in seqs):
             sched.step()
+            if on_step is not None:
+                on_step()
             n = [len(s.out) for s in seqs]
             marks.append((time.perf_counter(), sum(n), min(n)))
             if grammar is not None and sched.output.masker is not None:
@@ -353,7 +357,7 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
     if sweep_batches and clock.left() > 60:
         from engine_cuda_sweep import sweep
 
-        sweep(m, c, sweep_batches, ints(a.parts_batches), tokens, tok, clock, add, log)
+        sweep(m, c, sweep_batches, ints(a.parts_batches), tokens, tok, clock, add, log, a.sweep_backends)
     if 1 in batches and clock.left() > 20:  # the same weights, cache and backend, decode steps run eagerly
         decode("ours (no graphs)", m.view(m.backend_name, cuda_graphs=False, max_slots=m.max_slots), 1)
     if a.ttft and clock.left() > 15:
@@ -486,7 +490,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mask-threads-ab", type=int, default=0, help="grammar batches >= 4 also with the masks filled "
                                                                    "by llguidance's pool of this many threads")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")
-    ap.add_argument("--sweep-batches", default="1,2,4,8,16", help="the fused-rows sweep's batches")
+    ap.add_argument("--sweep-batches", default="1,2,4,8,16", help="the backends sweep's batches")
+    ap.add_argument("--sweep-backends", default="cuda,cuda-fused-rows-0,cuda-torch-glue,cuda-attention-by-span",
+                    help="the decode backends the sweep compares (registry names)")
     ap.add_argument("--parts-batches", default="1,16", help="the graph-parts sweep's batches")
     ap.add_argument("--budget-s", type=float, default=420, help="skip remaining points past this")
     ap.add_argument("--out", default="bench/results")

@@ -8,12 +8,22 @@ Prints the decode rate; random bf16 weights of the shape, CUDA graphs, async dec
 turns on torch's CUDA sync debug mode for the measured run and prints where the host waited for
 the device (each distinct Python stack, with its count): under async decode only the tokens' read
 (Download.get) should appear.
+
+--kernels N profiles N steady decode steps of the served loop with torch's profiler (CUDA
+activity only, so that the host runs as it does unprofiled) for each backend of --backends (the
+same weights and cache, each with its own graphs): the GPU's time a step (first kernel to last),
+its busy time (the union of its kernels and copies) and idle time, and the kernels by total time
+a step, written to --out as kernels_<shape>_b<batch>.md:
+
+  python bench/engine_cuda_profile.py --shape llama-8b --batch 64 --kernels 24 \\
+      --backends cuda,cuda-torch-glue --out $OUT
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import re
 import sys
 import traceback
 import warnings
@@ -24,6 +34,53 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_cuda as ec  # noqa: E402
+import engine_cuda_variants  # noqa: E402, F401  (registers the benches' backends for --backends)
+
+
+def _short(name: str) -> str:
+    """A kernel's name without its template arguments and parameters."""
+    name = re.sub(r"<.*>", "<>", name)
+    return re.sub(r"\(.*\)", "", name)[:70]
+
+
+def kernel_profile(m: Any, batch: int, steps: int, vocab: int, tok: Any, grammar: Any, overlap: bool) -> list[str]:
+    """Markdown lines: the GPU's time, busy and idle time a step over `steps` steady decode steps
+    (after the prefill and the first async turns), and the kernels by time a step."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    skip = ec.WARM + 4
+    gpu = m.device.type == "cuda"  # else the host's ops (a smoke test of this function)
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU],
+                 schedule=schedule(skip_first=skip, wait=0, warmup=1, active=steps, repeat=1)) as prof:
+        ec.decode_rate(m, batch, skip + steps + 4, vocab, tok=tok, grammar=grammar, overlap=overlap,
+                       on_step=prof.step)
+    evs = sorted((e for e in prof.events() if e.device_type == (DeviceType.CUDA if gpu else DeviceType.CPU)),
+                 key=lambda e: e.time_range.start)
+    if not evs:
+        return ["no events recorded"]
+    busy, end = 0.0, evs[0].time_range.start
+    gaps: list[float] = []
+    for e in evs:
+        s, t = e.time_range.start, e.time_range.end
+        if s > end:
+            gaps.append(s - end)
+        busy += max(0.0, t - max(s, end))
+        end = max(end, t)
+    span = end - evs[0].time_range.start
+    per: dict[str, list[float]] = collections.defaultdict(list)
+    for e in evs:
+        per[_short(e.name)].append(e.time_range.end - e.time_range.start)
+    big = [g for g in gaps if g >= 20]
+    lines = [f"{steps} steps: GPU time {span / steps / 1000:.3f} ms a step, busy {busy / steps / 1000:.3f} ms "
+             f"({busy / span:.0%}), idle {(span - busy) / steps / 1000:.3f} ms a step, of which gaps of 20 us or "
+             f"more {sum(big) / steps / 1000:.3f} ms ({len(big) / steps:.1f} a step); "
+             f"{len(evs) / steps:.0f} kernels and copies a step", "",
+             "| kernel | a step | us each | ms a step | share of busy |", "| --- | --- | --- | --- | --- |"]
+    for name, ts in sorted(per.items(), key=lambda kv: -sum(kv[1]))[:30]:
+        lines.append(f"| `{name}` | {len(ts) / steps:.1f} | {sum(ts) / len(ts):.2f} | {sum(ts) / steps / 1000:.3f} | "
+                     f"{sum(ts) / busy:.1%} |")
+    return lines
 
 
 def main() -> None:
@@ -34,15 +91,37 @@ def main() -> None:
     ap.add_argument("--grammar", action="store_true", help="every row under bench/engine_cuda.py's JSON grammar")
     ap.add_argument("--sync", action="store_true", help="no async decode")
     ap.add_argument("--sync-debug", action="store_true", help="print where the host waits for the device")
+    ap.add_argument("--kernels", type=int, default=0, help="profile this many decode steps' kernels (see above)")
+    ap.add_argument("--backends", default="auto", help="--kernels: the decode backends profiled (registry names)")
+    ap.add_argument("--out", default="", help="--kernels: the folder its table goes to")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     c = ec.SHAPES[a.shape]
     w = ec.random_weights(c, seed=0, device=dev, dtype=torch.bfloat16)
     m = ec.Decoder(c, ec.Shard(0, 1, c), w, ec.SingleRank(), max_slots=a.batch,
-                   max_len=ec.PROMPT + ec.WARM + a.tokens + 16, device=dev, dtype=torch.bfloat16, cuda_graphs=True,
-                   backend="auto" if dev.type == "cuda" else "torch")
+                   max_len=ec.PROMPT + ec.WARM + max(a.tokens, a.kernels + 16) + 16, device=dev, dtype=torch.bfloat16,
+                   cuda_graphs=True, backend="auto" if dev.type == "cuda" else "torch")
     tok = ec.shape_tokenizer(c)
     make = ec.grammar_factory(tok) if a.grammar else None
+    if a.kernels:
+        lines = [f"# Kernels of a decode step: {a.shape}, batch {a.batch}, {'sync' if a.sync else 'async decode'}"
+                 f"{', grammar' if a.grammar else ''}", "",
+                 f"`python bench/engine_cuda_profile.py {' '.join(sys.argv[1:])}` on "
+                 f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}"]
+        for name in a.backends.split(","):
+            try:
+                v = m if name == "auto" else m.view(name, cuda_graphs=True, max_slots=a.batch)
+                ec.decode_rate(v, a.batch, 8, c.vocab_size, tok=tok, grammar=make)  # compiles, captures the graphs
+                r = ec.decode_rate(v, a.batch, 32, c.vocab_size, tok=tok, grammar=make, overlap=not a.sync)
+                lines += ["", f"## {v.backend_name}: {r['tok_s']:.0f} tok/s unprofiled, step {r['step_ms']:.3f} ms", ""]
+                lines += kernel_profile(v, a.batch, a.kernels, c.vocab_size, tok, make, not a.sync)
+            except Exception as e:  # one backend failing must not lose the others' tables
+                lines += ["", f"## {name}: FAILED {type(e).__name__}: {str(e)[:300]}"]
+            print("\n".join(lines[-12:]), flush=True)
+            if a.out:
+                Path(a.out).mkdir(parents=True, exist_ok=True)
+                (Path(a.out) / f"kernels_{a.shape}_b{a.batch}.md").write_text("\n".join(lines) + "\n")
+        return
     ec.decode_rate(m, a.batch, 8, c.vocab_size, tok=tok, grammar=make)  # compiles, captures the graphs
     waits: collections.Counter[str] = collections.Counter()
     if a.sync_debug:

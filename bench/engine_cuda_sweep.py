@@ -1,9 +1,11 @@
 """Bench-local knobs of the GPU decode step, swept through the served engine's loop (async decode
 on, bench/engine_cuda.decode_rate), for both shapes in one run:
 
-- the cuda backend's fused-rows threshold (backends/cuda/backend.MAX_FUSED_ROWS = 16: steps of up
-  to 16 rows run the fused Triton layers, larger ones cuBLAS's projections): fused vs not at each
-  batch (bench/engine_cuda_variants.py's `cuda-fused-rows-N` backends, N = 16 and 0);
+- the decode backends named by --backends (registry names; bench/engine_cuda_variants.py's too):
+  by default the served `cuda` backend, `cuda-fused-rows-0` (never the fused layers: cuBLAS's
+  projections with the paged attention kernel at every batch), `cuda-torch-glue` (that cuBLAS
+  path as it was before kernels.rope_write: torch's RoPE and KV-write ops) and
+  `cuda-attention-by-span` (the attention split by the span alone, as before) at each batch;
 - graph parts per decode step (model/graph_runner.GRAPH_PARTS = 4: the step captured as 4 graphs
   so that the GPU starts while the host launches the rest), 1 vs 4.
 
@@ -29,32 +31,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine_cuda  # noqa: E402
-import engine_cuda_variants  # noqa: E402, F401  (registers cuda-fused-rows-N)
+import engine_cuda_variants  # noqa: E402, F401  (registers the variants swept)
 
 from switchyard.engine.model.config import ModelConfig  # noqa: E402
 from switchyard.engine.model.decoder import Decoder  # noqa: E402
 
-FUSED = "sweep: fused rows <= {}"
+BACKEND = "sweep: {}"
 PARTS = "sweep: graph parts {}"
+BACKENDS = "cuda,cuda-fused-rows-0,cuda-torch-glue,cuda-attention-by-span"
 
 
 def sweep(m: Decoder, c: ModelConfig, batches: list[int], parts_batches: list[int], tokens: int, tok: Any,
-          clock: engine_cuda.Clock, add: Any, log: Any) -> None:
-    """Rows `sweep: ...` for m's weights: fused vs not at each batch, then 1 vs 4 graph parts."""
+          clock: engine_cuda.Clock, add: Any, log: Any, backends: str = BACKENDS) -> None:
+    """Rows `sweep: ...` for m's weights: each backend at each batch, then 1 vs 4 graph parts."""
     if m.device.type != "cuda":
-        log("  sweep: the fused rows need the cuda backend on a GPU; graph parts only")
+        log("  sweep: the cuda backends need a GPU; graph parts only")
     points: list[tuple[str, str, dict[str, Any], list[int]]] = []
     if m.device.type == "cuda":
-        points += [(FUSED.format(k), f"cuda-fused-rows-{k}", {}, batches) for k in (16, 0)]
+        points += [(BACKEND.format(b), b, {}, batches) for b in backends.split(",") if b]
     points += [(PARTS.format(p), m.backend_name, {"graph_parts": p}, parts_batches) for p in (1, 4)]
-    for engine, backend, kw, bs in points:
+    for engine, backend, kw, bs in (pt for pt in points if pt[3]):
         v = m.view(backend, cuda_graphs=True, max_slots=max(bs), **kw)
         for b in bs:
             if clock.left() < 30:
                 log(f"  {engine} b={b}: skipped (time)")
                 break
             t = time.perf_counter()
-            r = engine_cuda.decode_rate(v, b, tokens, c.vocab_size, tok=tok)
+            try:
+                r = engine_cuda.decode_rate(v, b, tokens, c.vocab_size, tok=tok)
+            except Exception as e:  # a backend that fails at a batch must not lose the other points
+                log(f"  {engine} b={b}: FAILED {type(e).__name__}: {str(e)[:300]}")
+                break
             add(engine, "decode_tok_s", b, r["tok_s"], "tok/s",
                 f"step {r['step_ms']:.3f} ms, point {time.perf_counter() - t:.1f} s")
         del v
@@ -64,7 +71,7 @@ def sweep(m: Decoder, c: ModelConfig, batches: list[int], parts_batches: list[in
 
 
 def sweep_table(rows: list[dict[str, Any]]) -> str:
-    """The sweep's rows as two tables: step ms fused vs not, and 1 vs 4 graph parts."""
+    """The sweep's rows as two tables: step ms of each backend, and 1 vs 4 graph parts."""
     def ms(shape: str, engine: str, b: int) -> float | None:
         for r in rows:
             if (r["shape"], r["engine"], r["batch"]) == (shape, engine, b) and r["metric"] == "decode_tok_s":
@@ -78,13 +85,21 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
         return "" if x is None or y is None else f"{x / y:.2f}"
 
     shapes = list(dict.fromkeys(r["shape"] for r in rows if r["engine"].startswith("sweep:")))
-    out = ["Sweep (async decode on; step ms, lower is better): the fused Triton layers vs cuBLAS's projections "
-           "and the paged attention kernel (the served threshold: fused up to 16 rows)", "",
-           "| shape | batch | fused step ms | not fused step ms | fused / not |", "| --- | --- | --- | --- | --- |"]
+    engines = list(dict.fromkeys(r["engine"] for r in rows
+                                 if r["engine"].startswith("sweep:") and not r["engine"].startswith(PARTS.format(""))))
+    names = [e.removeprefix("sweep: ") for e in engines]
+    out = ["Sweep (async decode on; step ms, lower is better): the decode backends (`cuda`: the served one; "
+           "`cuda-fused-rows-N`: the fused Triton layers up to N rows, cuBLAS's projections and the paged attention "
+           "kernel past them; `cuda-torch-glue`: that cuBLAS path with torch's RoPE and KV-write ops; "
+           "`cuda-attention-by-span`: the attention split by the span alone)", "",
+           "| shape | batch | " + " | ".join(f"{n} step ms" for n in names) + " | "
+           + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |",
+           "| --- | --- |" + " --- |" * (2 * len(names) - 1)]
     for shape in shapes:
-        for b in sorted({r["batch"] for r in rows if r["shape"] == shape and r["engine"] == FUSED.format(16)}):
-            f, u = ms(shape, FUSED.format(16), b), ms(shape, FUSED.format(0), b)
-            out.append(f"| {shape} | {b} | {cell(f)} | {cell(u)} | {ratio(f, u)} |")
+        for b in sorted({r["batch"] for r in rows if r["shape"] == shape and r["engine"] in engines}):
+            t = [ms(shape, e, b) for e in engines]
+            out.append(f"| {shape} | {b} | " + " | ".join(cell(x) for x in t) + " | "
+                       + " | ".join(ratio(x, t[0]) for x in t[1:]) + " |")
     out += ["", "Graph parts per decode step (served: 4), async decode on:", "",
             "| shape | batch | 1 part step ms | 4 parts step ms | 1 / 4 |", "| --- | --- | --- | --- | --- |"]
     for shape in shapes:
@@ -97,7 +112,8 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="llama-8b,smollm2-135m")
-    ap.add_argument("--batches", default="1,2,4,8,16")
+    ap.add_argument("--batches", default="1,2,4,8,16,32,48,64")
+    ap.add_argument("--backends", default=BACKENDS, help="the decode backends swept (registry names)")
     ap.add_argument("--parts-batches", default="1,16")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--device", default="cuda")
@@ -105,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
     engine_cuda.main(["--shapes", a.shapes, "--batches", "", "--sweep", "--sweep-batches", a.batches,
-                      "--parts-batches", a.parts_batches, "--tokens", str(a.tokens), "--device", a.device,
+                      "--parts-batches", a.parts_batches, "--sweep-backends", a.backends, "--tokens", str(a.tokens), "--device", a.device,
                       "--ttft", "", "--peer-batches", "", "--skip-transformers", "--budget-s", str(a.budget_s),
                       "--out", a.out, "--name", "engine_cuda_sweep"])
 

@@ -11,8 +11,13 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   (bench/engine_cuda_probe.py measures the TTFT of both).
 - `cuda-fused-rows-N`: the cuda backend with its fused decode layers up to N rows (a step's batch
   bucket), cuBLAS's projections and the paged attention kernel past them, where the served one
-  fuses up to backends/cuda/backend.MAX_FUSED_ROWS (16); N = 0: never fused
+  fuses up to backends/cuda/backend.MAX_FUSED_ROWS; N = 0: never fused
   (bench/engine_cuda_sweep.py sweeps it).
+- `cuda-torch-glue`: `cuda-fused-rows-0` (cuBLAS's projections at every batch) as it ran before
+  kernels.rope_write: torch's RoPE (compiled) on angles gathered once a step, and the KV write
+  as two index copies.
+- `cuda-attention-by-span`: the cuda backend with the paged attention split by the span alone
+  (up to 16 ways) at every batch, as before its split count took the launch's rows into account.
 
   import engine_cuda_variants  # registers them; then Decoder(..., backend=NAME) or decoder.view(NAME)
 """
@@ -78,6 +83,42 @@ def _fused_rows(limit: int) -> type:
     return FusedRowsBackend
 
 
+def _torch_glue() -> type:
+    class TorchGlueBackend(_fused_rows(0)):  # type: ignore[misc]
+        name = "cuda-torch-glue"
+
+        def _shared(self, p: TorchPlan) -> None:
+            super()._shared(p)
+            if p.decode and not p.fused:
+                p.cos, p.sin = self.d.cos[p.pos], self.d.sin[p.pos]
+
+        def project_qkv(self, layer: LayerWeights, kc: torch.Tensor, vc: torch.Tensor, h: torch.Tensor,
+                        p: TorchPlan) -> torch.Tensor:
+            if not p.decode:
+                return super().project_qkv(layer, kc, vc, h, p)
+            q, k, v = TorchBackend._rope(self, layer, h, p)
+            self.write_kv(kc, vc, p.w_blocks, p.w_offs, k, v)
+            return q
+
+    return TorchGlueBackend
+
+
+def _attention_by_span() -> type:
+    from switchyard.engine.backends.cuda import kernels as ck
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    class AttentionBySpanBackend(CudaBackend):
+        name = "cuda-attention-by-span"
+
+        def attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
+            if not p.decode:
+                return super().attention(q, kc, vc, p)
+            splits, block_n = ck.attention_shape(p.L)
+            return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, block_n, splits)
+
+    return AttentionBySpanBackend
+
+
 def _lazy(make_cls: object, *args: object) -> object:
     """A factory that builds its class on first use (the cuda backend imports triton)."""
     def factory(dims: ModelDims, layers: Sequence[LayerWeights]) -> object:
@@ -88,5 +129,7 @@ def _lazy(make_cls: object, *args: object) -> object:
 registry.register(IndexSdpaBackend.name, IndexSdpaBackend)
 registry.register("cuda-prefill-flash", _lazy(_prefill_with, FLASH_PREFILL, "cuda-prefill-flash"))  # type: ignore[arg-type]
 registry.register("cuda-prefill-cudnn", _lazy(_prefill_with, CUDNN_PREFILL, "cuda-prefill-cudnn"))  # type: ignore[arg-type]
+registry.register("cuda-torch-glue", _lazy(_torch_glue))  # type: ignore[arg-type]
+registry.register("cuda-attention-by-span", _lazy(_attention_by_span))  # type: ignore[arg-type]
 for _n in (0, 1, 2, 4, 8, 16):
     registry.register(f"cuda-fused-rows-{_n}", _lazy(_fused_rows, _n))  # type: ignore[arg-type]

@@ -11,7 +11,7 @@
 # bench: bench/engine_cuda.py --batches 1,16,64 --tokens 64 --grammar-batches 1,16 for the 8B and
 #        SmolLM2 shapes (random bf16 weights; the served loop with async decode and without, masks
 #        on at 1 and 16; ours against transformers' generate, TTFT of 1k and 8k prompts).
-# sweep: bench/engine_cuda_sweep.py (fused rows vs not at 1..16, graph parts 1 vs 4; both shapes).
+# sweep: bench/engine_cuda_sweep.py (the decode backends and their variants at 1..64 rows, graph parts 1 vs 4; both shapes).
 #
 # Logs and results go to $OUT when it is set (a device run's folder that comes back), else to
 # bench/results/gpu_check/: gpu_tests.log, engine_cuda.{log,csv,md}, gpu_check.txt (what ran,

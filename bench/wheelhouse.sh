@@ -12,8 +12,11 @@ PYVER="${1:-3.12}"
 DIR="${2:-.whl}"
 PIP="${PIP:-python3 -m pip}"
 mkdir -p "$DIR"
+# manylinux_2_31: llguidance 1.6 is the newest wheel up to 2_28, and it takes one eos token where
+# chat/grammar.py passes a list (bench/results/gpu_b64/README.md); the host runs 1.9 (2_31) fine.
 # The runtime dependencies in pyproject.toml but numpy, plus setuptools and wheel
-# for the editable install without build isolation.
+# for the editable install without build isolation, and what the engine's GPU runs need beyond the
+# image (GPU_EXTRAS; GPU_EXTRAS= leaves them out).
 deps=$(python3 - <<'PY'
 import re, tomllib
 deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
@@ -22,8 +25,8 @@ PY
 )
 # shellcheck disable=SC2086
 $PIP download --only-binary=:all: --python-version "$PYVER" --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform linux_x86_64 --dest "$DIR" $deps setuptools wheel
+  --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  --platform linux_x86_64 --dest "$DIR" $deps setuptools wheel ${GPU_EXTRAS-llguidance gguf pytest-asyncio jsonschema}
 # numpy comes with the torch image (pip still fetches it for onnxruntime): left out, so the folder
 # stays under the 64 MiB a device run carries. KEEP_NUMPY=1 keeps it.
 [ "${KEEP_NUMPY:-0}" = 1 ] || rm -f "$DIR"/numpy-*.whl

@@ -28,40 +28,67 @@ def _rand(*shape: int, dtype: torch.dtype = torch.float32, g: torch.Generator, s
     return (torch.randn(*shape, generator=g) * std).to(device=DEV, dtype=dtype)
 
 
+H, HKV, D = 6, 2, 32
+
+
+def _qkv_case(M: int, dtype: torch.dtype, qk_norm: bool, bias: bool) -> dict:  # type: ignore[type-arg]
+    """A QKV projection's inputs for M rows at distinct cache slots, the torch path's q, k and v,
+    and NaN-poisoned caches."""
+    g = torch.Generator().manual_seed(M)
+    K, bs, max_len = 96, 4, 40
+    nblocks = max(9, M)
+    c = {"x": _rand(M, K, g=g), "ln": 1 + 0.1 * _rand(K, g=g),
+         "w": _rand((H + 2 * HKV) * D, K, dtype=dtype, g=g, std=0.1),
+         "b": _rand((H + 2 * HKV) * D, dtype=dtype, g=g, std=0.1) if bias else None}
+    qn, kn = (1 + 0.1 * _rand(D, g=g), 1 + 0.1 * _rand(D, g=g)) if qk_norm else (None, None)
+    c["qk_norm"] = torch.cat((qn, kn)) if qk_norm else None
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
+    c["cos"], c["sin"] = torch.cat((freqs, freqs), -1).cos().to(DEV), torch.cat((freqs, freqs), -1).sin().to(DEV)
+    c["pos"] = torch.randint(0, max_len, (M,), generator=g).to(DEV)
+    c["blocks"] = torch.randperm(nblocks, generator=g)[:M].to(DEV)  # one row a block: distinct slots
+    c["offs"] = c["pos"] % bs
+    c["kc"] = torch.full((nblocks, HKV, bs, D), float("nan"), dtype=dtype, device=DEV)
+    c["vc"] = torch.full_like(c["kc"], float("nan"))
+    c["qkv"] = torch.nn.functional.linear(rms_norm(c["x"], c["ln"], 1e-5, dtype), c["w"], c["b"])
+    c["ref"] = rope_qkv(c["qkv"], c["cos"][c["pos"]], c["sin"][c["pos"]], H, HKV, D, qn, kn, 1e-5, dtype)
+    return c
+
+
+def _check_q_and_cache(c: dict, q: torch.Tensor, dtype: torch.dtype) -> None:  # type: ignore[type-arg]
+    q_ref, k_ref, v_ref = c["ref"]
+    blocks, offs = c["blocks"], c["offs"]
+    torch.testing.assert_close(q.float(), q_ref.float(), **_tol(dtype))
+    torch.testing.assert_close(c["kc"][blocks, :, offs].float(), k_ref.float(), **_tol(dtype))
+    torch.testing.assert_close(c["vc"][blocks, :, offs].float(), v_ref.float(), **_tol(dtype))
+    written = torch.zeros(c["kc"].shape[0], c["kc"].shape[2], dtype=torch.bool)
+    written[blocks.cpu(), offs.cpu()] = True
+    for cache in (c["kc"], c["vc"]):
+        assert torch.isnan(cache.cpu().float().transpose(1, 2)[~written]).all()  # nothing else touched
+
+
 @pytest.mark.parametrize("M", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qk_norm,bias", [(False, False), (True, True)])
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_qkv_rope_writes_q_and_the_cache_as_the_torch_path(M: int, dtype: torch.dtype, qk_norm: bool,
                                                            bias: bool, prefetch: bool) -> None:
-    g = torch.Generator().manual_seed(M)
-    H, Hkv, D, K, bs, nblocks, max_len = 6, 2, 32, 96, 4, 9, 40
-    x = _rand(M, K, g=g)
-    ln = 1 + 0.1 * _rand(K, g=g)
-    w = _rand((H + 2 * Hkv) * D, K, dtype=dtype, g=g, std=0.1)
-    b = _rand((H + 2 * Hkv) * D, dtype=dtype, g=g, std=0.1) if bias else None
-    qn, kn = (1 + 0.1 * _rand(D, g=g), 1 + 0.1 * _rand(D, g=g)) if qk_norm else (None, None)
-    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
-    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
-    cos, sin = torch.cat((freqs, freqs), -1).cos().to(DEV), torch.cat((freqs, freqs), -1).sin().to(DEV)
-    pos = torch.tensor([5, 17, 33][:M], device=DEV)
-    blocks = torch.tensor([3, 0, 7][:M], device=DEV)
-    offs = pos % bs
-    kc = torch.full((nblocks, Hkv, bs, D), float("nan"), dtype=dtype, device=DEV)
-    vc = torch.full_like(kc, float("nan"))
-
-    h = rms_norm(x, ln, 1e-5, dtype)
-    qkv = torch.nn.functional.linear(h, w, b)
-    q_ref, k_ref, v_ref = rope_qkv(qkv, cos[pos], sin[pos], H, Hkv, D, qn, kn, 1e-5, dtype)
+    c = _qkv_case(M, dtype, qk_norm, bias)
     tile = ck.Tile(16, 32, 4, 2, prefetch=True) if prefetch else None  # K = 96: a first tile and two more
-    q = ck.qkv_rope(x, ln, w, b, torch.cat((qn, kn)) if qk_norm else None, cos, sin, pos, blocks, offs, kc, vc,
-                    H, Hkv, 1e-5, tile)
-    torch.testing.assert_close(q.float(), q_ref.float(), **_tol(dtype))
-    torch.testing.assert_close(kc[blocks, :, offs].float(), k_ref.float(), **_tol(dtype))
-    torch.testing.assert_close(vc[blocks, :, offs].float(), v_ref.float(), **_tol(dtype))
-    written = torch.zeros(nblocks, bs, dtype=torch.bool)
-    written[blocks.cpu(), offs.cpu()] = True
-    assert torch.isnan(kc.cpu().float().transpose(1, 2)[~written]).all()  # nothing else touched
+    q = ck.qkv_rope(c["x"], c["ln"], c["w"], c["b"], c["qk_norm"], c["cos"], c["sin"], c["pos"], c["blocks"],
+                    c["offs"], c["kc"], c["vc"], H, HKV, 1e-5, tile)
+    _check_q_and_cache(c, q, dtype)
+
+
+@pytest.mark.parametrize("M", [1, 21])  # 21: two row blocks of 16, the second ragged
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qk_norm,bias", [(False, False), (True, True)])
+def test_rope_write_after_a_projection_as_the_torch_path(M: int, dtype: torch.dtype, qk_norm: bool,
+                                                         bias: bool) -> None:
+    c = _qkv_case(M, dtype, qk_norm, bias)
+    q = ck.rope_write(c["qkv"], c["qk_norm"], c["cos"], c["sin"], c["pos"], c["blocks"], c["offs"], c["kc"], c["vc"],
+                      H, HKV, 1e-5)
+    _check_q_and_cache(c, q, dtype)
 
 
 def _attention_ref(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, tables: torch.Tensor,
@@ -96,6 +123,8 @@ def test_paged_attention_reads_blocks_in_place(dtype: torch.dtype, span: int, ct
     got = ck.paged_attention(q, kc, vc, tables, c, span)
     assert ck.attention_shape(span) == {32: (1, 32), 64: (2, 32), 2048: (16, 128)}[span]
     torch.testing.assert_close(got.float(), _attention_ref(q, kc, vc, tables, c), **_tol(dtype))
+    unsplit = ck.paged_attention(q, kc, vc, tables, c, span, splits=1)  # as a launch of many rows runs
+    torch.testing.assert_close(unsplit.float(), _attention_ref(q, kc, vc, tables, c), **_tol(dtype))
 
 
 @pytest.mark.parametrize("M", [1, 5])
@@ -116,6 +145,16 @@ def test_gemv_residual_and_gate_up_silu(M: int, dtype: torch.dtype, tile: ck.Til
     gate, up = gu.float().chunk(2, -1)
     ref_a = torch.nn.functional.silu(gate) * up
     torch.testing.assert_close(ck.gate_up_silu(x, ln, wgu, 1e-5, tile).float(), ref_a, **_tol(dtype))
+
+
+def test_attention_splits_a_span_until_the_launch_fills_the_gpu() -> None:
+    """One row of the 8B shape (8 kv heads) splits a 256 span 8 ways (the span's own bound), as
+    before; 16 rows twice; 64 rows fill the GPU unsplit (one launch, no combine)."""
+    assert ck.attention_shape(256, 1 * 8) == (8, 32)
+    assert ck.attention_shape(4096, 1 * 8) == (16, 128)
+    assert ck.attention_shape(256, 16 * 8) == (2, 128)
+    assert ck.attention_shape(256, 64 * 8) == (1, 128)
+    assert ck.attention_shape(4096, 64 * 8) == (1, 128)
 
 
 def test_rows_beyond_the_fused_limit_are_refused() -> None:

@@ -130,6 +130,7 @@ class Backend(Protocol):
 
     def status(self) -> dict[str, Any]: ...
 
-    def warm(self, kc: torch.Tensor, vc: torch.Tensor) -> None:
-        """Compile what is compiled per shape, on one layer's cache, before serving."""
+    def warm(self, kc: torch.Tensor, vc: torch.Tensor, max_rows: int) -> None:
+        """Compile what is compiled per shape, on one layer's cache, before serving decode steps
+        of up to max_rows rows."""
         ...

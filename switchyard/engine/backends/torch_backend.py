@@ -85,7 +85,7 @@ class TorchBackend:
     def status(self) -> dict[str, Any]:
         return {"decode_kernels": "torch", "prefill_kernels": "torch", "fused_ops": self.ops.status()}
 
-    def warm(self, kc: torch.Tensor, vc: torch.Tensor) -> None:
+    def warm(self, kc: torch.Tensor, vc: torch.Tensor, max_rows: int) -> None:
         """Nothing to compile per shape before serving."""
 
     # -- plans ---------------------------------------------------------------------------
@@ -135,12 +135,18 @@ class TorchBackend:
             h = rms_norm(x, layer.ln1, d.eps, d.dtype)
         else:
             x, h = p.ops.add_rms(x, carry, layer.ln1, d.eps, d.dtype)
+        return x, self.project_qkv(layer, kc, vc, h, p)
+
+    def project_qkv(self, layer: LayerWeights, kc: torch.Tensor, vc: torch.Tensor, h: torch.Tensor,
+                    p: TorchPlan) -> Any:
+        """QKV and RoPE of the normed rows h, the new keys and values written into the cache:
+        what attention() takes as q."""
         q, k, v = self._rope(layer, h, p)
         if p.sel is None:
             self.write_kv(kc, vc, p.w_blocks, p.w_offs, k, v)
         else:
             self.write_kv(kc, vc, p.w_blocks, p.w_offs, k.index_select(0, p.sel), v.index_select(0, p.sel))
-        return x, (q, k, v)
+        return q, k, v
 
     def _rope(self, layer: LayerWeights, h: torch.Tensor,
               p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -55,7 +55,7 @@ def warmup(m: Decoder) -> float:
     for S in sorted({batch_bucket(b, m.max_slots) for b in BATCH_BUCKETS if b <= m.max_slots} | {m.max_slots}):
         m.forward(Step(torch.zeros(1, 1, dtype=torch.int64), (one * n).view(1, 1), torch.zeros_like(one), one,
                        one * (n + 1), S))
-    m.backend.warm(m.k_cache[0], m.v_cache[0])  # type: ignore[index]
+    m.backend.warm(m.k_cache[0], m.v_cache[0], m.max_slots)  # type: ignore[index]
     if m.device.type == "cuda":
         torch.cuda.synchronize(m.device)
     return time.perf_counter() - start

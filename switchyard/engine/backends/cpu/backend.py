@@ -94,7 +94,7 @@ class CpuBackend:
     def status(self) -> dict[str, Any]:
         return {}
 
-    def warm(self, kc: torch.Tensor, vc: torch.Tensor) -> None:
+    def warm(self, kc: torch.Tensor, vc: torch.Tensor, max_rows: int) -> None:
         """The native kernels are built when loaded."""
 
     def decode_plan(self, ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor, tables: torch.Tensor, span: int,

@@ -4,9 +4,11 @@ projection and its residual add):
 
 - a decode step of up to 16 rows: each layer in five kernels (kernels.py: norm + QKV + RoPE + KV
   write, paged attention, o-proj + residual, norm + gate/up + SiLU, down + residual);
-- a larger decode step: torch's ops and cuBLAS for the projections, but attention still reads
-  the cache in place with the paged kernel (gathering each row's blocks first cost an 8B step at
-  batch 256 ~17 GB of copies);
+- a larger decode step: cuBLAS for the projections and torch's compiled ops for the norms and
+  SiLU, with RoPE and the KV write in one kernel after the QKV projection (kernels.rope_write:
+  torch's RoPE, the rows' cache indices and two index copies took ~20 us a layer of an 8B step at
+  64 rows, bench/results/gpu_b64/), and attention reading the cache in place with the paged
+  kernel (gathering each row's blocks first cost an 8B step at batch 256 ~17 GB of copies);
 - a prefill: RoPE (with the QKV split) and SiLU in Triton kernels (prefill_kernels.py), torch's
   SDPA for attention.
 
@@ -23,7 +25,7 @@ import torch
 from switchyard.engine.backends.base import LayerWeights
 from switchyard.engine.backends.cuda import kernels as ck
 from switchyard.engine.backends.cuda import prefill_kernels as pk
-from switchyard.engine.backends.cuda.graphs import len_bucket
+from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, batch_bucket, len_bucket
 from switchyard.engine.backends.torch_backend import TorchBackend, TorchPlan
 
 MAX_FUSED_ROWS = ck.MAX_ROWS
@@ -43,11 +45,9 @@ class CudaBackend(TorchBackend):
         return p
 
     def _shared(self, p: TorchPlan) -> None:
-        # The fused layers and the prefill's RoPE kernel read the whole tables at each row's
-        # position, and the paged kernel takes no mask: only a large decode step gathers angles.
+        # The decode kernels and the prefill's RoPE kernel read the whole tables at each row's
+        # position, and the paged kernel takes no mask: nothing to gather once a step.
         p.ready = True
-        if p.decode and not p.fused:
-            p.cos, p.sin = self.d.cos[p.pos], self.d.sin[p.pos]
 
     def layer_in(self, layer: LayerWeights, kc: torch.Tensor, vc: torch.Tensor, x: torch.Tensor,
                  carry: torch.Tensor | None, p: TorchPlan) -> tuple[torch.Tensor, Any]:
@@ -57,18 +57,22 @@ class CudaBackend(TorchBackend):
                                   p.w_blocks, p.w_offs, kc, vc, d.heads, d.kv_heads, d.eps)
         return super().layer_in(layer, kc, vc, x, carry, p)
 
+    def project_qkv(self, layer: LayerWeights, kc: torch.Tensor, vc: torch.Tensor, h: torch.Tensor,
+                    p: TorchPlan) -> Any:
+        if not p.decode:
+            return super().project_qkv(layer, kc, vc, h, p)
+        d = self.d
+        return ck.rope_write(layer.qkv(h), layer.qk_norm, d.cos, d.sin, p.pos, p.w_blocks, p.w_offs, kc, vc, d.heads,
+                             d.kv_heads, d.eps)
+
     def _rope(self, layer: LayerWeights, h: torch.Tensor,
               p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if p.decode:
-            return super()._rope(layer, h, p)
         d = self.d
         return pk.rope_split(layer.qkv(h), d.cos, d.sin, p.pos, d.heads, d.kv_heads, d.head_dim, layer.qk_norm, d.eps)
 
     def attention(self, q: Any, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         if not p.decode:
             return super().attention(q, kc, vc, p)
-        if not p.fused:
-            q = q[0].reshape(p.B, self.d.heads, self.d.head_dim)
         return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L)
 
     def layer_out(self, layer: LayerWeights, x: torch.Tensor, o: torch.Tensor,
@@ -81,18 +85,21 @@ class CudaBackend(TorchBackend):
     def silu_mul(self, gu: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         return super().silu_mul(gu, p) if p.decode else pk.silu_mul(gu)
 
-    def warm(self, kc: torch.Tensor, vc: torch.Tensor) -> None:
-        """The attention kernel is compiled once per span bucket (its split count and chunk are
-        constants): compile them all now, reading the spare block only, rather than on the step
-        whose context first crosses into a bucket."""
+    def warm(self, kc: torch.Tensor, vc: torch.Tensor, max_rows: int) -> None:
+        """The attention kernel is compiled once per launch shape (its split count and chunk are
+        constants, set by the span bucket and the step's rows): compile every shape of a decode
+        step's batch buckets now, reading the spare block only, rather than on the step whose
+        context first crosses into a bucket."""
         d = self.d
         if d.device.type != "cuda":
             return
         q = torch.zeros(1, d.heads, d.head_dim, dtype=d.dtype, device=d.device)
         ctx = torch.ones(1, dtype=torch.int64, device=d.device)
+        rows = {batch_bucket(b, max_rows) for b in BATCH_BUCKETS if b <= max_rows} | {max_rows}
         longest = 1
         while longest < d.max_len:
             longest = len_bucket(longest + 1, d.max_len)
             span = -(-longest // d.block_size) * d.block_size  # as the graph runner rounds it
             tables = torch.full((1, span // d.block_size), d.num_blocks, dtype=torch.int64, device=d.device)
-            ck.paged_attention(q, kc, vc, tables, ctx, span)
+            for splits, block_n in sorted({ck.attention_shape(span, r * d.kv_heads) for r in rows}):
+                ck.paged_attention(q, kc, vc, tables, ctx, span, block_n, splits)

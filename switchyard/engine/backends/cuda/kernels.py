@@ -9,7 +9,8 @@ the step and the bandwidth limit. Here a layer is:
 1. `qkv_rope`: RMSNorm of the residual row (every program recomputes it: a row is a few KB),
    the QKV GEMV (+ bias), Qwen3's q/k norm, RoPE, q out, k and v written into their blocks
 2. `paged_attention`: one query row against its cached positions, read in place through the
-   block table (no gather); long spans split over programs, then a combine
+   block table (no gather); long spans split over programs (until the launch fills the GPU),
+   then a combine
 3. `gemv_residual` (o_proj): GEMV + residual add
 4. `gate_up_silu`: RMSNorm, the gate and up GEMVs, SiLU(g) * u
 5. `gemv_residual` (down_proj)
@@ -22,8 +23,13 @@ the GPU tests' tolerance, not bit for bit.
 
 Rows: 1 row is a multiply-and-sum on the CUDA cores; 2-16 rows pad to 16 for `tl.dot`.
 Larger batches, and TP > 1 (an all-reduce sits between the GEMV and the residual add), keep
-the cuBLAS path. Without a GPU the kernels run in Triton's interpreter, which is how the CPU
-tests check them.
+the cuBLAS path, where `rope_write` does kernel 1's work past its projection (RoPE, q out, the KV
+write: one launch for torch's five). Padding to 32 or 64 rows lost to cuBLAS on an H200 (8B
+shape, the best of 28 launch shapes each: QKV 66 us against 19 for cuBLAS and rope_write at 64
+rows, gate/up 128 against 65; a 64-row step 11.1 ms against 6.1; bench/results/gpu_b64/): every
+program re-reads and re-normalises the float32 activations of all its rows, which at 64 rows
+outweighs the weight tile it reads. Without a GPU the kernels run in Triton's interpreter, which
+is how the CPU tests check them.
 """
 
 from __future__ import annotations
@@ -124,28 +130,14 @@ def _matvec_pair(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, n1, second, M, K
 
 
 @triton.jit
-def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, sin_ptr, pos_ptr,
-                     blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr, M, K, eps, qk_eps,
-                     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                     R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
-                     PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, UPCAST: tl.constexpr):
-    # Program (head, chunk): rows [c*R, c*R + R) of the head's first half and the same rows of
-    # its second half, so that RoPE's pairs (i, i + D/2) meet in one program.
-    head = tl.program_id(0)
-    chunk = tl.program_id(1)
+def _rope_store(y1, y2, rows, r, head, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr,
+                M, qk_eps, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                QK_NORM: tl.constexpr):
+    """Columns r and r + D/2 of `head` of the QKV projection (y1, y2: float32 [rows, R], already
+    rounded to the model dtype) for the given rows: q and k (normed,) rotated; q stored in
+    q_ptr [M, H, D], k and v written into the cache blocks at (blk, off) of each row."""
     HALF: tl.constexpr = D // 2
-    r = chunk * R + tl.arange(0, R)
-    n1 = head * D + r
-    n2 = n1 + HALF
-    a1, a2 = _matvec_pair(x_ptr, stride_x, ln_ptr, eps, w_ptr, K, n1, HALF, M, K, True, M_P, R, BLOCK_K,
-                          NORM_BLOCK, PREFETCH, UPCAST)
     odt = q_ptr.dtype.element_ty
-    if HAS_BIAS:
-        a1 += tl.load(b_ptr + n1).to(tl.float32)[None, :]
-        a2 += tl.load(b_ptr + n2).to(tl.float32)[None, :]
-    y1 = a1.to(odt).to(tl.float32)  # the projection's output in the model dtype, as cuBLAS gives it
-    y2 = a2.to(odt).to(tl.float32)
-    rows = tl.arange(0, M_P)
     live = rows < M
     if head < H + HKV:  # q or k: (norm,) rotate
         if QK_NORM:  # the whole head is in this program (R == D / 2)
@@ -176,6 +168,50 @@ def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, si
         tl.store(kc_ptr + at + HALF, o2.to(odt), mask=live[:, None] & is_k)
         tl.store(vc_ptr + at, o1.to(odt), mask=live[:, None] & is_v)
         tl.store(vc_ptr + at + HALF, o2.to(odt), mask=live[:, None] & is_v)
+
+
+@triton.jit
+def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, sin_ptr, pos_ptr,
+                     blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr, M, K, eps, qk_eps,
+                     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                     R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
+                     PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, UPCAST: tl.constexpr):
+    # Program (head, chunk): rows [c*R, c*R + R) of the head's first half and the same rows of
+    # its second half, so that RoPE's pairs (i, i + D/2) meet in one program.
+    head = tl.program_id(0)
+    chunk = tl.program_id(1)
+    HALF: tl.constexpr = D // 2
+    r = chunk * R + tl.arange(0, R)
+    n1 = head * D + r
+    n2 = n1 + HALF
+    a1, a2 = _matvec_pair(x_ptr, stride_x, ln_ptr, eps, w_ptr, K, n1, HALF, M, K, True, M_P, R, BLOCK_K,
+                          NORM_BLOCK, PREFETCH, UPCAST)
+    odt = q_ptr.dtype.element_ty
+    if HAS_BIAS:
+        a1 += tl.load(b_ptr + n1).to(tl.float32)[None, :]
+        a2 += tl.load(b_ptr + n2).to(tl.float32)[None, :]
+    y1 = a1.to(odt).to(tl.float32)  # the projection's output in the model dtype, as cuBLAS gives it
+    y2 = a2.to(odt).to(tl.float32)
+    _rope_store(y1, y2, tl.arange(0, M_P), r, head, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_ptr, q_ptr,
+                kc_ptr, vc_ptr, M, qk_eps, H, HKV, D, BS, QK_NORM)
+
+
+@triton.jit
+def _rope_write_kernel(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr,
+                       M, qk_eps, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                       BLOCK_M: tl.constexpr, QK_NORM: tl.constexpr):
+    # Program (head, row block): a whole head of BLOCK_M rows of a QKV projection's output
+    # [M, (H + 2 HKV) D], both halves, so that RoPE's pairs and Qwen3's q/k norm meet in it.
+    head = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    HALF: tl.constexpr = D // 2
+    r = tl.arange(0, HALF)
+    at = qkv_ptr + rows[:, None] * ((H + 2 * HKV) * D) + head * D + r[None, :]
+    live = (rows < M)[:, None]
+    y1 = tl.load(at, mask=live, other=0.0).to(tl.float32)
+    y2 = tl.load(at + HALF, mask=live, other=0.0).to(tl.float32)
+    _rope_store(y1, y2, rows, r, head, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr,
+                M, qk_eps, H, HKV, D, BS, QK_NORM)
 
 
 @triton.jit
@@ -287,6 +323,22 @@ def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Ten
     return q
 
 
+def rope_write(qkv: torch.Tensor, qk_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+               pos: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, heads: int, kv_heads: int, eps: float, block_m: int = 16) -> torch.Tensor:
+    """qkv_rope past its projection, for a step of any row count: a QKV projection's output
+    qkv [M, (heads + 2 kv_heads) D] (model dtype, bias added) -> q [M, heads, D]; k and v written
+    into the cache as qkv_rope writes them. One launch where the torch path takes several
+    (RoPE, casts, the rows' cache indices, two index copies)."""
+    M = qkv.shape[0]
+    D, bs = k_cache.shape[-1], k_cache.shape[-2]
+    q = torch.empty(M, heads, D, dtype=qkv.dtype, device=qkv.device)
+    _rope_write_kernel[(heads + 2 * kv_heads, triton.cdiv(M, block_m))](
+        qkv, qk_norm if qk_norm is not None else cos, cos, sin, pos, blocks, offs, q, k_cache, v_cache, M, eps,
+        H=heads, HKV=kv_heads, D=D, BS=bs, BLOCK_M=block_m, QK_NORM=qk_norm is not None)
+    return q
+
+
 def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, tile: Tile | None = None) -> torch.Tensor:
     """x + (a @ w.T) rounded to w's dtype; a [M, K] model dtype, w [N, K], x float32 [M, N]."""
     M, K = a.shape
@@ -322,4 +374,4 @@ def gate_up_silu(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float,
 from switchyard.engine.backends.cuda.paged_attention import attention_shape, paged_attention  # noqa: E402
 
 __all__ = ["MAX_ROWS", "Tile", "attention_shape", "gate_up_silu", "gemv_residual", "paged_attention", "qkv_rope",
-           "tile_for"]
+           "rope_write", "tile_for"]

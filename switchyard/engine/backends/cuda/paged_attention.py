@@ -1,6 +1,7 @@
-"""Kernel 2 of a GPU decode layer (kernels.py): one query row per program against its cached
-positions, read in place through the block table (no gather); long spans split over
-programs, then a combine."""
+"""Kernel 2 of a GPU decode layer (kernels.py), and the attention of every decode step of the
+cuda backend: one query row per program against its cached positions, read in place through
+the block table (no gather); long spans split over programs until the launch fills the GPU,
+then a combine."""
 
 from __future__ import annotations
 
@@ -75,13 +76,22 @@ def _combine_kernel(mo_ptr, ml_ptr, o_ptr, H: tl.constexpr, D: tl.constexpr, SPL
     tl.store(o_ptr + (row * H + head) * D + d, out.to(o_ptr.dtype.element_ty))
 
 
-def attention_shape(span: int) -> tuple[int, int]:
-    """(programs per row and kv head, positions per load) over a span. A decode step's attention
-    is a few programs' latency-bound loops unless the span is split: on an H200 16 splits of a
-    512-position span ran in 4-5 us where one program took 11-14 (SmolLM2, 8B), and 16 splits
-    with 128-position loads halved a 4096 span's time (bench/results/cuda_kernels_sweep.md)."""
+# Programs (rows x kv heads x splits) past which a span is not split further: two per
+# multiprocessor of an H200 (132).
+FULL_LAUNCH = 256
+
+
+def attention_shape(span: int, programs: int = 1) -> tuple[int, int]:
+    """(programs per row and kv head, positions per load) over a span, for a launch of `programs`
+    (rows x kv heads) before any split. A decode step's attention is a few programs'
+    latency-bound loops unless the span is split: on an H200 16 splits of a 512-position span ran
+    in 4-5 us where one program took 11-14 (SmolLM2, 8B, one row), and 16 splits with
+    128-position loads halved a 4096 span's time (bench/results/cuda_kernels_sweep.md). A launch
+    that fills the GPU without splits is not split: 64 rows of the 8B shape (512 programs) over a
+    256 span took 15-17 us unsplit against 30 with 8 splits and their combine
+    (bench/results/gpu_b64/)."""
     splits = 1
-    while splits < 16 and span // (splits * 2) >= 32:
+    while splits < 16 and span // (splits * 2) >= 32 and programs * splits < FULL_LAUNCH:
         splits *= 2
     block_n = 32
     while block_n < 128 and span // splits >= block_n * 2:
@@ -96,7 +106,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     M, H, D = q.shape
     kv_heads, bs = k_cache.shape[1], k_cache.shape[2]
     G = H // kv_heads
-    auto_splits, auto_block = attention_shape(span)
+    auto_splits, auto_block = attention_shape(span, M * kv_heads)
     splits, block_n = splits or auto_splits, block_n or auto_block
     chunk = -(-span // (splits * block_n)) * block_n
     out = torch.empty(M, H * D, dtype=q.dtype, device=q.device)
