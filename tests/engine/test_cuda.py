@@ -181,6 +181,15 @@ def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest
     assert tp2.backend.name == "torch" and "one rank" in tp2.status()["decode_kernels_reason"]
 
 
+def test_a_wide_model_runs_the_fused_layers_at_one_row_only() -> None:
+    """The threshold the H200 sweep chose (bench/results/gpu_b64/call4): the 8B shape's steps of
+    2-16 rows are faster on cuBLAS with rope_write, SmolLM2's on the fused layers."""
+    from switchyard.engine.backends.cuda.backend import MAX_FUSED_ROWS, fused_rows
+
+    assert fused_rows(4096) == 1 and fused_rows(8192) == 1
+    assert fused_rows(576) == MAX_FUSED_ROWS == 16 and fused_rows(NARROW.hidden_size) == 16
+
+
 @fused
 def test_steps_past_the_fused_rows_read_the_cache_with_the_paged_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past 16 rows the projections are cuBLAS's and attention the paged kernel: made to happen

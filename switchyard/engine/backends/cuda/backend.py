@@ -2,7 +2,7 @@
 an H200 (bench/results/engine_cuda_fused.md), on one rank (TP > 1 puts an all-reduce between a
 projection and its residual add):
 
-- a decode step of up to 16 rows: each layer in five kernels (kernels.py: norm + QKV + RoPE + KV
+- a decode step of up to 16 rows (of one row on a model 4096 or more wide: fused_rows): each layer in five kernels (kernels.py: norm + QKV + RoPE + KV
   write, paged attention, o-proj + residual, norm + gate/up + SiLU, down + residual);
 - a larger decode step: cuBLAS for the projections and torch's compiled ops for the norms and
   SiLU, with RoPE and the KV write in one kernel after the QKV projection (kernels.rope_write:
@@ -29,6 +29,17 @@ from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, batch_bucket, 
 from switchyard.engine.backends.torch_backend import TorchBackend, TorchPlan
 
 MAX_FUSED_ROWS = ck.MAX_ROWS
+# A model this wide runs the fused layers at one row only. On an H200 (bench/results/gpu_b64/call4)
+# the cuBLAS path with rope_write ran the 8B shape's (hidden 4096) steps of 2-16 rows in 0.97-0.98x
+# the fused layers' time, while SmolLM2's (hidden 576) fused layers took 0.63-0.90x the cuBLAS
+# path's at 1, 4 and 16 rows: the wide model's projections are weight reads that cuBLAS streams as
+# well at a few rows, the narrow one's are launches. Between the two widths it is unmeasured.
+WIDE_HIDDEN = 4096
+
+
+def fused_rows(hidden: int) -> int:
+    """The rows up to which a decode step of a model `hidden` wide runs the fused layers."""
+    return 1 if hidden >= WIDE_HIDDEN else MAX_FUSED_ROWS
 
 
 class CudaBackend(TorchBackend):
@@ -36,12 +47,13 @@ class CudaBackend(TorchBackend):
 
     def status(self) -> dict[str, Any]:
         # one switch: the prefill's RoPE and SiLU kernels go with the decode kernels
-        return {**super().status(), "decode_kernels": "fused", "prefill_kernels": "fused"}
+        return {**super().status(), "decode_kernels": "fused", "prefill_kernels": "fused",
+                "fused_rows": fused_rows(self.d.hidden)}
 
     def decode_plan(self, ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor, tables: torch.Tensor, span: int,
                     graphs: bool) -> TorchPlan:
         p = super().decode_plan(ids, pos, ctx, tables, span, graphs)
-        p.fused = p.B <= MAX_FUSED_ROWS
+        p.fused = fused_rows(self.d.hidden) >= p.B
         return p
 
     def _shared(self, p: TorchPlan) -> None:
