@@ -309,7 +309,9 @@ class Proxy:
             headers["x-switchyard-overhead-ms"] = f"{overhead * 1000:.3f}"
 
             def account() -> None:
-                used = usage if price is not None or answer.status >= 400 else parse_usage(answer.body)
+                used = usage
+                if used is None and price is None and answer.status < 400:  # not read before the answer left
+                    used = parse_usage(answer.body)
                 rt.finished(decision, answer.pool, answer.replica.name, status, now - t0, overhead, used, cost)
                 if trace is not None:
                     trace.answered(answer.pool, answer.replica.name, status, answer.attempts, used, cost)
