@@ -355,9 +355,9 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
                 if a.mask_threads_ab and b >= 4:  # llguidance's pool, beside the engine's in-line fill
                     decode("ours (async, grammar, pool)", m, b, grammar=make, mask_threads=a.mask_threads_ab)
     if sweep_batches and clock.left() > 60:
-        from engine_cuda_sweep import sweep
+        from engine_cuda_sweep import BACKENDS, sweep
 
-        sweep(m, c, sweep_batches, ints(a.parts_batches), tokens, tok, clock, add, log, a.sweep_backends)
+        sweep(m, c, sweep_batches, ints(a.parts_batches), tokens, tok, clock, add, log, a.sweep_backends or BACKENDS)
     if 1 in batches and clock.left() > 20:  # the same weights, cache and backend, decode steps run eagerly
         decode("ours (no graphs)", m.view(m.backend_name, cuda_graphs=False, max_slots=m.max_slots), 1)
     if a.ttft and clock.left() > 15:
@@ -491,8 +491,8 @@ def main(argv: list[str] | None = None) -> None:
                                                                    "by llguidance's pool of this many threads")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")
     ap.add_argument("--sweep-batches", default="1,2,4,8,16", help="the backends sweep's batches")
-    ap.add_argument("--sweep-backends", default="cuda,cuda-fused-rows-0,cuda-torch-glue,cuda-attention-by-span",
-                    help="the decode backends the sweep compares (registry names)")
+    ap.add_argument("--sweep-backends", default="",
+                    help="the decode backends the sweep compares (registry names; default: engine_cuda_sweep.BACKENDS)")
     ap.add_argument("--parts-batches", default="1,16", help="the graph-parts sweep's batches")
     ap.add_argument("--budget-s", type=float, default=420, help="skip remaining points past this")
     ap.add_argument("--out", default="bench/results")

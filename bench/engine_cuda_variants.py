@@ -11,7 +11,7 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   (bench/engine_cuda_probe.py measures the TTFT of both).
 - `cuda-fused-rows-N`: the cuda backend with its fused decode layers up to N rows (a step's batch
   bucket), cuBLAS's projections and the paged attention kernel past them, where the served one
-  fuses up to backends/cuda/backend.MAX_FUSED_ROWS; N = 0: never fused
+  fuses up to backends/cuda/backend.fused_rows(hidden) rows; N = 0: never fused
   (bench/engine_cuda_sweep.py sweeps it).
 - `cuda-torch-glue`: `cuda-fused-rows-0` (cuBLAS's projections at every batch) as it ran before
   kernels.rope_write: torch's RoPE (compiled) on angles gathered once a step, and the KV write

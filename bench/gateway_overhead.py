@@ -107,26 +107,16 @@ def pctl(xs: list[float], q: float) -> float:
 
 
 async def latency(url: str, n: int, model: str, headers: dict | None = None) -> list[float]:
-    body = json.dumps({**BODY, "model": model}).encode()
-    h = {"Content-Type": "application/json", **(headers or {})}
-    out = []
-    async with aiohttp.ClientSession() as s:
-        for i in range(n + 50):
-            t = time.perf_counter()
-            async with s.post(url, data=body, headers=h) as r:
-                await r.read()
-                assert r.status == 200, (r.status, await r.text())
-            if i >= 50:  # warm-up
-                out.append((time.perf_counter() - t) * 1000)
-    return out
+    """N sequential requests (ms each, after 50 of warm-up)."""
+    return (await latency_interleaved([url], n, model, headers))[0]
 
 
-async def latency_interleaved(urls: list[str], n: int, model: str) -> list[list[float]]:
+async def latency_interleaved(urls: list[str], n: int, model: str, headers: dict | None = None) -> list[list[float]]:
     """N sequential requests to each URL, taking turns request by request (each through its own
     connection): a drift in the machine's speed falls on every URL alike, so their p50s compare
     within a round rather than across the seconds between one URL's run and the next's."""
     body = json.dumps({**BODY, "model": model}).encode()
-    h = {"Content-Type": "application/json"}
+    h = {"Content-Type": "application/json", **(headers or {})}
     out: list[list[float]] = [[] for _ in urls]
     sessions = [aiohttp.ClientSession() for _ in urls]
     try:
