@@ -194,3 +194,31 @@ def test_tile_for_fits_shared_memory_and_takes_the_sweeps_shapes() -> None:
         assert ck.tile_for(kind, 16, n, k, 4) != ck.tile_for(kind, 16, n, k, 2)  # float32 shrank
     assert ck.tile_for("gate_up", 1, 14336, 4096) == ck.Tile(8, 256, 4, prefetch=True)
     assert ck.tile_for("gemv", 1, 576, 1536) == ck.Tile(2, 2048, 4, prefetch=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grammar_mask_kernel_equals_the_torch_path(dtype: torch.dtype) -> None:
+    """One Triton kernel masks a step's grammar rows as torch's four or five ops do
+    (token_mask.apply_token_bitmask_torch): every row or some, a vocabulary as wide as the mask,
+    narrower than its last word, and padded past it (never allowed); the free rows untouched."""
+    from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask_torch
+    from switchyard.engine.backends.cuda.token_mask import apply_token_bitmask_cuda
+
+    g = torch.Generator().manual_seed(7)
+    for V, W in ((49152, 1536), (1000, 32), (1030, 32), (5000, 100)):
+        bitmask = torch.randint(-2**31, 2**31 - 1, (5, W), dtype=torch.int32, generator=g)
+        bitmask[1] = -1  # every token allowed
+        bitmask[3] = 0
+        bitmask[3, 0] = 1 << 2  # only token 2
+        if DEV.type == "cuda":
+            bitmask = bitmask.pin_memory()
+        logits = _rand(5, V, dtype=dtype, g=g)
+        for rows in ([0, 1, 2, 3, 4], [0, 2, 3], [4]):
+            fused, ref = logits.clone(), logits.clone()
+            apply_token_bitmask_cuda(fused, bitmask, rows)
+            apply_token_bitmask_torch(ref, bitmask, rows)
+            assert torch.equal(fused, ref), (V, W, rows)
+            free = [i for i in range(5) if i not in rows]
+            assert torch.equal(fused[free], logits[free])
+            if 3 in rows:
+                assert torch.isfinite(fused[3]).sum() == 1 and torch.isfinite(fused[3, 2])
