@@ -326,10 +326,10 @@ def bench_policy(ups: list[str], pin: bool) -> str:
 
 
 def ab_rounds(args, policy: Path, tmp: Path, results: dict) -> None:
-    """This tree's gateway against --ab's, both up at once on the same core, in interleaved rounds
-    of sequential requests (order alternating): per round each one's p50 and its CPU time per
-    request (the server's own /proc counters: what a busy machine disturbs least), then the
-    medians of the paired per-round differences."""
+    """This tree's gateway against --ab's, both up at once on the same core, in rounds of
+    sequential requests taking turns request by request (which goes first alternating by round):
+    per round each one's p50 and its CPU time per request (the server's own /proc counters: what a
+    busy machine disturbs least), then the medians of the paired per-round differences."""
     gws = {}
     for name, cwd in (("this tree", None), ("--ab tree", args.ab.resolve())):
         gp = free_port()
@@ -340,11 +340,12 @@ def ab_rounds(args, policy: Path, tmp: Path, results: dict) -> None:
     try:
         names = list(gws)
         for r in range(args.rounds):
-            for name in (names if r % 2 == 0 else names[::-1]):
-                gp, proc = gws[name]
-                c0 = cpu_seconds(proc.pid)
-                lat = asyncio.run(latency(f"http://127.0.0.1:{gp}/v1/chat/completions", args.requests, "auto"))
-                cpu_us = (cpu_seconds(proc.pid) - c0) / (len(lat) + 50) * 1e6
+            order = names if r % 2 == 0 else names[::-1]
+            c0 = [cpu_seconds(gws[name][1].pid) for name in order]
+            lats = asyncio.run(latency_interleaved(
+                [f"http://127.0.0.1:{gws[name][0]}/v1/chat/completions" for name in order], args.requests, "auto"))
+            for name, lat, c in zip(order, lats, c0, strict=True):
+                cpu_us = (cpu_seconds(gws[name][1].pid) - c) / (len(lat) + 50) * 1e6
                 per[name].append((statistics.median(lat), cpu_us))
     finally:
         for _, proc in gws.values():
@@ -420,8 +421,8 @@ def main() -> None:
                                                              "rounds, order rotating, medians kept (0: one pass each)")
     ap.add_argument("--before", type=Path, help="--tracing: also the gateway of this source tree (e.g. a worktree of "
                                                 "the commit before tracing), in the same rounds")
-    ap.add_argument("--ab", type=Path, help="only: this tree's gateway against this source tree's, interleaved rounds "
-                                            "of --requests sequential requests (--rounds of them)")
+    ap.add_argument("--ab", type=Path, help="only: this tree's gateway against this source tree's, rounds "
+                                            "of --requests sequential requests each, taking turns request by request (--rounds of them)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gateway_overhead.json")
     args = ap.parse_args()
     client_on_core0()

@@ -31,7 +31,7 @@ from switchyard.api.guard import EdgeGuard, GuardConfig
 from switchyard.api.messages import MESSAGES
 from switchyard.api.proxy import FastPath, Proxy
 from switchyard.api.responses import ResponsesDialect
-from switchyard.api.safe_headers import SafeHeaders
+from switchyard.api.safe_headers import SafeHeaders, safe_send
 from switchyard.gateway.auth import Auth, check_admin
 from switchyard.gateway.gateway import Gateway
 from switchyard.gateway.keys import KeyStore
@@ -60,10 +60,19 @@ class GatewayApp(FastAPI):
 
     fast: ASGIApp | None = None
     fast_paths: frozenset[str] = frozenset()
+    fast_guard: EdgeGuard | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.fast is not None and scope["type"] == "http" and scope["path"] in self.fast_paths:
-            await self.fast(scope, receive, send)
+        fast = self.fast
+        if fast is not None and scope["type"] == "http" and scope["path"] in self.fast_paths:
+            # What SafeHeaders(EdgeGuard(fast)) does, in this one frame (two fewer a request).
+            send = safe_send(send)
+            if self.fast_guard is not None:
+                receive, refusal = self.fast_guard.admit(scope, receive)
+                if refusal is not None:
+                    await refusal(scope, receive, send)
+                    return
+            await fast(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
@@ -213,7 +222,7 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
     # The proxy paths skip FastAPI and Starlette's stack (its router, error middleware, FastAPI's
     # per-request telemetry check): the same edge checks, wrapped directly around the proxy.
     fast = FastPath(app.starlette_call, proxy)
-    app.fast = SafeHeaders(EdgeGuard(fast, guard))
+    app.fast, app.fast_guard = fast, EdgeGuard(fast, guard)
     app.fast_paths = frozenset(fast.routes)
     app.state.runtime = rt
     app.state.gateway = gateway

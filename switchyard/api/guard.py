@@ -18,6 +18,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from switchyard import errors
 from switchyard.api import errors as http_errors
@@ -72,6 +73,15 @@ class EdgeGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        bounded, refusal = self.admit(scope, receive)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, bounded, send)
+
+    def admit(self, scope: Scope, receive: Receive) -> tuple[Receive, ASGIApp | None]:
+        """An HTTP request's checks: (its bounded `receive`, None), or (receive, the refusal to
+        send). Synchronous, so a chain can run it without a layer of its own (api/app.py)."""
         cfg = self.cfg
         refusal = self._refuse(scope) if cfg.open_mode else None
         limit = cfg.max_body_bytes if scope["path"].startswith("/v1/") else cfg.small_body_bytes
@@ -87,9 +97,8 @@ class EdgeGuard:
             # Each client API reads its own error shape: Claude Code shows Anthropic's message,
             # not an OpenAI envelope it cannot parse.
             shape = MESSAGES if scope["path"].startswith("/v1/messages") else None
-            await http_errors.response(refusal, shape=shape)(scope, receive, send)
-            return
-        await self.app(scope, _BoundedBody(receive, limit, cfg.body_timeout), send)
+            return receive, http_errors.response(refusal, shape=shape)
+        return _BoundedBody(receive, limit, cfg.body_timeout), None
 
     def _served(self, host: str) -> bool:
         ok = self._hosts.get(host)
@@ -128,6 +137,23 @@ class _BoundedBody:
         self._timeout = timeout
         self._seen = 0
         self._done = False
+
+    def whole(self) -> bytes | None:
+        """The whole body now, when uvicorn's cycle already holds all of it (a small body arrives
+        with its headers): what the first receive() would hand over, counted the same, without its
+        three coroutines (a few us of a request's ~0.5 ms at c=1). None where receive() must do it."""
+        cycle = getattr(self._receive, "__self__", None)
+        if (self._done or self._seen or not isinstance(cycle, RequestResponseCycle) or cycle.more_body
+                or cycle.waiting_for_100_continue or cycle.disconnected or cycle.response_complete):
+            return None
+        cycle.flow.resume_reading()
+        cycle.message_event.clear()
+        body, cycle.body = bytes(cycle.body), bytearray()
+        self._done = True
+        self._seen = len(body)
+        if self._seen > self._limit:
+            raise errors.TooLarge(self._limit)
+        return body
 
     async def __call__(self) -> Message:
         receive = self._receive

@@ -88,16 +88,22 @@ class Proxy:
         # sets it as /health decides; without it, nobody's).
         self.show_details: Callable[[Mapping[str, str]], bool] = lambda headers: False
 
+    def body_now(self, request: Request) -> bytes | None:
+        """The whole body when the server already holds it (the edge guard's `whole`, api/guard.py:
+        a small body arrives with its headers), without an await; None when it must be read."""
+        whole = getattr(request.receive, "whole", None)
+        raw = whole() if whole is not None else None
+        if raw is not None and not raw:
+            raise errors.BadRequest("the request body is empty; send a JSON object")
+        return raw
+
     async def read_raw(self, request: Request) -> bytes:
         """The body's bytes. Its size and pace are bounded before it gets here (api/guard.py). Read
         straight from `receive` (Starlette's body() goes through an async generator per request)."""
         receive = request.receive
-        msg = await receive()
-        if msg["type"] != "http.request":
-            raise ClientDisconnect()
-        raw = msg.get("body", b"")
-        if msg.get("more_body", False):
-            parts = [raw]
+        raw = self.body_now(request)
+        if raw is None:
+            parts = []
             while True:
                 msg = await receive()
                 if msg["type"] != "http.request":
@@ -105,7 +111,7 @@ class Proxy:
                 parts.append(msg.get("body", b""))
                 if not msg.get("more_body", False):
                     break
-            raw = b"".join(parts)
+            raw = parts[0] if len(parts) == 1 else b"".join(parts)
         if not raw:
             raise errors.BadRequest("the request body is empty; send a JSON object")
         return raw
@@ -133,7 +139,9 @@ class Proxy:
             check_request(parsed.chat, limits)
             return parsed, extract(parsed.chat, headers, text_cues=False)
 
-        raw = await self.read_raw(request)
+        raw = self.body_now(request)
+        if raw is None:
+            raw = await self.read_raw(request)
         parsed, features = await bounded(raw, parse, limits)
         body = parsed.chat
         if parsed.native is body:  # the client's own chat body: its size is known (pools/fit.py)
@@ -588,8 +596,11 @@ def _canceller(task: asyncio.Task | None, left: list[bool]) -> Callable[[], None
 
 
 class Answered(Response):
-    """A non-streaming answer: its head and body in two ASGI messages, the headers built once
-    (Starlette's Response lowercases and re-encodes its headers in init_headers, per request).
+    """A non-streaming answer, its headers built once (Starlette's Response lowercases and
+    re-encodes its headers in init_headers, per request). Under our server (the scope names its
+    connection) head and body leave in one write of the connection's (api/server.py's `answer`,
+    which applies api/safe_headers.py's rule itself: the fast chain's only wrapper of `send`);
+    elsewhere they go as two ASGI messages.
     `after` runs once the body is handed to the server, however the sending ends: what Starlette's
     `background` is for, without a task. An answer the socket takes at once (all but the largest)
     is followed by `after` within the same turn of the loop: no other request can see the gap."""
@@ -609,8 +620,10 @@ class Answered(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            await send({"type": "http.response.body", "body": self.body})
+            conn = scope.get(CONN_KEY)  # our server writes it whole (api/server.py's answer)
+            if conn is None or not conn.answer(scope, self.status_code, self.raw_headers, self.body):
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                await send({"type": "http.response.body", "body": self.body})
         finally:
             if self.after is not None:
                 self.after()

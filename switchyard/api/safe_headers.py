@@ -9,6 +9,7 @@ the connection mid-response.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -20,26 +21,33 @@ def clean_value(v: bytes) -> bytes:
     return _BAD.sub(b"?", v) if _BAD.search(v) else v
 
 
+def safe_response_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """An answer's headers as they may leave: values cleaned, nosniff set once."""
+    raw = list(raw)
+    # One search over every value at once (the values of one answer are a few hundred bytes);
+    # the header-by-header pass only when something must be replaced.
+    if _BAD.search(b"\t".join(v for _, v in raw)):  # a tab is allowed: it cannot match
+        headers = [(k, clean_value(v)) for k, v in raw if k != b"x-content-type-options"]
+    else:
+        headers = [h for h in raw if h[0] != b"x-content-type-options"]
+    headers.append(NOSNIFF)
+    return headers
+
+
+def safe_send(send: Send) -> Send:
+    """`send` with every answer's head made safe (safe_response_headers)."""
+
+    async def send_safe(msg: Message) -> None:
+        if msg["type"] == "http.response.start":
+            msg["headers"] = safe_response_headers(msg.get("headers", ()))
+        await send(msg)
+
+    return send_safe
+
+
 class SafeHeaders:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_safe(msg: Message) -> None:
-            if msg["type"] == "http.response.start":
-                raw = msg.get("headers", ())
-                # One search over every value at once (the values of one answer are a few hundred
-                # bytes); the header-by-header pass only when something must be replaced.
-                if _BAD.search(b"\t".join(v for _, v in raw)):  # a tab is allowed: it cannot match
-                    headers = [(k, clean_value(v)) for k, v in raw if k != b"x-content-type-options"]
-                else:
-                    headers = [h for h in raw if h[0] != b"x-content-type-options"]
-                headers.append(NOSNIFF)
-                msg["headers"] = headers
-            await send(msg)
-
-        await self.app(scope, receive, send_safe)
+        await self.app(scope, receive, safe_send(send) if scope["type"] == "http" else send)

@@ -138,7 +138,10 @@ async def route(policy: RoutingPolicy, features: Features, body: dict[str, Any],
     error = None
     t_classify = 0.0
     if label is None:
-        label, error, t_classify = await _label(policy, features, body, rec)
+        if cspec.kind == "none":  # no classifier: no coroutine to await
+            label = NO_LABEL
+        else:
+            label, error, t_classify = await _label(policy, features, body, rec)
     decision, checks = policy.compiled.evaluate(features, label, session_id)
     if rec is not None and rec.pool in spec.pools and spec.session.pin != "none" and rec.label == label.name:
         # Pinned: a session stays on its pool (and replica) until its label changes.

@@ -204,8 +204,8 @@ class Dispatcher:
             affinity = prefix_key(body) if pool.spec.strategy == "cache_aware" else None
             for attempt in range(pool.spec.retries + 1):
                 t_wait = time.perf_counter() if trace is not None else 0.0
-                try:
-                    replica = await pool.acquire(tried, prefer, affinity)
+                try:  # a free slot at once, else the pool's queue
+                    replica = pool.try_acquire(tried, prefer, affinity) or await pool.acquire(tried, prefer, affinity)
                 except NoHealthyReplica:
                     failure = failure or errors.Unavailable(f"pool {pname!r} has no healthy replica")
                     break

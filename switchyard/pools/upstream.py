@@ -222,9 +222,9 @@ class Connection(asyncio.Protocol):
     # --- httptools callbacks ----------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        k = name.decode("latin-1").lower()
-        if k not in self._headers:
-            self._headers[k] = value.decode("latin-1")
+        # The first value of a repeated header wins; dict's own setdefault (Headers lowercases
+        # in Python, and names here are lowercased already).
+        self._headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
         h = self._headers
@@ -349,6 +349,22 @@ class UpstreamPool:
         self.idle: list[Connection] = []
         self.loop = asyncio.get_event_loop()
         self.closed = False
+        # The last request head: (path, auth, headers, bytes up to the Content-Length value).
+        self._head: tuple[str, aiohttp.BasicAuth | None, dict[str, str], bytes] | None = None
+
+    def _request_head(self, path: str, headers: dict[str, str], auth: aiohttp.BasicAuth | None) -> bytes:
+        """The request line and headers, up to the Content-Length header's value."""
+        lines = [b"POST ", (self.base_path + path).encode(), b" HTTP/1.1\r\nHost: ", self.host_header, b"\r\n"]
+        for k, v in headers.items():
+            if "\r" in v or "\n" in v or "\r" in k or "\n" in k:
+                raise ValueError(f"header {k!r} holds a line break")
+            lines += (k.encode("latin-1"), b": ", v.encode("latin-1"), b"\r\n")
+        if auth is not None and "Authorization" not in headers:
+            lines += (b"Authorization: ", auth.encode().encode("latin-1"), b"\r\n")
+        if "Accept" not in headers:
+            lines.append(b"Accept: */*\r\n")
+        lines.append(b"Content-Length: ")
+        return b"".join(lines)
 
     def _idle_conn(self) -> Connection | None:
         idle = self.idle
@@ -390,17 +406,15 @@ class UpstreamPool:
             self.idle.clear()
             self.loop = loop
         deadline = None if not total else loop.time() + total
-        lines = [b"POST ", (self.base_path + path).encode(), b" HTTP/1.1\r\nHost: ", self.host_header, b"\r\n"]
-        for k, v in headers.items():
-            if "\r" in v or "\n" in v or "\r" in k or "\n" in k:
-                raise ValueError(f"header {k!r} holds a line break")
-            lines += (k.encode("latin-1"), b": ", v.encode("latin-1"), b"\r\n")
-        if auth is not None and "Authorization" not in headers:
-            lines += (b"Authorization: ", auth.encode().encode("latin-1"), b"\r\n")
-        if "Accept" not in headers:
-            lines.append(b"Accept: */*\r\n")
-        lines += (b"Content-Length: ", str(len(payload)).encode(), b"\r\n\r\n", payload)
-        data = b"".join(lines)
+        # A pool's requests share one head but for the length: built once, kept while the path,
+        # the headers (compared by value: a traced attempt's differ each time) and auth stay.
+        cached = self._head
+        if cached is not None and cached[0] == path and cached[1] is auth and cached[2] == headers:
+            head = cached[3]
+        else:
+            head = self._request_head(path, headers, auth)
+            self._head = (path, auth, dict(headers), head)
+        data = b"".join((head, str(len(payload)).encode(), b"\r\n\r\n", payload))
         conn = self._idle_conn()
         if conn is None:
             budget = connect if connect else None
