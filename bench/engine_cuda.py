@@ -228,14 +228,13 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
 
 
 # --grammar-ab's variants of the grammar loop: GrammarMasker's class knobs, set for one decode.
-GRAMMAR_VARIANTS = {"fill in line": {"AHEAD_ROWS": 1 << 30}, "torch masking": {"FUSED": False},
-                    "in line, torch masking": {"AHEAD_ROWS": 1 << 30, "FUSED": False}}
+GRAMMAR_VARIANTS = {"fill ahead": {"AHEAD": True}, "torch masking": {"FUSED": False}}
 
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
                    add: Callable[..., None], log: Callable[[str], None]) -> None:
-    """Free and grammar decoding (and with `ab` the variants: the masks filled in line, torch's
-    masking ops) alternated `rounds` times at batch b; each figure the median of its rounds, so a
+    """Free and grammar decoding (and with `ab` the variants: the masks filled ahead on the
+    masker's thread, torch's masking ops) alternated `rounds` times at batch b; each figure the median of its rounds, so a
     ratio compares neighbours in time rather than two points minutes apart."""
     from switchyard.engine.chat.grammar import GrammarMasker
 
@@ -509,7 +508,7 @@ def summary(rows: list[dict[str, Any]], bw: float) -> str:
             lines.append(f"| {shape} | {b} | {n(f)} | {n(g)} | {ratio(g, f)} | "
                          f"{n(val(shape, 'ours (sync, grammar)', 'decode_tok_s', b))} | {fill} |")
         ab = [r for r in rows if r["engine"].startswith("ours (async, grammar, ") and "pool" not in r["engine"]]
-        if ab:  # --grammar-ab: the same rounds with the masks filled in line and/or masked by torch's ops
+        if ab:  # --grammar-ab: the same rounds with the masks filled ahead, or masked by torch's ops
             lines += ["", "The grammar's variants, alternated with the rows above (medians of the rounds):", "",
                       "| shape | batch | variant | tok/s | / free | / grammar (this tree) | step, fill, wait |",
                       "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -548,7 +547,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grammar-rounds", type=int, default=1,
                     help="> 1: free and grammar decoding alternated this many times a batch, medians reported")
     ap.add_argument("--grammar-ab", action="store_true",
-                    help="with --grammar-rounds: also the masks filled in line and masked by torch's ops")
+                    help="with --grammar-rounds: also the masks filled ahead, and masked by torch's ops")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")
     ap.add_argument("--sweep-batches", default="1,2,4,8,16", help="the backends sweep's batches")
     ap.add_argument("--sweep-backends", default="",

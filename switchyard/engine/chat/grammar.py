@@ -144,7 +144,7 @@ class GrammarMasker:
     (one Triton kernel, backends/cuda/token_mask.py; torch's ops where triton is missing); under
     async decoding, step n+1's masks are filled while step n+1 runs.
 
-    Fill ahead (`fill_ahead`, the async decode loop's): as soon as the output stage has accepted
+    Fill ahead (`fill_ahead`, the async decode loop's where AHEAD is set; off by default): as soon as the output stage has accepted
     step n's tokens, the masks of step n+1 start on a fill thread of this masker, in one llguidance
     call that lets go of the GIL for all rows, while this thread detokenises and streams; `apply`
     then waits for that fill alone. The masks are the same bits (the same matcher states), so the
@@ -153,6 +153,10 @@ class GrammarMasker:
     a fill shorter than AHEAD_MIN_S (the last step's fill decides): those steps fill in line."""
 
     PAR_ROWS = 4  # fewer constrained rows than this fill in line even with a pool
+    # Off: on the H200's host it lost (bench/results/gpu_grammar2: SmolLM2 batch 16 8,210 tok/s
+    # against 10,994 in line, 8B batch 16 equal): the output stage had ~0.1 ms of work left to
+    # overlap after the accepts, and the fill on the fill thread took 1.05 ms against 0.74 in line.
+    AHEAD = False  # whether the async loop fills ahead (OutputStage.finish reads it)
     AHEAD_ROWS = 4  # fewer constrained rows than this are not filled ahead
     # Nor when the last step's fill took less than this: the hand-off to the fill thread and back
     # held this thread 0.13-0.22 ms on a busy 2-core Zen 5, more than a simple grammar's 16 rows

@@ -89,7 +89,7 @@ class OutputStage:
             stops.append(not p.ignore_eos and (tok in self.tok.eos_ids or tok in p.stop_token_ids))
             if s.grammar is not None and not s.finished:
                 s.grammar.accept(tok)
-        if ahead and self.masker is not None:
+        if ahead and self.masker is not None and self.masker.AHEAD:
             # The rows of the next step, as the scheduler will sample them: those not finishing
             # (a row that finishes below on a stop string or the length was filled for nothing).
             self.masker.fill_ahead([s.grammar for s, stop in zip(sampled.seqs, stops, strict=True)
