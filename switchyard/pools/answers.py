@@ -80,6 +80,12 @@ async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     declared = resp.content_length
     if declared is not None and declared > limit and not resp.headers.get("Content-Encoding"):
         raise BodyTooLarge(limit, declared)
+    ready = getattr(resp.content, "ready", None)  # the request path's client: no await once it is all here
+    whole = ready() if ready is not None else None
+    if whole is not None:
+        if len(whole) > limit:
+            raise BodyTooLarge(limit, len(whole))
+        return whole
     parts: list[bytes] = []
     seen = 0
     while True:

@@ -118,6 +118,12 @@ class Content:
             self._conn.resume()
         return out
 
+    def ready(self) -> bytes | None:
+        """All of the body, without an await, once all of it has arrived cleanly; else None."""
+        if not self._eof or self._exc is not None:
+            return None
+        return self._take(self._size) if self._chunks else b""
+
     async def read(self, n: int = -1) -> bytes:
         """Up to `n` bytes (all that is buffered, for n < 0), once some are there; b"" at the end."""
         if not self._chunks and not self._eof:
