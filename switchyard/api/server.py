@@ -136,11 +136,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         cycle.response_started = cycle.response_complete = True
         cycle.waiting_for_100_continue = False
         cycle.message_event.set()  # a handler waiting on receive() sees the answer done
-        # Through the cycle's cork: a 100 Continue it still holds goes first, in the same write.
         out_t = cycle.transport
-        out_t.write(b"".join(out))
-        if isinstance(out_t, _Corked):
-            out_t.flush()
+        if isinstance(out_t, _Corked):  # a 100 Continue the cork still holds goes first, in this write
+            out_t.write_now(b"".join(out))
+        else:
+            out_t.write(b"".join(out))
         if not cycle.keep_alive:
             out_t.close()
         cycle.on_response()
@@ -216,6 +216,12 @@ class _Corked:
             self._held = None
             data = held + data
         self._t.write(data)
+
+    def write_now(self, data: bytes) -> None:
+        """`data` out at once, after anything held (no flush left scheduled for it)."""
+        self._first = False
+        held, self._held = self._held, None
+        self._t.write(data if held is None else held + data)
 
     def flush(self) -> None:
         held = self._held
