@@ -204,7 +204,6 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
         sched.output.masker = GrammarMasker(seqs[0].grammar.vocab_size or vocab, threads=mask_threads)
     marks: list[tuple[float, int, int]] = []  # after each turn: time, tokens so far, the fewest a row has
     fills: list[float] = []
-    waits: list[float] = []  # how long sampling waited for masks filled ahead (0: filled in line)
     t0 = time.perf_counter()
     with torch.inference_mode():
         while not all(s.finished for s in seqs):
@@ -215,7 +214,6 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
             marks.append((time.perf_counter(), sum(n), min(n)))
             if grammar is not None and sched.output.masker is not None:
                 fills.append(sched.output.masker.last_fill_s)
-                waits.append(getattr(sched.output.masker, "last_wait_s", 0.0))
     sync(m.device)
     k = next(i for i, mk in enumerate(marks) if mk[2] >= WARM)
     (t1, n1, _), (t2, n2, _) = marks[k], marks[-1]
@@ -223,18 +221,17 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     r = {"tok_s": (n2 - n1) / dt, "step_ms": dt / max(1, (n2 - n1) / batch) * 1000, "ready_s": t1 - t0}
     if fills:
         r["mask_ms"] = statistics.median(fills[k:] or fills) * 1000
-        r["wait_ms"] = statistics.median(waits[k:] or waits) * 1000
     return r
 
 
 # --grammar-ab's variants of the grammar loop: GrammarMasker's class knobs, set for one decode.
-GRAMMAR_VARIANTS = {"fill ahead": {"AHEAD": True}, "torch masking": {"FUSED": False}}
+GRAMMAR_VARIANTS = {"torch masking": {"FUSED": False}}
 
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
                    add: Callable[..., None], log: Callable[[str], None]) -> None:
-    """Free and grammar decoding (and with `ab` the variants: the masks filled ahead on the
-    masker's thread, torch's masking ops) alternated `rounds` times at batch b; each figure the median of its rounds, so a
+    """Free and grammar decoding (and with `ab` the variant: torch's masking ops instead of the
+    Triton kernel) alternated `rounds` times at batch b; each figure the median of its rounds, so a
     ratio compares neighbours in time rather than two points minutes apart."""
     from switchyard.engine.chat.grammar import GrammarMasker
 
@@ -254,14 +251,13 @@ def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens:
                     setattr(GrammarMasker, k, v)
             runs.setdefault(engine, []).append(r)
             log(f"    round {i} b={b} {engine:44} {r['tok_s']:10.1f} tok/s  step {r['step_ms']:.3f} ms"
-                + (f"  fill {r['mask_ms']:.3f} ms, waited {r['wait_ms']:.3f} ms" if "mask_ms" in r else ""))
+                + (f"  fill {r['mask_ms']:.3f} ms" if "mask_ms" in r else ""))
     for engine, rs in runs.items():
         tok_s = statistics.median(r["tok_s"] for r in rs)
         each = ", ".join(f"{r['tok_s']:.0f}" for r in rs)
         note = f"step {statistics.median(r['step_ms'] for r in rs):.3f} ms, median of {len(rs)} rounds ({each})"
         if "mask_ms" in rs[0]:
-            note += (f", mask fill {statistics.median(r['mask_ms'] for r in rs):.3f} ms, "
-                     f"waited {statistics.median(r['wait_ms'] for r in rs):.3f} ms")
+            note += f", mask fill {statistics.median(r['mask_ms'] for r in rs):.3f} ms"
         add(engine, "decode_tok_s", b, tok_s, "tok/s", note)
 
 
@@ -508,9 +504,9 @@ def summary(rows: list[dict[str, Any]], bw: float) -> str:
             lines.append(f"| {shape} | {b} | {n(f)} | {n(g)} | {ratio(g, f)} | "
                          f"{n(val(shape, 'ours (sync, grammar)', 'decode_tok_s', b))} | {fill} |")
         ab = [r for r in rows if r["engine"].startswith("ours (async, grammar, ") and "pool" not in r["engine"]]
-        if ab:  # --grammar-ab: the same rounds with the masks filled ahead, or masked by torch's ops
+        if ab:  # --grammar-ab: the same rounds with the masks applied by torch's ops
             lines += ["", "The grammar's variants, alternated with the rows above (medians of the rounds):", "",
-                      "| shape | batch | variant | tok/s | / free | / grammar (this tree) | step, fill, wait |",
+                      "| shape | batch | variant | tok/s | / free | / grammar (this tree) | step, fill |",
                       "| --- | --- | --- | --- | --- | --- | --- |"]
             for r in ab:
                 sh, b = r["shape"], r["batch"]
@@ -547,7 +543,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grammar-rounds", type=int, default=1,
                     help="> 1: free and grammar decoding alternated this many times a batch, medians reported")
     ap.add_argument("--grammar-ab", action="store_true",
-                    help="with --grammar-rounds: also the masks filled ahead, and masked by torch's ops")
+                    help="with --grammar-rounds: also the masks applied by torch's ops (not the Triton kernel)")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")
     ap.add_argument("--sweep-batches", default="1,2,4,8,16", help="the backends sweep's batches")
     ap.add_argument("--sweep-backends", default="",

@@ -261,40 +261,6 @@ fused = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="n
 
 
 @fused
-def test_grammar_masks_filled_ahead_equal_the_synchronous_loop(smollm2: tuple[Runner, ChatTokenizer],
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every row under a grammar, the masks of step n+1 filled on the masker's thread while the
-    output stage streams step n (GrammarMasker.fill_ahead): the same tokens, text and finishes as
-    the synchronous loop, which fills in line. Rows end by length mid-batch (their masks were
-    filled ahead for nothing, the others' rows then sit elsewhere in the filled buffer) and by the
-    grammar completing; seeded sampling beside greedy."""
-    from switchyard.engine.chat.grammar import GrammarMasker, Grammars
-    from switchyard.engine.chat.structured import constraint
-
-    monkeypatch.setattr(GrammarMasker, "AHEAD", True)  # off by default (it lost on the H200's host)
-    monkeypatch.setattr(GrammarMasker, "AHEAD_ROWS", 2)  # 4 slots here: also 3- and 2-row steps ahead
-    monkeypatch.setattr(GrammarMasker, "AHEAD_MIN_S", 0.0)  # this grammar's fills are short: ahead anyway
-    r, tok = smollm2
-    grammars = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
-    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}}
-
-    def reqs() -> list[tuple[list[int], SamplingParams, Any]]:  # fresh matchers for each run
-        asks = [("Weather in Paris for 3 days, as JSON.", SamplingParams(max_tokens=5, temperature=0.0)),
-                ("A city in Peru and a number of days, as JSON.",
-                 SamplingParams(max_tokens=40, temperature=0.7, seed=5)),
-                ("Rome, 4 days, as JSON.", SamplingParams(max_tokens=11, temperature=0.0)),
-                ("Lisbon for a week, as JSON.", SamplingParams(max_tokens=40, temperature=0.0))]
-        return [(_chat(tok, text), params, grammars.compile(constraint(rf, None))) for text, params in asks]
-
-    sync = drive(r, tok, reqs(), overlap=False)
-    fast = drive(r, tok, reqs(), overlap=True)
-    assert_same(sync, fast)
-    masker, line = fast.sched.output.masker, sync.sched.output.masker
-    assert masker is not None and line is not None and line.ahead_used == 0
-    assert masker.ahead_used >= 8 and masker.ahead_gathered >= 2  # both ends finished by length
-    assert [fast.finish(i)["reason"] for i in range(4)] == ["length", "stop", "length", "stop"]  # type: ignore[index]
-
-
 def test_cuda_backend_async_equals_sync(smollm2: tuple[Runner, ChatTokenizer]) -> None:
     """The cuda backend's Triton decode kernels (interpreted without a GPU) under async decode, on
     a narrow random Llama: the same tokens as its synchronous loop."""

@@ -8,9 +8,8 @@ Why llguidance (bench/grammar.py, 2-core Zen 5, same grammars and token streams 
 a copy of its matcher) and brings no torch, triton or transformers dependency.
 
 Threads: the HTTP side compiles (`Grammars.compile`, from a worker thread); the engine thread
-owns the matchers (`GrammarState`) and the masker. The masker may fill a step's masks ahead on
-its own fill thread (`GrammarMasker.fill_ahead`); while it does, nothing else touches those
-matchers (`settle()` first). Rank 0 alone masks: the other ranks never see logits.
+owns the matchers (`GrammarState`) and the masker. Rank 0 alone masks: the other ranks never
+see logits.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import llguidance
@@ -89,42 +87,18 @@ class GrammarState:
     matcher: llguidance.LLMatcher
     failed: bool = False
     vocab_size: int = 0  # the tokenizer's vocabulary the matcher masks (0: the logits' width)
-    # Tokens accepted so far: a mask filled ahead (GrammarMasker.fill_ahead) is this state's
-    # while the count is unchanged.
-    steps: int = 0
-    # is_stopped() read once after each accept: `done` is asked while a fill ahead may hold the
-    # matcher on the fill thread (llguidance borrows it mutably for the fill, and a second borrow
-    # from this thread would raise).
-    stopped: bool = False
 
     def accept(self, token: int) -> None:
         if not self.failed and not self.matcher.consume_token(token):
             self.failed = True
-        self.steps += 1
-        self.stopped = self.matcher.is_stopped()
 
     @property
     def done(self) -> bool:
-        return self.failed or self.stopped
+        return self.failed or self.matcher.is_stopped()
 
     @property
     def accepting(self) -> bool:
         return self.matcher.is_accepting()
-
-
-@dataclass
-class _Ahead:
-    """Masks being filled (or filled) on the fill thread: `rows[id(state)]` is (its row of
-    `buffer`, the state's `steps` when the fill began)."""
-
-    buffer: torch.Tensor
-    states: list[GrammarState]  # kept alive while their ids key `rows`
-    rows: dict[int, tuple[int, int]]
-    job: Future[float] | None = field(default=None)
-
-    def row(self, s: GrammarState) -> int | None:
-        r = self.rows.get(id(s))
-        return r[0] if r is not None and r[1] == s.steps else None
 
 
 class GrammarMasker:
@@ -142,43 +116,21 @@ class GrammarMasker:
     waiting for the device: llguidance writes straight into pinned memory (two buffers, used in
     turn, so a step's fill never overwrites bits still being copied up) and the masking is queued
     (one Triton kernel, backends/cuda/token_mask.py; torch's ops where triton is missing); under
-    async decoding, step n+1's masks are filled while step n+1 runs.
-
-    Fill ahead (`fill_ahead`, the async decode loop's where AHEAD is set; off by default): as soon as the output stage has accepted
-    step n's tokens, the masks of step n+1 start on a fill thread of this masker, in one llguidance
-    call that lets go of the GIL for all rows, while this thread detokenises and streams; `apply`
-    then waits for that fill alone. The masks are the same bits (the same matcher states), so the
-    tokens are too. Below AHEAD_ROWS constrained rows the hand-offs between threads (tens of us)
-    cost more than the fill they would hide (0.05-0.07 ms a row on the H200's host), and so does
-    a fill shorter than AHEAD_MIN_S (the last step's fill decides): those steps fill in line."""
+    async decoding, step n+1's masks are filled while step n+1 runs. Filling them on a thread of
+    their own once step n's tokens are accepted was measured and lost (bench/results/gpu_grammar2:
+    ~0.1 ms of the host's turn was left to overlap, and the fill ran slower on that thread)."""
 
     PAR_ROWS = 4  # fewer constrained rows than this fill in line even with a pool
-    # Off: on the H200's host it lost (bench/results/gpu_grammar2: SmolLM2 batch 16 8,210 tok/s
-    # against 10,994 in line, 8B batch 16 equal): the output stage had ~0.1 ms of work left to
-    # overlap after the accepts, and the fill on the fill thread took 1.05 ms against 0.74 in line.
-    AHEAD = False  # whether the async loop fills ahead (OutputStage.finish reads it)
-    AHEAD_ROWS = 4  # fewer constrained rows than this are not filled ahead
-    # Nor when the last step's fill took less than this: the hand-off to the fill thread and back
-    # held this thread 0.13-0.22 ms on a busy 2-core Zen 5, more than a simple grammar's 16 rows
-    # take to fill (0.05 ms); the benchmark's JSON rows took 0.8-2.1 ms on the H200's host.
-    AHEAD_MIN_S = 0.2e-3
     FUSED = True  # GPU logits masked by the Triton kernel where triton loads (False: torch's ops)
 
     def __init__(self, vocab_size: int, threads: int = 1) -> None:
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
-        self.threads = threads
         self.executor = llguidance.LLExecutor(threads) if threads > 1 else None
         self._pinned = False  # whether the buffers are pinned (for GPU logits)
         self._buffers = [torch.full((0, self.words), -1, dtype=torch.int32)] * 2
         self._turn = 0
-        self._ahead: _Ahead | None = None
-        self._filler: ThreadPoolExecutor | None = None  # the fill thread, made on the first fill ahead
-        self._batch_exec: Any = None  # llguidance's executor for one GIL-free call over the rows
         self.last_fill_s = 0.0  # the last step's llguidance time (bench/grammar.py reads it)
-        self.last_wait_s = 0.0  # how long the last apply waited for a fill ahead (bench reads it)
-        self.ahead_used = 0  # steps whose masks were filled ahead (tests and bench read it)
-        self.ahead_gathered = 0  # ... of them, steps whose rows had moved in the filled buffer
 
     def _buffer(self, rows: int, pinned: bool) -> torch.Tensor:
         if pinned != self._pinned:
@@ -189,69 +141,12 @@ class GrammarMasker:
             bm = self._buffers[self._turn] = torch.full((rows, self.words), -1, dtype=torch.int32, pin_memory=pinned)
         return bm[:rows]
 
-    def fill_ahead(self, states: list[GrammarState | None]) -> None:
-        """Start filling, on the fill thread, the masks of the next step's rows from their states
-        now (states[i]: row i; None, or a grammar already done: nothing to fill). Until `settle()`
-        or `apply()` the caller must not touch these matchers (`GrammarState.done` is safe)."""
-        self.settle()
-        todo = [(s, i) for i, s in enumerate(states) if s is not None and not s.done]
-        if len(todo) < self.AHEAD_ROWS or self.last_fill_s < self.AHEAD_MIN_S:
-            return
-        bm = self._buffer(len(states), self._pinned)  # the device of the last step's logits
-        ahead = _Ahead(bm, [s for s, _ in todo], {id(s): (i, s.steps) for s, i in todo})
-        if self._filler is None:
-            self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-fill")
-            self._batch_exec = self.executor or llguidance.LLExecutor(1)
-        started = threading.Event()
-        ahead.job = self._filler.submit(self._fill_batch, [(s.matcher, i) for s, i in todo], bm, started)
-        # Wait (the GIL let go) until the fill thread is on its way into llguidance. Without this it
-        # would wait for the GIL while this thread runs Python, up to the 5 ms switch interval: on
-        # a 2-core Zen 5, with 1 ms of Python after the hand-off, the fill started 1.2 ms after it
-        # (median of 60 steps), when this thread next let the GIL go, so nothing overlapped.
-        started.wait()
-        self._ahead = ahead
-
-    def _fill_batch(self, todo: list[tuple[Any, int]], bm: torch.Tensor, started: threading.Event) -> float:
-        """The fill thread's job: every row in one llguidance call, which holds the GIL only to
-        read its arguments (one row: the matcher's own call, which lets it go as well)."""
-        t0 = time.perf_counter()
-        started.set()
-        self._batch_exec.unsafe_compute_mask_ptr(todo, bm.data_ptr(), self.words * 4, bm.shape[0])
-        return time.perf_counter() - t0
-
-    def settle(self) -> _Ahead | None:
-        """Wait for a fill ahead, if one runs; returns what it filled (None: nothing ahead)."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead.job is not None:
-            t0 = time.perf_counter()
-            self.last_fill_s = ahead.job.result()
-            self.last_wait_s = time.perf_counter() - t0
-        return ahead
-
     def apply(self, logits: torch.Tensor, states: list[GrammarState | None]) -> None:
         """Mask `logits` [B, V >= vocab_size] in place; states[i] constrains row i (None: free)."""
         todo = [(s.matcher, i) for i, s in enumerate(states) if s is not None]
-        ahead = self.settle()
         if not todo:
             return
-        rows = [i for _, i in todo]
-        pinned = logits.device.type == "cuda"
-        src = [ahead.row(s) for s in states if s is not None] if ahead is not None else []
-        if ahead is not None and None not in src and pinned == self._pinned:
-            self.ahead_used += 1
-            bm = ahead.buffer
-            if src != rows or bm.shape[0] < len(states):
-                # Rows finished since the fill began (a stop string, the length): this step's rows
-                # sit elsewhere in the filled buffer. Gathered into the other buffer (its copy up,
-                # two steps back, is done), so the rows line up with the logits'.
-                out = self._buffer(len(states), pinned)
-                out[rows] = bm[src]
-                bm = out
-                self.ahead_gathered += 1
-            self._mask(logits, bm, rows)
-            return
-        self.last_wait_s = 0.0
-        bm = self._buffer(len(states), pinned)
+        bm = self._buffer(len(states), logits.device.type == "cuda")
         t0 = time.perf_counter()
         if self.executor is not None and len(todo) >= self.PAR_ROWS:
             # What llguidance.torch.fill_next_token_bitmask_par does, without importing that module: its
@@ -262,9 +157,7 @@ class GrammarMasker:
             for m, i in todo:
                 m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
         self.last_fill_s = time.perf_counter() - t0
-        self._mask(logits, bm, rows)
-
-    def _mask(self, logits: torch.Tensor, bm: torch.Tensor, rows: list[int]) -> None:
+        rows = [i for _, i in todo]
         fused = _fused_mask() if self.FUSED and logits.device.type == "cuda" else None
         (fused or apply_token_bitmask)(logits, bm, rows)
 

@@ -67,42 +67,28 @@ class OutputStage:
             back += row_logprobs(logits, tokens, lp_rows, [seqs[i].params.top_logprobs for i in lp_rows])
         return Sampled(list(seqs), tokens, lp_rows, Download(back))
 
-    def finish(self, sampled: Sampled, ahead: bool = False) -> list[Sequence]:
+    def finish(self, sampled: Sampled) -> list[Sequence]:
         """The host's share: wait for the step's tokens, then stream them; returns the sequences
         that finished. A sequence that finished (an abort) since the step was sampled is skipped:
-        its token is dropped. ahead (the async decode loop): the grammars' masks of the next step
-        start filling on the masker's thread as soon as this step's tokens are accepted, while
-        this thread detokenises and streams (GrammarMasker.fill_ahead)."""
-        if self.masker is not None:
-            self.masker.settle()  # a fill still holding the matchers ends before they take tokens
+        its token is dropped."""
         host = sampled.host.get()
         tokens = host[0].tolist()
         lps: dict[int, tuple[float, list[float], list[int]]] = {}
         if sampled.lp_rows:
             chosen, vals, ids = (t.tolist() for t in host[1:])
             lps = {i: (chosen[k], vals[k], ids[k]) for k, i in enumerate(sampled.lp_rows)}
-        # The grammars take their tokens first, so that the next step's masks can start filling
-        # before the rest of this turn; nothing below reads a matcher but through `done`.
-        stops: list[bool] = []
-        for s, tok in zip(sampled.seqs, tokens, strict=True):
-            p = s.params
-            stops.append(not p.ignore_eos and (tok in self.tok.eos_ids or tok in p.stop_token_ids))
-            if s.grammar is not None and not s.finished:
-                s.grammar.accept(tok)
-        if ahead and self.masker is not None and self.masker.AHEAD:
-            # The rows of the next step, as the scheduler will sample them: those not finishing
-            # (a row that finishes below on a stop string or the length was filled for nothing).
-            self.masker.fill_ahead([s.grammar for s, stop in zip(sampled.seqs, stops, strict=True)
-                                    if not s.finished and not stop])
         now = time.monotonic()
         done: list[Sequence] = []
-        for i, (s, tok, stop_tok) in enumerate(zip(sampled.seqs, tokens, stops, strict=True)):
+        for i, (s, tok) in enumerate(zip(sampled.seqs, tokens, strict=True)):
             if s.finished:
                 continue
             if s.first_token_at is None:
                 s.first_token_at = now
                 self.ttft.append(now - s.arrived)
             p = s.params
+            stop_tok = not p.ignore_eos and (tok in self.tok.eos_ids or tok in p.stop_token_ids)
+            if s.grammar is not None:
+                s.grammar.accept(tok)
             if not stop_tok:
                 s.out.append(tok)
                 self.stats["generation_tokens"] += 1

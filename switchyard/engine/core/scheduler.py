@@ -356,7 +356,7 @@ class Scheduler:
         for s, k in zip(run, n, strict=True):
             s.computed = k
         if prev is not None:
-            self._finish(prev, ahead=True)  # step n's tokens and output, while step n+1 runs
+            self._finish(prev)  # step n's tokens and output, while step n+1 runs
         live = [i for i, s in enumerate(run) if not s.finished]
         if not live:
             return
@@ -365,11 +365,10 @@ class Scheduler:
         for s in seqs:
             s.inflight = 1
 
-    def _finish(self, sampled: Sampled, ahead: bool = False) -> None:
+    def _finish(self, sampled: Sampled) -> None:
         """A step in flight's tokens through the output stage; its rows' blocks keyed up to the
-        tokens now known; the finished freed. ahead: the next step samples these rows next (the
-        async loop), so their grammar masks may start filling now."""
-        done = self.output.finish(sampled, ahead=ahead)
+        tokens now known; the finished freed."""
+        done = self.output.finish(sampled)
         for s in sampled.seqs:
             s.inflight = 0
             if s.kv.table:
