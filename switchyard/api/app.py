@@ -27,9 +27,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from switchyard import errors
 from switchyard.api import errors as http_errors
 from switchyard.api.body import DEFAULT_LIMITS, BodyLimits
+from switchyard.api.fast_path import FastPath
 from switchyard.api.guard import EdgeGuard, GuardConfig
 from switchyard.api.messages import MESSAGES
-from switchyard.api.proxy import FastPath, Proxy
+from switchyard.api.proxy import Proxy
 from switchyard.api.responses import ResponsesDialect
 from switchyard.api.safe_headers import SafeHeaders, safe_send
 from switchyard.gateway.auth import Auth, check_admin
@@ -56,7 +57,7 @@ JSON = "application/json"
 
 class GatewayApp(FastAPI):
     """FastAPI for everything but the proxy paths, which go straight to their own ASGI chain
-    (edge guard, safe headers, api/proxy.FastPath): the same checks, a third of the layers."""
+    (edge guard, safe headers, api/fast_path.FastPath): the same checks, a third of the layers."""
 
     fast: ASGIApp | None = None
     fast_paths: frozenset[str] = frozenset()

@@ -6,7 +6,7 @@ into the normalised Chat Completions request, route, send, relay. Chat and Compl
 own normalised form: only `model` is rewritten, every other field goes upstream untouched and
 the answer comes back byte for byte. Other APIs are translated to chat and back, unless the
 chosen pool speaks the client's API itself (then the client's body goes there as it came). They
-are answered by a pure ASGI middleware in front of FastAPI (no router, no dependency
+are answered by a pure ASGI middleware in front of FastAPI (api/fast_path.py: no router, no dependency
 injection): it measured ~2x the requests/s of the same handlers as routes.
 """
 
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from switchyard import errors
 from switchyard.api import errors as http_errors
@@ -38,6 +37,7 @@ from switchyard.api.messages import (
 )
 from switchyard.api.openai import decision_headers
 from switchyard.api.relay import CONN_KEY, StreamRelay
+from switchyard.api.replies import Answered, Translated
 from switchyard.classify.features import Features, extract
 from switchyard.gateway.auth import may_use, resolve_for
 from switchyard.gateway.gateway import LoadedPolicy, Target
@@ -59,7 +59,7 @@ log = logging.getLogger("switchyard.api")
 
 JSON = "application/json"
 SSE = "text/event-stream"
-__all__ = ["FastPath", "Proxy", "json_depth", "parse_json"]  # parse_json: the UI's JSON bodies take it too
+__all__ = ["Proxy", "json_depth", "parse_json"]  # parse_json: the UI's JSON bodies take it too
 
 
 @dataclasses.dataclass(slots=True)
@@ -533,59 +533,6 @@ class Proxy:
         return Response(orjson.dumps({"object": "list", "data": data}), media_type=JSON)
 
 
-class FastPath:
-    """Pure ASGI middleware: POST /v1/chat/completions, /v1/completions and /v1/route."""
-
-    def __init__(self, app: ASGIApp, proxy: Proxy):
-        self.app = app
-        self.rt = proxy.rt
-        self.routes = {
-            "/v1/chat/completions": lambda r, t: proxy.proxy(r, CHAT, t),
-            "/v1/completions": lambda r, t: proxy.proxy(r, COMPLETIONS, t),
-            "/v1/route": lambda r, t: proxy.route_only(r),
-        }
-        self.shapes: dict[str, Dialect] = dict(proxy.dialects)
-        if "/v1/messages" in proxy.dialects:
-            self.routes["/v1/messages/count_tokens"] = lambda r, t: proxy.count_tokens(r)
-            self.shapes["/v1/messages/count_tokens"] = proxy.dialects["/v1/messages"]
-        for path, dialect in proxy.dialects.items():
-            self.routes[path] = lambda r, t, d=dialect: proxy.proxy(r, d, t)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            handler = self.routes.get(scope["path"])
-            if handler is not None:
-                if scope["method"] != "POST":
-                    shape = self.shapes.get(scope["path"])  # Messages' paths answer in Anthropic's shape
-                    resp = http_errors.response(errors.MethodNotAllowed(f"{scope['method']} {scope['path']}: use POST"),
-                                                None, shape)
-                    await resp(scope, receive, send)
-                    return
-                rt = self.rt
-                rt.active += 1
-                rt.admitted += 1
-                request = Request(scope, receive)
-                trace = None
-                if rt.tracer is not None and scope["path"] != "/v1/route":
-                    trace = rt.tracer.begin(scope["method"], scope["path"], request.headers)
-                try:
-                    try:
-                        resp = await handler(request, trace)
-                    except Exception as exc:  # as Starlette's ServerErrorMiddleware: a 500 in our shape
-                        log.exception("unexpected error on %s %s", scope["method"], scope["path"])
-                        resp = Response(http_errors.error_body(f"internal error: {type(exc).__name__}",
-                                                               "server_error"), 500, media_type=JSON)
-                        await resp(scope, receive, send)
-                        raise
-                    await resp(scope, receive, send)
-                finally:
-                    rt.active -= 1
-                    if trace is not None:
-                        trace.end()
-                return
-        await self.app(scope, receive, send)
-
-
 def _canceller(task: asyncio.Task | None, left: list[bool]) -> Callable[[], None]:
     def lost() -> None:
         left.append(True)
@@ -593,70 +540,6 @@ def _canceller(task: asyncio.Task | None, left: list[bool]) -> Callable[[], None
             task.cancel()
 
     return lost
-
-
-class Answered(Response):
-    """A non-streaming answer, its headers built once (Starlette's Response lowercases and
-    re-encodes its headers in init_headers, per request). Under our server (the scope names its
-    connection) head and body leave in one write of the connection's (api/server.py's `answer`,
-    which applies api/safe_headers.py's rule itself: the fast chain's only wrapper of `send`);
-    elsewhere they go as two ASGI messages.
-    `after` runs once the body is handed to the server, however the sending ends: what Starlette's
-    `background` is for, without a task. An answer the socket takes at once (all but the largest)
-    is followed by `after` within the same turn of the loop: no other request can see the gap."""
-
-    def __init__(self, body: bytes, status: int, headers: dict[str, str], media_type: str,
-                 after: Callable[[], None] | None = None) -> None:
-        self.body = body
-        self.status_code = status
-        self.background = None
-        self.after = after
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-        raw.append((b"content-length", str(len(body)).encode()))
-        if media_type.startswith("text/") and "charset=" not in media_type.lower():
-            media_type += "; charset=utf-8"  # as Starlette's Response does
-        raw.append((b"content-type", media_type.encode("latin-1")))
-        self.raw_headers = raw
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            conn = scope.get(CONN_KEY)  # our server writes it whole (api/server.py's answer)
-            if conn is None or not conn.answer(scope, self.status_code, self.raw_headers, self.body):
-                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-                await send({"type": "http.response.body", "body": self.body})
-        finally:
-            if self.after is not None:
-                self.after()
-
-
-class Translated:
-    """Stands in for aiohttp's StreamReader in the relay (which only calls readany): the upstream's
-    chat SSE (through the usage tap) in the client's API. At the upstream's clean end it awaits
-    `on_end` (a stored response) before the closing events go out."""
-
-    __slots__ = ("_ended", "_on_end", "_tap", "_translator", "content")
-
-    def __init__(self, tap: UsageTap, translator: StreamTranslator,
-                 on_end: Callable[[], Awaitable[None]] | None) -> None:
-        self.content = self
-        self._tap = tap.content
-        self._translator = translator
-        self._on_end = on_end
-        self._ended = False
-
-    async def readany(self) -> bytes:
-        while not self._ended:
-            b = await self._tap.readany()
-            if not b:
-                self._ended = True
-                out = self._translator.close()
-                if self._on_end is not None:
-                    await self._on_end()
-                return out
-            out = self._translator.feed(b)
-            if out:  # never b"" before the end: the relay reads it as the end
-                return out
-        return b""
 
 
 ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "image", "document", "thinking"})

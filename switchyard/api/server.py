@@ -115,7 +115,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport = real
 
     def answer(self, scope: dict[str, Any], status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
-        """A whole answer of known length (the proxy's non-streaming ones, api/proxy.Answered) in
+        """A whole answer of known length (the proxy's non-streaming ones, api/replies.Answered) in
         one write, the head built as the cycle's two `send`s would build it (its default headers,
         `connection: close` when the connection ends, the access log line) and the safe-headers
         rule applied here (api/safe_headers.py: that middleware wraps `send`, which this skips).

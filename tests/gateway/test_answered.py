@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from procs import start_gateway, start_upstream
 
-from switchyard.api.proxy import Answered
+from switchyard.api.replies import Answered
 
 LIMIT = 2048  # the gateway's --max-body-mb, in bytes
 BODY = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "hello"}]}).encode()
