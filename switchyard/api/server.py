@@ -119,8 +119,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         one write, the head built as the cycle's two `send`s would build it (its default headers,
         `connection: close` when the connection ends, the access log line) and the safe-headers
         rule applied here (api/safe_headers.py: that middleware wraps `send`, which this skips).
-        At c=1 the two sends' dicts, header loop and the middleware's closure were ~20 us of a
-        ~500 us path (bench/gateway_overhead.py). False, and nothing written, where the general
+        At c=1 the two sends' dicts, header loop and the middleware's wrapper took ~25 us of a
+        ~500 us path on a 2-core EPYC (docs/scale.md, "The c=1 path, trimmed"). False, and nothing written, where the general
         writer must do it: another request's cycle (pipelined), an answer already started, a
         client gone or not reading, a HEAD request, a header name the writer would refuse."""
         cycle = self.cycle
