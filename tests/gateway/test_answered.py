@@ -101,6 +101,7 @@ def _ok(status: bytes, headers: dict[str, str], body: bytes) -> None:
     assert json.loads(body)["choices"][0]["message"]["role"] == "assistant"
 
 
+@pytest.mark.slow  # the one write of our server's connection: only a real gateway process has it
 def test_answers_keep_alive_and_pipelined_requests_answer_in_order(gw):
     proc, port = gw
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -121,6 +122,7 @@ def test_answers_keep_alive_and_pipelined_requests_answer_in_order(gw):
     assert proc.output().count('"POST /v1/chat/completions HTTP/1.1" 200') >= 5  # the access log still sees them
 
 
+@pytest.mark.slow  # the one write of our server's connection: only a real gateway process has it
 def test_connection_close_ends_the_connection_after_the_answer(gw):
     _, port = gw
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -132,6 +134,7 @@ def test_connection_close_ends_the_connection_after_the_answer(gw):
         assert s.recv(1024) == b"" and not buf  # closed, nothing after the answer
 
 
+@pytest.mark.slow  # the one write of our server's connection: only a real gateway process has it
 def test_expect_100_continue_gets_its_interim_answer_first(gw):
     _, port = gw
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -147,6 +150,7 @@ def _chunked(body: bytes) -> bytes:
             b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
 
 
+@pytest.mark.slow  # the one write of our server's connection: only a real gateway process has it
 def test_a_body_that_came_whole_is_still_held_to_the_limit(gw):
     """Without a Content-Length the edge guard cannot refuse up front: a chunked body that arrived
     in one piece is taken whole and counted, as one read piece by piece would be."""
