@@ -59,6 +59,7 @@ log = logging.getLogger("switchyard.api")
 
 JSON = "application/json"
 SSE = "text/event-stream"
+EMPTY_BODY = "the request body is empty; send a JSON object"
 __all__ = ["Proxy", "json_depth", "parse_json"]  # parse_json: the UI's JSON bodies take it too
 
 
@@ -94,26 +95,29 @@ class Proxy:
         whole = getattr(request.receive, "whole", None)
         raw = whole() if whole is not None else None
         if raw is not None and not raw:
-            raise errors.BadRequest("the request body is empty; send a JSON object")
+            raise errors.BadRequest(EMPTY_BODY)
         return raw
 
     async def read_raw(self, request: Request) -> bytes:
-        """The body's bytes. Its size and pace are bounded before it gets here (api/guard.py). Read
-        straight from `receive` (Starlette's body() goes through an async generator per request)."""
-        receive = request.receive
+        """The body's bytes. Its size and pace are bounded before it gets here (api/guard.py)."""
         raw = self.body_now(request)
-        if raw is None:
-            parts = []
-            while True:
-                msg = await receive()
-                if msg["type"] != "http.request":
-                    raise ClientDisconnect()
-                parts.append(msg.get("body", b""))
-                if not msg.get("more_body", False):
-                    break
-            raw = parts[0] if len(parts) == 1 else b"".join(parts)
+        return raw if raw is not None else await self._receive_body(request)
+
+    async def _receive_body(self, request: Request) -> bytes:
+        """The body read piece by piece from `receive` (Starlette's body() goes through an async
+        generator per request)."""
+        receive = request.receive
+        parts = []
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                raise ClientDisconnect()
+            parts.append(msg.get("body", b""))
+            if not msg.get("more_body", False):
+                break
+        raw = parts[0] if len(parts) == 1 else b"".join(parts)
         if not raw:
-            raise errors.BadRequest("the request body is empty; send a JSON object")
+            raise errors.BadRequest(EMPTY_BODY)
         return raw
 
     async def read_json(self, request: Request) -> Any:
@@ -139,9 +143,9 @@ class Proxy:
             check_request(parsed.chat, limits)
             return parsed, extract(parsed.chat, headers, text_cues=False)
 
-        raw = self.body_now(request)
+        raw = self.body_now(request)  # no coroutine when the body came with its headers
         if raw is None:
-            raw = await self.read_raw(request)
+            raw = await self._receive_body(request)
         parsed, features = await bounded(raw, parse, limits)
         body = parsed.chat
         if parsed.native is body:  # the client's own chat body: its size is known (pools/fit.py)

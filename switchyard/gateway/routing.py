@@ -167,9 +167,7 @@ async def route(policy: RoutingPolicy, features: Features, body: dict[str, Any],
 async def _label(policy: RoutingPolicy, f: Features, body: dict[str, Any],
                  rec: SessionRecord | None) -> tuple[Label, str | None, float]:
     """(label, why the classifier failed, perf_counter when it was called: 0 when it was not)."""
-    cspec = policy.spec.classifier
-    if cspec.kind == "none":
-        return NO_LABEL, None, 0.0
+    cspec = policy.spec.classifier  # kind "none" never gets here (route answers NO_LABEL itself)
     reuse = rec is not None and rec.label and (
         cspec.classify_on == "new_session"
         or (cspec.classify_on == "user_turn" and f.turns <= rec.turns)

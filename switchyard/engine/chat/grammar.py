@@ -15,6 +15,7 @@ see logits.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -162,16 +163,12 @@ class GrammarMasker:
         (fused or apply_token_bitmask)(logits, bm, rows)
 
 
-_FUSED: list[Callable[[torch.Tensor, torch.Tensor, list[int]], None] | None] = []
-
-
+@functools.cache
 def _fused_mask() -> Callable[[torch.Tensor, torch.Tensor, list[int]], None] | None:
     """The Triton masking kernel's entry, or None where triton does not load (then torch's ops).
     Imported on the first GPU step only: a CPU server never loads triton for its masks."""
-    if not _FUSED:
-        try:
-            from switchyard.engine.backends.cuda.token_mask import apply_token_bitmask_cuda
-            _FUSED.append(apply_token_bitmask_cuda)
-        except ImportError:
-            _FUSED.append(None)
-    return _FUSED[0]
+    try:
+        from switchyard.engine.backends.cuda.token_mask import apply_token_bitmask_cuda
+    except ImportError:
+        return None
+    return apply_token_bitmask_cuda
