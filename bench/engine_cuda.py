@@ -5,6 +5,7 @@ the memory-bandwidth limit reached at batch 1.
   python bench/engine_cuda.py --out bench/results            # both shapes, CUDA
   python bench/engine_cuda.py --shapes smollm2-135m --batches 1,4 --tokens 8 --device cpu  # smoke
   python bench/engine_cuda.py --grammar-batches 1,16 --sweep ...   # + masks on; + bench_cuda_sweep's knobs
+  python bench/engine_cuda.py --shapes llama-8b --batches 1 --ttft= --ttft-fp8 8192   # FP8 prefill vs bf16
 
 Weights are random, made on the device, with the real models' shapes (SmolLM2-135M and an
 8B Llama); speed depends on the shapes only. Our engine is timed through the loop it serves
@@ -24,12 +25,13 @@ per second) / bytes of weights one decode step reads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import gc
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -303,6 +305,81 @@ def ttft(m: Decoder, n: int, vocab: int, reps: int = 3) -> float:
     return statistics.median(samples) * 1000
 
 
+# --ttft-fp8's variants of the prefill: fp8.py's module knobs, set for one prefill. bf16: the FP8
+# copies present but never used (their threshold out of reach), as a server without --prefill-fp8.
+FP8_VARIANTS: dict[str, dict[str, Any]] = {"bf16": {"PREFILL_TOKENS": 1 << 62}, "fp8": {},
+                                           "fp8, fast accum": {"FAST_ACCUM": True}}
+
+
+def fp8_ttft(m: Decoder, lens: list[int], vocab: int, rounds: int, prompts: int, add: Callable[..., None],
+             log: Callable[[str], None]) -> None:
+    """--ttft-fp8: one prompt's TTFT (ttft(): the prefill, its logits' argmax read back) with the
+    projections in bf16 and on the decoder's FP8 copies (--prefill-fp8), the variants alternated
+    `rounds` times, each round's figure the median of 3, reported as the medians of the rounds;
+    then `prompts` random prompts through every variant, each FP8 variant's last-position logits
+    against bf16's (top-1 agreement, max |difference| in bf16's std)."""
+    from switchyard.engine.backends.cuda import fp8
+
+    if not fp8.carried(m.layers):
+        log("  ttft-fp8: skipped (the decoder has no FP8 copies: a cuda backend on an sm89+ GPU makes them)")
+        return
+
+    @contextlib.contextmanager
+    def variant(knobs: dict[str, Any]) -> Iterator[None]:
+        saved = {k: getattr(fp8, k) for k in knobs}
+        for k, v in knobs.items():
+            setattr(fp8, k, v)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                setattr(fp8, k, v)
+
+    log(f"  fp8 start-up check (model/warmup.py's): {fp8.check(m.layers) or 'passed'}")
+    m.allocate_cache(1, max(lens) + 16)
+    for n in lens:
+        for knobs in FP8_VARIANTS.values():  # compiles the quantisation kernels, picks cuBLAS's FP8 kernels
+            with variant(knobs):
+                ttft(m, n, vocab, reps=1)
+        times: dict[str, list[float]] = {k: [] for k in FP8_VARIANTS}
+        for i in range(rounds):
+            for name, knobs in FP8_VARIANTS.items():
+                with variant(knobs):
+                    times[name].append(ttft(m, n, vocab))
+            log(f"    round {i} prompt {n}: " + ", ".join(f"{k} {v[-1]:.1f} ms" for k, v in times.items()))
+        g = torch.Generator().manual_seed(n)
+        agree = {k: 0 for k in FP8_VARIANTS}
+        worst = {k: 0.0 for k in FP8_VARIANTS}
+        flips: dict[str, list[float]] = {k: [] for k in FP8_VARIANTS}  # bf16's top-2 gap where top-1 differs
+        lens_t = torch.tensor([n])
+        for _ in range(prompts):
+            step = Step(torch.randint(0, vocab, (1, n), generator=g), torch.arange(n).view(1, n), torch.tensor([0]),
+                        lens_t, lens_t, 0)
+            logits = {}
+            for k, knobs in FP8_VARIANTS.items():
+                with variant(knobs):
+                    logits[k] = m.forward(step).float()
+            ref = logits["bf16"]
+            top2 = ref[0].topk(2).values
+            for k, v in logits.items():
+                same = bool(v.argmax(-1)[0] == ref.argmax(-1)[0])
+                agree[k] += same
+                if not same:
+                    flips[k].append(float((top2[0] - top2[1]) / ref.std()))
+                worst[k] = max(worst[k], float((v - ref).abs().max() / ref.std()))
+        bf16 = statistics.median(times["bf16"])
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            note = (f"prompt {n}, median of {rounds} rounds ({', '.join(f'{t:.1f}' for t in ts)}); {med / bf16:.3f}x "
+                    f"bf16; top-1 = bf16's {agree[name]}/{prompts}"
+                    + (f" (bf16's top-2 gap where not: {', '.join(f'{x:.3f}' for x in flips[name])} x std)"
+                       if flips[name] else "") + f", max logit diff {worst[name]:.3f} x std")
+            add(f"ours (prefill {name})", "ttft_ms", 1, med, "ms", note)
+            if name != "bf16":
+                add(f"ours (prefill {name})", "top1_vs_bf16", 1, agree[name] / max(1, prompts), "x",
+                    f"prompt {n}, {prompts} random prompts")
+
+
 def hf_generate(model: Any, batch: int, prompt: int, new: int, vocab: int) -> float:
     ids = torch.randint(2, vocab, (batch, prompt), device=model.device)
     kw: dict[str, Any] = {"do_sample": False, "cache_implementation": "static", "pad_token_id": 0,
@@ -350,9 +427,10 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
     t = time.perf_counter()
     model = hf_model(c, dev) if hf else None
     w = our_weights(model, c) if model is not None else random_weights(c, seed=0, device=dev, dtype=torch.bfloat16)
-    m = Decoder(c, Shard(0, 1, c), w, SingleRank(), max_slots=max(batches + grammar_batches + sweep_batches),
+    fp8_prefill = bool(a.ttft_fp8) and dev.type == "cuda"  # the FP8 copies (--prefill-fp8), ~7 GB for 8B
+    m = Decoder(c, Shard(0, 1, c), w, SingleRank(), max_slots=max([1, *batches, *grammar_batches, *sweep_batches]),
                 max_len=max(2 * PROMPT, PROMPT + WARM + tokens + 16), device=dev, dtype=torch.bfloat16,
-                cuda_graphs=True, backend="auto" if dev.type == "cuda" else "torch")
+                cuda_graphs=True, backend="auto" if dev.type == "cuda" else "torch", prefill_fp8=fp8_prefill)
     del w
     tok = shape_tokenizer(c)
     log(f"{name}: weights made and loaded in {time.perf_counter() - t:.1f}s; "
@@ -405,7 +483,10 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
         m.allocate_cache(1, max(lens) + 16)
         ttft(m, min(lens), c.vocab_size, reps=1)  # warm-up
         for n in lens:
-            add("ours", "ttft_ms", 1, ttft(m, n, c.vocab_size), "ms", f"prompt {n}")
+            add("ours", "ttft_ms", 1, ttft(m, n, c.vocab_size), "ms",
+                f"prompt {n}" + (" (prefill fp8 from 4096 tokens)" if fp8_prefill else ""))
+    if a.ttft_fp8 and clock.left() > 30:
+        fp8_ttft(m, ints(a.ttft_fp8), c.vocab_size, a.fp8_rounds, a.fp8_prompts, add, log)
     del m
     gc.collect()
     # The compiled PyTorch peer (bench/peer_compiled.py) on its own weights of the same shape,
@@ -490,6 +571,16 @@ def summary(rows: list[dict[str, Any]], bw: float) -> str:
         lines.append(f"| {shape} | {n(fa, '.0%')} | {n(fs, '.0%')} | "
                      f"{n(val(shape, 'ours (raw loop)', 'decode_tok_s', 1))} | "
                      f"{n(val(shape, 'ours (no graphs)', 'decode_tok_s', 1))} | {ratio(b64, b1)} | {tt} | {th} |")
+    f8 = [r for r in rows if r["engine"].startswith("ours (prefill ") and r["metric"] == "ttft_ms"]
+    if f8:
+        lines += ["", "TTFT with the prefill's projections in bf16 and in FP8 (--ttft-fp8: alternated rounds, "
+                  "medians; top-1 of the last position against bf16's over random prompts):", "",
+                  "| shape | variant | TTFT ms | / bf16 | last position against bf16 |",
+                  "| --- | --- | --- | --- | --- |"]
+        for r in f8:
+            note = r["note"]
+            lines.append(f"| {r['shape']} | {r['engine'][len('ours (prefill '):-1]}, {note.split(',')[0]} | "
+                         f"{r['value']:.1f} | {note.split('; ')[1].split(' bf16')[0]} | {note.split('; ')[-1]} |")
     gram = [(r["shape"], r["batch"]) for r in rows if r["engine"] == "ours (async, grammar)"]
     if gram:
         lines += ["", "Grammar-constrained decoding (every row under a JSON-schema grammar, masks filled on the host "
@@ -534,6 +625,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hf-batches", default="1,64")
     ap.add_argument("--tokens", type=int, default=32, help="timed decode steps per point")
     ap.add_argument("--ttft", default="1024,8192")
+    ap.add_argument("--ttft-fp8", default="", help="prompt lengths (e.g. 8192) timed with the prefill's projections "
+                                                  "in bf16 and in FP8 (--prefill-fp8), alternated; '' for none")
+    ap.add_argument("--fp8-rounds", type=int, default=5, help="--ttft-fp8's alternated rounds")
+    ap.add_argument("--fp8-prompts", type=int, default=8, help="--ttft-fp8's random prompts for top-1 agreement")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--peer-batches", default="1,16", help="the compiled PyTorch peer's batches ('' for none)")

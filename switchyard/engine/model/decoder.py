@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from switchyard.engine.backends import registry
 from switchyard.engine.backends.base import Backend, EagerInput, ModelDims, Plan
 from switchyard.engine.backends.cpu.native import load as load_native
+from switchyard.engine.errors import ConfigError
 from switchyard.engine.model.common import REFINE, embed_tokens, rope_inv_freq, rope_tables
 from switchyard.engine.model.config import ModelConfig
 from switchyard.engine.model.graph_runner import GraphRunner
@@ -43,12 +44,15 @@ class Decoder:
 
     dtype: the projections' format, int4 (CPU), float32 or bfloat16; auto: bfloat16 on a GPU,
     float32 on a CPU. backend: a registry name or auto (see registry.resolve). kv_dtype: the CPU
-    backend's choice (auto, float32, float16); the GPU's cache is in the model dtype."""
+    backend's choice (auto, float32, float16); the GPU's cache is in the model dtype. prefill_fp8:
+    FP8 copies of the projections for the cuda backend's long prefills (backends/cuda/fp8.py);
+    refused (ConfigError) where that backend, an sm89+ GPU or bf16 weights are not."""
 
     def __init__(self, config: ModelConfig, shard: Shard, weights: dict[str, torch.Tensor],
                  comm: CollectiveBackend, max_slots: int, max_len: int, *, backend: str = "auto",
                  device: torch.device | str = "cpu", dtype: torch.dtype | str = "auto", kv_dtype: str = "auto",
-                 block_size: int = 16, num_blocks: int = 0, cuda_graphs: bool = True) -> None:
+                 block_size: int = 16, num_blocks: int = 0, cuda_graphs: bool = True,
+                 prefill_fp8: bool = False) -> None:
         dev = self.device = torch.device(device)
         fmt = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
         if fmt == "auto":
@@ -74,9 +78,21 @@ class Decoder:
         native_head = self.lm_head_q4 is not None and self.lm_head_q4.native is not None
         lowp = torch.bfloat16 if fmt == "int4" else self.dtype
         self.lm_head_lowp = None if native_head or lowp == torch.float32 else self.lm_head.to(lowp)
-        self.layers = [Layer(weights, f"layers.{i}.", fmt, dev) for i in range(config.num_layers)]
-        self.inv_freq = rope_inv_freq(config, weights.get("rope_freqs"))
         self.backend_name, self.backend_reason = registry.resolve(backend, dev, shard.tp)
+        self.prefill_fp8 = prefill_fp8  # the cuda backend's long prefills on FP8 copies of the projections
+        if prefill_fp8:  # refused before the weights go to the device
+            if self.backend_name != "cuda":
+                raise ConfigError(f"--prefill-fp8 runs on the cuda backend, not {self.backend_name} "
+                                  f"({self.backend_reason or 'as asked'})")
+            from switchyard.engine.backends.cuda import fp8
+
+            why = fp8.unsupported(dev, self.dtype)
+            if why:
+                raise ConfigError(f"--prefill-fp8: {why}")
+        self.layers = [Layer(weights, f"layers.{i}.", fmt, dev) for i in range(config.num_layers)]
+        if prefill_fp8:
+            fp8.attach(self.layers)
+        self.inv_freq = rope_inv_freq(config, weights.get("rope_freqs"))
         self.kv_request, self.cuda_graphs, self.block_size = kv_dtype, cuda_graphs, block_size
         self.backend: Backend
         self.graph_runner: GraphRunner | None = None

@@ -7,6 +7,8 @@ float32.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -19,12 +21,14 @@ NATIVE_COLS = 16  # output columns per block of the native kernel
 
 
 class Dense:
-    __slots__ = ("w", "b")
+    __slots__ = ("w", "b", "fp8")
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype,
                  device: torch.device | None = None) -> None:
         self.w = w.to(device=device, dtype=dtype).contiguous()
         self.b = b.to(device=device, dtype=dtype) if b is not None else None
+        # An FP8 copy for long prefills on a GPU (--prefill-fp8: backends/cuda/fp8.attach), else None.
+        self.fp8: Any = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.to(self.w.dtype), self.w, self.b)

@@ -1,17 +1,24 @@
 """A slot-space decoder's start-up, before it serves: the cuda backend checked against the torch
 backend over the same weights and cache (as the collectives have their start-up test), the
-decode graphs of every batch bucket captured, and what the backend compiles per shape compiled."""
+decode graphs of every batch bucket captured, and what the backend compiles per shape compiled.
+
+With --prefill-fp8, the FP8 projections are checked too. The backend check's 8-token prefill is
+below fp8.PREFILL_TOKENS, so it compares bf16 with bf16 as before; the FP8 check runs each
+projection's FP8 copy (the quantisation kernels and _scaled_mm on the real shapes) against bf16 on
+a few rows, so that a GPU or torch build without the FP8 kernels is refused at start-up rather
+than failing the first long prompt."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from switchyard.engine.backends.base import Backend
 from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, batch_bucket
+from switchyard.engine.errors import ConfigError
 from switchyard.engine.model.step import Step
 
 log = logging.getLogger("switchyard.engine.model.warmup")
@@ -23,6 +30,9 @@ class Decoder(Protocol):
 
     backend: Backend
     backend_name: str
+    backend_reason: str
+    prefill_fp8: bool
+    layers: list[Any]
     max_slots: int
     device: torch.device
     k_cache: torch.Tensor | None
@@ -50,6 +60,15 @@ def warmup(m: Decoder) -> float:
         if why:
             log.warning("%s; decoding with the %s backend", why, reference)
             m.use_backend(reference, why)
+    if m.prefill_fp8:  # an option asked for and not honoured is refused, not ignored
+        if m.backend_name != "cuda":
+            raise ConfigError(f"--prefill-fp8 runs on the cuda backend, which gave way to {m.backend_name}: "
+                              f"{m.backend_reason}")
+        from switchyard.engine.backends.cuda import fp8
+
+        why = fp8.check(m.layers)
+        if why:
+            raise ConfigError(f"--prefill-fp8: {why}")
     m.forward(Step(torch.zeros(1, n, dtype=torch.int64), torch.arange(n).view(1, n), torch.zeros_like(one),
                    one * n, one * n, 0))
     for S in sorted({batch_bucket(b, m.max_slots) for b in BATCH_BUCKETS if b <= m.max_slots} | {m.max_slots}):

@@ -131,7 +131,8 @@ class Runner:
         self.model = Decoder(cfg, Shard(self.rank, self.world, cfg), weights, self.comm,
                              max_slots=self.opts.max_num_seqs, max_len=max_len, backend=self.opts.backend,
                              device=device, dtype=self.dtype, kv_dtype=self.opts.kv_cache_dtype, block_size=bs,
-                             num_blocks=blocks, cuda_graphs=self.opts.cuda_graphs)
+                             num_blocks=blocks, cuda_graphs=self.opts.cuda_graphs,
+                             prefill_fp8=self.opts.prefill_fp8)
         if device.type == "cuda":
             # Check, compile and capture now (every rank: the captures' collectives pair up), not
             # on the first requests.

@@ -42,6 +42,7 @@ class EngineOptions:
     cuda_graphs: bool = True  # GPU: replay decode steps as CUDA graphs
     decode_kernels: str = "auto"  # GPU, one rank: fused Triton kernels | torch ops | auto
     async_decode: bool = True  # launch decode step n+1 before reading step n's tokens (where it holds)
+    prefill_fp8: bool = False  # GPU, cuda backend: long prefills' projections in FP8 (backends/cuda/fp8.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_path", Path(self.model_path))
@@ -57,6 +58,12 @@ class EngineOptions:
             raise ConfigError(f"--block-size must be between 1 and 256, got {self.block_size}")
         if self.collective_timeout_s <= 0:
             raise ConfigError("--collective-timeout must be positive")
+        if self.prefill_fp8 and (self.device != "cuda" or self.tp > 1 or self.decode_kernels == "torch"
+                                 or self.dtype not in ("auto", "bfloat16")):
+            # What the GPU itself must allow (sm89+) is checked at load (model/decoder.py).
+            raise ConfigError("--prefill-fp8 runs on the cuda backend only: --device cuda, --tp 1, --decode-kernels "
+                              f"auto or fused, bfloat16 weights (got --device {self.device}, --tp {self.tp}, "
+                              f"--decode-kernels {self.decode_kernels}, --dtype {self.dtype})")
         if self.max_model_len and 0 < self.num_kv_blocks * self.block_size < self.max_model_len:
             raise ConfigError(f"--num-kv-blocks must be 0 (auto) or hold one sequence of --max-model-len: at least "
                               f"{-(-self.max_model_len // self.block_size)} blocks of {self.block_size}")

@@ -76,6 +76,12 @@ def engine_serve(
         help="GPU, one rank: launch each decode step before reading the previous step's tokens, its ids taken "
              "on the device, so the host's work overlaps the GPU's (steps that prefill, preempt, or run at TP > 1 "
              "stay synchronous)"),
+    prefill_fp8: bool = typer.Option(
+        False, "--prefill-fp8",
+        help="GPU, one rank, the fused backend on an sm89+ GPU (Ada, Hopper): prefills of 4096 tokens or more run "
+             "their projections in FP8 (weights with a scale per output row, activations with a scale per token, "
+             "as vLLM's --quantization fp8), decode stays on the bf16 weights; costs an FP8 copy of the "
+             "projections (about 7 GB for an 8B model)"),
 ) -> None:
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
@@ -92,7 +98,7 @@ def engine_serve(
             max_num_batched_tokens=max_num_batched_tokens, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
             block_size=block_size, num_kv_blocks=num_kv_blocks, prefix_caching=prefix_caching, threads=threads,
             collective_timeout_s=collective_timeout, device=device, cuda_graphs=cuda_graphs,
-            decode_kernels=decode_kernels, async_decode=async_decode)
+            decode_kernels=decode_kernels, async_decode=async_decode, prefill_fp8=prefill_fp8)
     except ConfigError as e:
         raise typer.BadParameter(str(e)) from None
     except (registry.ModelNotFound, RuntimeError) as e:

@@ -10,7 +10,8 @@ projection and its residual add):
   64 rows, bench/results/gpu_b64/), and attention reading the cache in place with the paged
   kernel (gathering each row's blocks first cost an 8B step at batch 256 ~17 GB of copies);
 - a prefill: RoPE (with the QKV split) and SiLU in Triton kernels (prefill_kernels.py), torch's
-  SDPA for attention.
+  SDPA for attention; with --prefill-fp8, a prefill of at least fp8.PREFILL_TOKENS tokens runs its
+  projections on the layers' FP8 copies (fp8.py: activations quantised per token, _scaled_mm).
 
 Without a GPU the kernels run in Triton's interpreter (the CPU tests). Whether they compute what
 the torch backend computes is checked at start-up (model/warmup.py).
@@ -18,11 +19,13 @@ the torch backend computes is checked at start-up (model/warmup.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from switchyard.engine.backends.base import LayerWeights
+from switchyard.engine.backends.base import LayerWeights, ModelDims
+from switchyard.engine.backends.cuda import fp8
 from switchyard.engine.backends.cuda import kernels as ck
 from switchyard.engine.backends.cuda import prefill_kernels as pk
 from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, batch_bucket, len_bucket
@@ -45,10 +48,22 @@ def fused_rows(hidden: int) -> int:
 class CudaBackend(TorchBackend):
     name = "cuda"
 
+    def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights], compile_ops: bool | None = None) -> None:
+        super().__init__(dims, layers, compile_ops)
+        self.layers = layers  # whether they carry FP8 copies (--prefill-fp8) is status()'s to say
+
     def status(self) -> dict[str, Any]:
         # one switch: the prefill's RoPE and SiLU kernels go with the decode kernels
-        return {**super().status(), "decode_kernels": "fused", "prefill_kernels": "fused",
-                "fused_rows": fused_rows(self.d.hidden)}
+        st = {**super().status(), "decode_kernels": "fused", "prefill_kernels": "fused",
+              "fused_rows": fused_rows(self.d.hidden), "prefill_fp8": fp8.carried(self.layers)}
+        if st["prefill_fp8"]:
+            st["prefill_fp8_tokens"] = fp8.PREFILL_TOKENS
+        return st
+
+    def _fp8(self, p: TorchPlan) -> bool:
+        """Whether this step's projections run on their FP8 copies (where they have one): a
+        prefill of at least fp8.PREFILL_TOKENS tokens. Decode never does."""
+        return not p.decode and p.B * p.T >= fp8.PREFILL_TOKENS
 
     def decode_plan(self, ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor, tables: torch.Tensor, span: int,
                     graphs: bool) -> TorchPlan:
@@ -80,7 +95,8 @@ class CudaBackend(TorchBackend):
     def _rope(self, layer: LayerWeights, h: torch.Tensor,
               p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.d
-        return pk.rope_split(layer.qkv(h), d.cos, d.sin, p.pos, d.heads, d.kv_heads, d.head_dim, layer.qk_norm, d.eps)
+        qkv = fp8.project(layer.qkv, h) if self._fp8(p) else layer.qkv(h)
+        return pk.rope_split(qkv, d.cos, d.sin, p.pos, d.heads, d.kv_heads, d.head_dim, layer.qk_norm, d.eps)
 
     def attention(self, q: Any, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         if not p.decode:
@@ -92,6 +108,10 @@ class CudaBackend(TorchBackend):
         if p.fused:
             x = ck.gemv_residual(o, layer.o.w, x)
             return ck.gemv_residual(ck.gate_up_silu(x, layer.ln2, layer.gate_up.w, self.d.eps), layer.down.w, x), None
+        if self._fp8(p):  # the torch backend's layer_out on FP8 copies; one rank: no all-reduce
+            d = self.d
+            x, h = p.ops.add_rms(x, fp8.project(layer.o, o), layer.ln2, d.eps, d.dtype)
+            return x, fp8.mlp(layer.gate_up, layer.down, h)
         return super().layer_out(layer, x, o, p)
 
     def silu_mul(self, gu: torch.Tensor, p: TorchPlan) -> torch.Tensor:

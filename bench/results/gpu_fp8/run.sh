@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue #32's 8k TTFT goal (<= 180 ms, Llama-8B shape, one H200) with --prefill-fp8, in one device call
+# (carry .whl from `bash bench/wheelhouse.sh 3.12 .whl` and .cache/smollm2-tokenizer from
+# `bash bench/gpu_check.sh prepare`):
+#
+#   bash bench/results/gpu_fp8/run.sh                      # STAGES="tests bench" (default)
+#   STAGES="tests bench regress" bash bench/results/gpu_fp8/run.sh   # + the other GPU tests (gpu_check.sh tests)
+#
+# tests:   tests/engine/test_cuda_fp8.py compiled on the GPU: the quantisation kernels against torch, the FP8
+#          matmul, the routing, the start-up check, SmolLM2-shaped random weights' 2 x 4160-token prefill FP8 vs
+#          bf16, `engine serve --prefill-fp8`. The real-SmolLM2 tests are deselected: its GGUF (98 MB) cannot
+#          travel, and the device has no network (they run on CPU in CI).
+# bench:   bench/engine_cuda.py --ttft-fp8 8192 on the 8B shape: the 8k prefill's TTFT with the projections in
+#          bf16, FP8 and FP8 with fast accumulation, alternated FP8_ROUNDS times, medians, and the last position's
+#          top-1 against bf16's over random prompts.
+# regress: bench/gpu_check.sh tests (test_cuda*.py, the grammar's and async decode's GPU halves).
+# Each stage under `timeout`, the whole within DEADLINE seconds; logs and tables go to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+out=$(realpath -m "${OUT:-bench/results/gpu_fp8/out}"); mkdir -p "$out"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" SWITCHYARD_TEST_TOKENIZER_DIR="$PWD/.cache/smollm2-tokenizer"
+log="$out/run.log"
+left() { echo $(( ${DEADLINE:-570} - SECONDS )); }
+stage() { echo "== $1 at ${SECONDS}s ($(left) s left)" | tee -a "$log"; }
+deps=$($PY -c "import tomllib; print(' '.join(d.split(';')[0].replace(' ', '') for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] if not d.startswith(('numpy', 'onnxruntime'))))")
+$PY -m pip install --no-index --find-links .whl --no-build-isolation --no-deps -e . >"$out/pip.log" 2>&1
+# shellcheck disable=SC2086
+$PY -m pip install --no-index --find-links .whl $deps llguidance gguf pytest-asyncio jsonschema >>"$out/pip.log" 2>&1 ||
+  tail -5 "$out/pip.log"
+{ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader; nproc
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'sm', torch.cuda.get_device_capability())"; } 2>&1 | tee -a "$log"
+for s in ${STAGES:-tests bench}; do
+  case $s in
+    tests) stage tests
+      timeout 240 $PY -m pytest -q -p no:cacheprovider -rs -s --durations=10 tests/engine/test_cuda_fp8.py -k "not real_smollm2" \
+        >"$out/fp8_tests.log" 2>&1; echo "tests rc=$?" | tee -a "$log"
+      grep -E "FP8 prefill vs bf16|passed|failed|error" "$out/fp8_tests.log" | tail -n 6 | tee -a "$log" ;;
+    bench) stage bench
+      timeout "$(( $(left) < 300 ? $(left) : 300 ))" $PY bench/engine_cuda.py --shapes llama-8b --batches 1 --tokens 16 \
+        --ttft= --ttft-fp8 8192 --fp8-rounds "${FP8_ROUNDS:-5}" --fp8-prompts 8 --skip-transformers --peer-batches= \
+        --budget-s 280 --out "$out" --name engine_cuda_fp8 >/dev/null 2>&1
+      echo "bench rc=$?" | tee -a "$log"; grep -E "fp8|ttft|round" "$out/engine_cuda_fp8.log" | tee -a "$log" ;;
+    regress) stage regress
+      OUT="$out/regress" PYTHON=$PY timeout "$(( $(left) - 5 ))" bash bench/gpu_check.sh tests >/dev/null 2>&1
+      echo "regress rc=$?" | tee -a "$log"; tail -n 3 "$out/regress/gpu_tests.log" | tee -a "$log" ;;
+  esac
+done
+stage done
