@@ -14,7 +14,7 @@ are unchanged: the same surface (`status`, `headers.get`, `content_length`, `con
 timeout is `ConnectionTimeoutError`, the total timeout `TimeoutError`, a cut body
 `ClientPayloadError`, a connection that closes before an answer `ServerDisconnectedError`);
 redirects are never followed (a 3xx is an answer); gzip and deflate are decoded; a total timeout
-(one timer a request, from connect to the body's end) and a connect timeout; a cancelled request
+(one deadline a request, from connect to the body's end, on pools/deadlines.py) and a connect timeout; a cancelled request
 aborts its connection; reading pauses past HIGH_WATER bytes unread. No cookies are kept, no proxy
 from the environment is used (as the aiohttp session was set up).
 """
@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import httptools
+
+from switchyard.pools.deadlines import Deadlines
 
 KEEPALIVE = 60.0  # seconds an idle connection is kept (the aiohttp connector's keepalive_timeout)
 HIGH_WATER = 256 * 1024  # unread bytes at which reading the upstream pauses (a slow client)
@@ -188,7 +190,6 @@ class Connection(asyncio.Protocol):
         self._keep = False  # the answer ended and both sides keep the connection alive
         self._paused = False
         self._decoder: Any = None
-        self._timer: asyncio.TimerHandle | None = None
         self._delimited = True  # the body has a length or is chunked (else it ends with the connection)
 
     # --- the protocol ---------------------------------------------------------------------
@@ -288,19 +289,16 @@ class Connection(asyncio.Protocol):
         self._delimited = True
         self._head = head = self.loop.create_future()
         if deadline is not None:
-            self._timer = self.loop.call_at(deadline, self._timed_out)
+            self.pool.deadlines.set(self, deadline, self._timed_out)
         assert self.transport is not None
         self.transport.write(data)
         return head
 
     def _timed_out(self) -> None:
-        self._timer = None
         self._fail(TimeoutError())
 
     def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.pool.deadlines.clear(self)
 
     def _fail(self, exc: BaseException) -> None:
         head = self._head
@@ -354,6 +352,7 @@ class UpstreamPool:
         self.base_path = u.path.rstrip("/")
         self.idle: list[Connection] = []
         self.loop = asyncio.get_event_loop()
+        self.deadlines = Deadlines(self.loop)  # each request's total time (a dict entry, not a timer)
         self.closed = False
         # The last request head: (path, auth, headers, bytes up to the Content-Length value).
         self._head: tuple[str, aiohttp.BasicAuth | None, dict[str, str], bytes] | None = None
@@ -411,6 +410,7 @@ class UpstreamPool:
         if loop is not self.loop:  # a new event loop (tests run several): the old connections are its
             self.idle.clear()
             self.loop = loop
+            self.deadlines = Deadlines(loop)
         deadline = None if not total else loop.time() + total
         # A pool's requests share one head but for the length: built once, kept while the path,
         # the headers (compared by value: a traced attempt's differ each time) and auth stay.

@@ -164,3 +164,27 @@ def test_a_body_that_came_whole_is_still_held_to_the_limit(gw):
         s.sendall(_chunked(_body("x" * LIMIT)))
         status, headers, body = _read_answer(s, buf)
         assert status.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.slow  # the request's task start (api/server.py): only a real gateway process has it
+def test_a_body_after_its_headers_or_in_pieces_is_read_whole(gw):
+    """The request's task starts once its body is in (at once, eagerly, on Python 3.12+) or, when
+    the body comes in later reads, at the end of the read that brought the headers: both answer."""
+    _, port = gw
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray()
+        body = _body("in pieces")
+        req = _request(body=body)
+        head = req[:-len(body)]
+        s.sendall(head)  # the headers alone, then the body in three reads
+        for i in range(0, len(body), len(body) // 3 + 1):
+            time.sleep(0.05)
+            s.sendall(body[i:i + len(body) // 3 + 1])
+        status, headers, got = _read_answer(s, buf)
+        _ok(status, headers, got)
+        assert json.loads(got)["choices"][0]["message"]["content"] == "u echoes: in pieces"
+        s.sendall(_request(body=_body("whole")))  # and the next one whole, on the same connection
+        status, headers, got = _read_answer(s, buf)
+        _ok(status, headers, got)
+        assert json.loads(got)["choices"][0]["message"]["content"] == "u echoes: whole"

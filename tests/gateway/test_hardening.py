@@ -291,6 +291,27 @@ def test_slow_silent_and_oversized_connections_are_cut(tmp_path):
             except OSError:
                 pass
             assert time.monotonic() - t0 < 4
+        body = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi"}]}).encode()
+        ok = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        for trickle in (False, True):  # after an answer: idle, then headers a byte at a time
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(ok)
+                s.settimeout(5)
+                first = s.recv(65536)
+                assert first.startswith(b"HTTP/1.1 200"), first[:200]
+                t0 = time.monotonic()
+                if trickle:  # the header time runs from the end of the last answer
+                    try:
+                        for b in b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n":
+                            s.sendall(bytes([b]))
+                            time.sleep(0.05)
+                    except OSError:
+                        pass
+                    assert time.monotonic() - t0 < 4
+                else:  # an idle keep-alive connection closes at the header time (0.5 s) at the latest
+                    data, took = _read_until_closed(s, 10)
+                    assert b"HTTP/1.1 200" not in data and 0.4 < took < 4, took
         with socket.create_connection(("127.0.0.1", port)) as s:  # a body that never finishes
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 100\r\n\r\n{\"mod")
