@@ -102,7 +102,9 @@ def test_quant_rows_equals_the_torch_reference(width: int) -> None:
     q, s = fp8.quant_rows(x)
     rq, rs = fp8.quant_reference(x)
     assert q.dtype == fp8.FP8 and q.shape == (9, width) and s.shape == (9, 1) and s.dtype == torch.float32
-    assert torch.equal(s, rs)
+    # torch divides a CUDA tensor by a number as a multiply by its reciprocal (a last-bit difference
+    # from the kernel's correctly rounded division); on the CPU both divide.
+    assert torch.equal(s, rs) if DEV == "cpu" else torch.allclose(s, rs, rtol=2**-22, atol=0)
     if DEV == "cpu":
         assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
     else:  # the GPU's cvt.rn.satfinite rounds to nearest even as torch does: expected equal, a step allowed
