@@ -17,7 +17,6 @@ apart in RMS, none of the three greedy tokens the same.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -393,23 +392,12 @@ def test_gpu_fp8_prefill_of_4k_tokens_agrees_with_bf16_on_smollm2_shape(monkeypa
 def fp8_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (CI has none)")
-    from safetensors.torch import save_file
-
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from engine_support import EngineServer
-    from test_cuda_serve import write_tokenizer
+    from test_cuda_serve import write_random_model
 
-    cfg = dataclasses.replace(SMOLLM2_135M, num_layers=4)
     d = tmp_path_factory.mktemp("fp8-smollm2")
-    save_file({f"model.{k}": v.contiguous() for k, v in random_weights(cfg, seed=12).items()},
-              str(d / "model.safetensors"))
-    (d / "config.json").write_text(json.dumps({
-        "model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "rms_norm_eps": cfg.rms_eps,
-        "rope_theta": cfg.rope_theta, "max_position_embeddings": 8192, "tie_word_embeddings": True,
-        "bos_token_id": 1, "eos_token_id": 2}))
-    write_tokenizer(d)
+    write_random_model(d, dataclasses.replace(SMOLLM2_135M, num_layers=4), seed=12, max_positions=8192)
     s = EngineServer(d, d / "engine.log", standalone=True,
                      extra=["--device", "cuda", "--prefill-fp8", "--max-model-len", "8192", "--max-num-seqs", "4"])
     yield s

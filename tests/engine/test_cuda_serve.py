@@ -22,6 +22,7 @@ import pytest
 import torch
 from engine_support import EngineServer, get
 
+from switchyard.engine.model.config import ModelConfig
 from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
@@ -62,20 +63,26 @@ def write_tokenizer(d: Path) -> None:
                                                          "eos_token": "<|im_end|>"}))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
+def write_random_model(d: Path, cfg: ModelConfig, seed: int, max_positions: int) -> None:
+    """A Hugging Face model folder in d: `cfg`'s shapes with random weights (safetensors), its
+    config.json, and SmolLM2's tokenizer."""
     from safetensors.torch import save_file
 
-    d = tmp_path_factory.mktemp("random-smollm2")
-    w = random_weights(CFG, seed=11)
-    save_file({f"model.{k}": v.contiguous() for k, v in w.items()}, str(d / "model.safetensors"))
+    save_file({f"model.{k}": v.contiguous() for k, v in random_weights(cfg, seed=seed).items()},
+              str(d / "model.safetensors"))
     (d / "config.json").write_text(json.dumps({
-        "model_type": "llama", "vocab_size": CFG.vocab_size, "hidden_size": CFG.hidden_size,
-        "intermediate_size": CFG.intermediate_size, "num_hidden_layers": CFG.num_layers,
-        "num_attention_heads": CFG.num_heads, "num_key_value_heads": CFG.num_kv_heads, "rms_norm_eps": CFG.rms_eps,
-        "rope_theta": CFG.rope_theta, "max_position_embeddings": 2048, "tie_word_embeddings": True,
-        "bos_token_id": 1, "eos_token_id": 2}))
+        "model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+        "rms_norm_eps": cfg.rms_eps, "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": max_positions, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2}))
     write_tokenizer(d)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
+    d = tmp_path_factory.mktemp("random-smollm2")
+    write_random_model(d, CFG, seed=11, max_positions=2048)
     s = EngineServer(d, d / "engine.log", standalone=True,
                      extra=["--device", "cuda", "--dtype", "float32", "--decode-kernels", "fused", "--max-model-len", "1024",
                             "--max-num-seqs", "8"])
