@@ -216,7 +216,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._start_asgi_task(cycle, app)
             return
         now = self.loop.time()
-        self._arm_headers(now)
+        self._header_bytes = 0
+        self._header_due = now + self._limits.header_timeout  # armed when data comes (_unset_keepalive_if_required)
         self._deadlines.set(self, min(now + self.timeout_keep_alive, self._header_due), self.timeout_keep_alive_handler)
         self._waiting = "keep-alive"
 
