@@ -18,6 +18,10 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   as two index copies.
 - `cuda-attention-by-span`: the cuda backend with the paged attention split by the span alone
   (up to 16 ways) at every batch, as before its split count took the launch's rows into account.
+- `cuda-no-pdl`: the cuda backend with its kernels launched one after another, without
+  programmatic dependent launch (as before it).
+- `cuda-attention-unsplit`: the cuda backend with the paged attention never split (one kernel,
+  no combine).
 
   import engine_cuda_variants  # registers them; then Decoder(..., backend=NAME) or decoder.view(NAME)
 """
@@ -114,9 +118,38 @@ def _attention_by_span() -> type:
             if not p.decode:
                 return super().attention(q, kc, vc, p)
             splits, block_n = ck.attention_shape(p.L)
-            return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, block_n, splits)
+            return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, block_n, splits, pdl=self.pdl)
 
     return AttentionBySpanBackend
+
+
+def _no_pdl() -> type:
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    class NoPdlBackend(CudaBackend):
+        name = "cuda-no-pdl"
+
+        def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights]) -> None:
+            super().__init__(dims, layers)
+            self.pdl = False
+
+    return NoPdlBackend
+
+
+def _attention_unsplit() -> type:
+    from switchyard.engine.backends.cuda import kernels as ck
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    class AttentionUnsplitBackend(CudaBackend):
+        name = "cuda-attention-unsplit"
+
+        def attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
+            if not p.decode:
+                return super().attention(q, kc, vc, p)
+            block_n = ck.attention_shape(p.L, p.B * self.d.kv_heads)[1]
+            return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, block_n, 1, pdl=self.pdl)
+
+    return AttentionUnsplitBackend
 
 
 def _lazy(make_cls: object, *args: object) -> object:
@@ -131,5 +164,7 @@ registry.register("cuda-prefill-flash", _lazy(_prefill_with, FLASH_PREFILL, "cud
 registry.register("cuda-prefill-cudnn", _lazy(_prefill_with, CUDNN_PREFILL, "cuda-prefill-cudnn"))  # type: ignore[arg-type]
 registry.register("cuda-torch-glue", _lazy(_torch_glue))  # type: ignore[arg-type]
 registry.register("cuda-attention-by-span", _lazy(_attention_by_span))  # type: ignore[arg-type]
+registry.register("cuda-no-pdl", _lazy(_no_pdl))  # type: ignore[arg-type]
+registry.register("cuda-attention-unsplit", _lazy(_attention_unsplit))  # type: ignore[arg-type]
 for _n in (0, 1, 2, 4, 8, 16):
     registry.register(f"cuda-fused-rows-{_n}", _lazy(_fused_rows, _n))  # type: ignore[arg-type]

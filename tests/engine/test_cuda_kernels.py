@@ -222,3 +222,64 @@ def test_grammar_mask_kernel_equals_the_torch_path(dtype: torch.dtype) -> None:
             assert torch.equal(fused[free], logits[free])
             if 3 in rows:
                 assert torch.isfinite(fused[3]).sum() == 1 and torch.isfinite(fused[3, 2])
+
+
+def _layer_chain(pdl: bool, layers: int, M: int, graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`layers` decode layers of the fused kernels on fixed random weights (each kernel reading
+    the one before's output, the KV cache written and read back): the residual out and the cache."""
+    from switchyard.engine.backends.cuda.triton_common import pdl_supported
+
+    assert not pdl or pdl_supported(DEV)
+    g = torch.Generator().manual_seed(11)
+    hid, inter, span, bs = H * D, 160, 64, 16
+    dt = torch.bfloat16
+    ws = [(_rand((H + 2 * HKV) * D, hid, dtype=dt, g=g, std=0.05), _rand(hid, H * D, dtype=dt, g=g, std=0.05),
+           _rand(2 * inter, hid, dtype=dt, g=g, std=0.05), _rand(hid, inter, dtype=dt, g=g, std=0.05))
+          for _ in range(layers)]
+    ln = 1 + 0.1 * _rand(hid, g=g)
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    freqs = torch.outer(torch.arange(span, dtype=torch.float32), inv)
+    cos, sin = torch.cat((freqs, freqs), -1).cos().to(DEV), torch.cat((freqs, freqs), -1).sin().to(DEV)
+    nb = span // bs
+    kc = _rand(layers, M * nb + 1, HKV, bs, D, dtype=dt, g=g)
+    vc = _rand(layers, M * nb + 1, HKV, bs, D, dtype=dt, g=g)
+    tables = torch.arange(M * nb, device=DEV).view(M, nb)
+    pos = torch.full((M,), 40, device=DEV)
+    ctx = pos + 1
+    blocks = tables[torch.arange(M, device=DEV), pos // bs]
+    offs = pos % bs
+    x0 = _rand(M, hid, g=g)
+
+    def run() -> torch.Tensor:
+        x = x0
+        for i, (wqkv, wo, wgu, wd) in enumerate(ws):
+            q = ck.qkv_rope(x, ln, wqkv, None, None, cos, sin, pos, blocks, offs, kc[i], vc[i], H, HKV, 1e-5, pdl=pdl)
+            o = ck.paged_attention(q, kc[i], vc[i], tables, ctx, span, pdl=pdl)
+            x = ck.gemv_residual(o, wo, x, pdl=pdl)
+            x = ck.gemv_residual(ck.gate_up_silu(x, ln, wgu, 1e-5, pdl=pdl), wd, x, pdl=pdl)
+        return x
+
+    if not graph:
+        return run(), kc
+    run()  # compile outside the capture
+    gr = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gr):
+        out = run()
+    for _ in range(3):
+        gr.replay()
+    torch.cuda.synchronize()
+    return out, kc
+
+
+@pytest.mark.skipif(DEV.type != "cuda" or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs a Hopper (sm90) GPU or later")
+@pytest.mark.parametrize("M", [1, 4])
+def test_pdl_kernels_compute_what_serial_launches_do(M: int) -> None:
+    """The fused kernels launched with PDL (each starting while the one before runs, waiting at
+    gdc_wait before it reads its output), eagerly and replayed in a CUDA graph, give the same bits
+    as launched one after another: a read or write before the wait would race and differ."""
+    ref, kc_ref = _layer_chain(False, 12, M, graph=False)
+    for graph in (False, True):
+        got, kc = _layer_chain(True, 12, M, graph=graph)
+        assert torch.equal(got, ref), graph
+        assert torch.equal(kc, kc_ref), graph

@@ -3,7 +3,9 @@ an H200 (bench/results/engine_cuda_fused.md), on one rank (TP > 1 puts an all-re
 projection and its residual add):
 
 - a decode step of up to 16 rows (of one row on a model 4096 or more wide: fused_rows): each layer in five kernels (kernels.py: norm + QKV + RoPE + KV
-  write, paged attention, o-proj + residual, norm + gate/up + SiLU, down + residual);
+  write, paged attention, o-proj + residual, norm + gate/up + SiLU, down + residual), launched
+  with programmatic dependent launch on Hopper and later (each loads its weights while the one
+  before it finishes);
 - a larger decode step: cuBLAS for the projections and torch's compiled ops for the norms and
   SiLU, with RoPE and the KV write in one kernel after the QKV projection (kernels.rope_write:
   torch's RoPE, the rows' cache indices and two index copies took ~20 us a layer of an 8B step at
@@ -29,6 +31,7 @@ from switchyard.engine.backends.cuda import fp8
 from switchyard.engine.backends.cuda import kernels as ck
 from switchyard.engine.backends.cuda import prefill_kernels as pk
 from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, batch_bucket, len_bucket
+from switchyard.engine.backends.cuda.triton_common import pdl_supported
 from switchyard.engine.backends.torch_backend import TorchBackend, TorchPlan
 
 MAX_FUSED_ROWS = ck.MAX_ROWS
@@ -51,11 +54,14 @@ class CudaBackend(TorchBackend):
     def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights], compile_ops: bool | None = None) -> None:
         super().__init__(dims, layers, compile_ops)
         self.layers = layers  # whether they carry FP8 copies (--prefill-fp8) is status()'s to say
+        # The decode kernels launch with programmatic dependent launch where the GPU has it: each
+        # loads its weights while the kernel before it finishes (triton_common.pdl_supported).
+        self.pdl = pdl_supported(dims.device)
 
     def status(self) -> dict[str, Any]:
         # one switch: the prefill's RoPE and SiLU kernels go with the decode kernels
         st = {**super().status(), "decode_kernels": "fused", "prefill_kernels": "fused",
-              "fused_rows": fused_rows(self.d.hidden), "prefill_fp8": fp8.carried(self.layers)}
+              "fused_rows": fused_rows(self.d.hidden), "pdl": self.pdl, "prefill_fp8": fp8.carried(self.layers)}
         if st["prefill_fp8"]:
             st["prefill_fp8_tokens"] = fp8.PREFILL_TOKENS
         return st
@@ -81,7 +87,7 @@ class CudaBackend(TorchBackend):
         if p.fused:
             d = self.d
             return x, ck.qkv_rope(x, layer.ln1, layer.qkv.w, layer.qkv.b, layer.qk_norm, d.cos, d.sin, p.pos,
-                                  p.w_blocks, p.w_offs, kc, vc, d.heads, d.kv_heads, d.eps)
+                                  p.w_blocks, p.w_offs, kc, vc, d.heads, d.kv_heads, d.eps, pdl=self.pdl)
         return super().layer_in(layer, kc, vc, x, carry, p)
 
     def project_qkv(self, layer: LayerWeights, kc: torch.Tensor, vc: torch.Tensor, h: torch.Tensor,
@@ -90,7 +96,7 @@ class CudaBackend(TorchBackend):
             return super().project_qkv(layer, kc, vc, h, p)
         d = self.d
         return ck.rope_write(layer.qkv(h), layer.qk_norm, d.cos, d.sin, p.pos, p.w_blocks, p.w_offs, kc, vc, d.heads,
-                             d.kv_heads, d.eps)
+                             d.kv_heads, d.eps, pdl=self.pdl)
 
     def _rope(self, layer: LayerWeights, h: torch.Tensor,
               p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -101,13 +107,14 @@ class CudaBackend(TorchBackend):
     def attention(self, q: Any, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         if not p.decode:
             return super().attention(q, kc, vc, p)
-        return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L)
+        return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, pdl=self.pdl)
 
     def layer_out(self, layer: LayerWeights, x: torch.Tensor, o: torch.Tensor,
                   p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
         if p.fused:
-            x = ck.gemv_residual(o, layer.o.w, x)
-            return ck.gemv_residual(ck.gate_up_silu(x, layer.ln2, layer.gate_up.w, self.d.eps), layer.down.w, x), None
+            x = ck.gemv_residual(o, layer.o.w, x, pdl=self.pdl)
+            h = ck.gate_up_silu(x, layer.ln2, layer.gate_up.w, self.d.eps, pdl=self.pdl)
+            return ck.gemv_residual(h, layer.down.w, x, pdl=self.pdl), None
         if self._fp8(p):  # the torch backend's layer_out on FP8 copies; one rank: no all-reduce
             d = self.d
             x, h = p.ops.add_rms(x, fp8.project(layer.o, o), layer.ln2, d.eps, d.dtype)
@@ -134,4 +141,4 @@ class CudaBackend(TorchBackend):
             span = -(-longest // d.block_size) * d.block_size  # as the graph runner rounds it
             tables = torch.full((1, span // d.block_size), d.num_blocks, dtype=torch.int64, device=d.device)
             for splits, block_n in sorted({ck.attention_shape(span, r * d.kv_heads) for r in rows}):
-                ck.paged_attention(q, kc, vc, tables, ctx, span, block_n, splits)
+                ck.paged_attention(q, kc, vc, tables, ctx, span, block_n, splits, pdl=self.pdl)

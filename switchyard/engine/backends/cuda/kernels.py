@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 
 # isort: off
-from switchyard.engine.backends.cuda.triton_common import _UPCAST, _dot  # sets TRITON_INTERPRET first
+from switchyard.engine.backends.cuda.triton_common import _UPCAST, _dot, _pdl_start, _pdl_wait  # sets TRITON_INTERPRET first
 import torch
 import triton
 import triton.language as tl
@@ -87,14 +87,16 @@ def _matvec_step(acc, x_ptr, stride_x, ln_ptr, scale, w, k0, M, K, NORM: tl.cons
 @triton.jit
 def _matvec(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, n_rows, M, K,
             NORM: tl.constexpr, M_P: tl.constexpr, R: tl.constexpr, BLOCK_K: tl.constexpr,
-            NORM_BLOCK: tl.constexpr, PREFETCH: tl.constexpr, UPCAST: tl.constexpr):
+            NORM_BLOCK: tl.constexpr, PREFETCH: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     """acc[m, r] = sum_k h[m, k] * W[n_rows[r], k] in float32, where h = x (model dtype) or, with
     NORM, RMSNorm(x) * ln rounded to the weights' dtype (x float32 [M, K]).
     The loop is bound by its loads' latency, so each iteration's weight tile (R x BLOCK_K) is what
     is in flight: the tiles are sized for that (tile_for), and at one row the partial products
     stay in a 2-D accumulator, summed once at the end. PREFETCH issues the first weight tile
     before the norm's pass over x, which otherwise leaves the program's first DRAM read waiting
-    on an L2 round trip."""
+    on an L2 round trip. With PDL the first weight tile is loaded before waiting for the kernel
+    before: x is its output, the weights are not."""
+    _pdl_start(PDL)
     if M_P == 1:  # noqa: SIM108 (a constexpr branch: Triton compiles only the one taken)
         acc = tl.zeros([R, BLOCK_K], dtype=tl.float32)
     else:
@@ -102,6 +104,7 @@ def _matvec(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, n_rows, M, K,
     start = 0
     if PREFETCH:
         w0 = _weight_tile(w_ptr, stride_w, n_rows, 0, K, BLOCK_K)
+    _pdl_wait(PDL)
     if NORM:  # noqa: SIM108
         scale = _row_scale(x_ptr, stride_x, M, K, eps, M_P, NORM_BLOCK)
     else:
@@ -120,12 +123,12 @@ def _matvec(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, n_rows, M, K,
 @triton.jit
 def _matvec_pair(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, n1, second, M, K,
                  NORM: tl.constexpr, M_P: tl.constexpr, R: tl.constexpr, BLOCK_K: tl.constexpr,
-                 NORM_BLOCK: tl.constexpr, PREFETCH: tl.constexpr, UPCAST: tl.constexpr):
+                 NORM_BLOCK: tl.constexpr, PREFETCH: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     """_matvec over rows n1 and n1 + second in one loop (twice the bytes in flight, one pass over
     x): the rows interleaved, the result split back into (acc over n1, acc over n1 + second)."""
     both = tl.reshape(n1[:, None] + tl.arange(0, 2)[None, :] * second, [2 * R])
     acc = _matvec(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, both, M, K, NORM, M_P, 2 * R, BLOCK_K,
-                  NORM_BLOCK, PREFETCH, UPCAST)
+                  NORM_BLOCK, PREFETCH, UPCAST, PDL)
     return tl.split(tl.reshape(acc, [M_P, R, 2]))
 
 
@@ -175,7 +178,8 @@ def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, si
                      blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr, M, K, eps, qk_eps,
                      H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                      R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
-                     PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, UPCAST: tl.constexpr):
+                     PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, UPCAST: tl.constexpr,
+                     PDL: tl.constexpr):
     # Program (head, chunk): rows [c*R, c*R + R) of the head's first half and the same rows of
     # its second half, so that RoPE's pairs (i, i + D/2) meet in one program.
     head = tl.program_id(0)
@@ -185,7 +189,7 @@ def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, si
     n1 = head * D + r
     n2 = n1 + HALF
     a1, a2 = _matvec_pair(x_ptr, stride_x, ln_ptr, eps, w_ptr, K, n1, HALF, M, K, True, M_P, R, BLOCK_K,
-                          NORM_BLOCK, PREFETCH, UPCAST)
+                          NORM_BLOCK, PREFETCH, UPCAST, PDL)
     odt = q_ptr.dtype.element_ty
     if HAS_BIAS:
         a1 += tl.load(b_ptr + n1).to(tl.float32)[None, :]
@@ -199,9 +203,11 @@ def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, si
 @triton.jit
 def _rope_write_kernel(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr,
                        M, qk_eps, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                       BLOCK_M: tl.constexpr, QK_NORM: tl.constexpr):
+                       BLOCK_M: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
     # Program (head, row block): a whole head of BLOCK_M rows of a QKV projection's output
     # [M, (H + 2 HKV) D], both halves, so that RoPE's pairs and Qwen3's q/k norm meet in it.
+    _pdl_start(PDL)
+    _pdl_wait(PDL)
     head = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     HALF: tl.constexpr = D // 2
@@ -217,13 +223,13 @@ def _rope_write_kernel(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off
 @triton.jit
 def _gemv_residual_kernel(a_ptr, w_ptr, x_ptr, out_ptr, M, N, K,
                           R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
-                          UPCAST: tl.constexpr):
+                          UPCAST: tl.constexpr, PDL: tl.constexpr):
     # out[m, n] = x[m, n] + round(W[n] . a[m]): the projection rounded to the model dtype (as the
     # cuBLAS path's output is), added to the float32 residual stream.
     n = tl.program_id(0) * R + tl.arange(0, R)
     nmask = n < N
     nr = tl.where(nmask, n, 0)
-    acc = _matvec(a_ptr, K, a_ptr, 0.0, w_ptr, K, nr, M, K, False, M_P, R, BLOCK_K, 1, PREFETCH, UPCAST)
+    acc = _matvec(a_ptr, K, a_ptr, 0.0, w_ptr, K, nr, M, K, False, M_P, R, BLOCK_K, 1, PREFETCH, UPCAST, PDL)
     rows = tl.arange(0, M_P)
     mask = (rows[:, None] < M) & nmask[None, :]
     at = rows[:, None] * N + n[None, :]
@@ -235,14 +241,14 @@ def _gemv_residual_kernel(a_ptr, w_ptr, x_ptr, out_ptr, M, N, K,
 @triton.jit
 def _gate_up_silu_kernel(x_ptr, ln_ptr, w_ptr, out_ptr, M, INTER, K, eps,
                          R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
-                         PREFETCH: tl.constexpr, UPCAST: tl.constexpr):
+                         PREFETCH: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     # out[m, j] = SiLU(g) * u with g, u = rows j and INTER + j of the fused gate_up weight applied
     # to RMSNorm(x[m]), each rounded to the model dtype first (the torch path's gate_up output).
     j = tl.program_id(0) * R + tl.arange(0, R)
     jmask = j < INTER
     jr = tl.where(jmask, j, 0)
     g, u = _matvec_pair(x_ptr, K, ln_ptr, eps, w_ptr, K, jr, INTER, M, K, True, M_P, R, BLOCK_K, NORM_BLOCK,
-                        PREFETCH, UPCAST)
+                        PREFETCH, UPCAST, PDL)
     odt = out_ptr.dtype.element_ty
     g = g.to(odt).to(tl.float32)
     u = u.to(odt).to(tl.float32)
@@ -303,10 +309,12 @@ def tile_for(kind: str, M_P: int, n: int, k: int, elem: int = 2) -> Tile:
 def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
              qk_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
              pos: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor, k_cache: torch.Tensor,
-             v_cache: torch.Tensor, heads: int, kv_heads: int, eps: float, tile: Tile | None = None) -> torch.Tensor:
+             v_cache: torch.Tensor, heads: int, kv_heads: int, eps: float, tile: Tile | None = None,
+             pdl: bool = False) -> torch.Tensor:
     """x float32 [M, hidden] -> q [M, heads, D] (model dtype); k and v of each row written into
     k_cache/v_cache [blocks, kv_heads, block_size, D] at (blocks[m], offs[m]). qk_norm: Qwen3's
-    q_norm and k_norm weights, concatenated (float32 [2 D]), or None."""
+    q_norm and k_norm weights, concatenated (float32 [2 D]), or None. pdl: launched with programmatic
+    dependent launch (triton_common.pdl_supported), as every launcher here may be."""
     M, K = x.shape
     D, bs = k_cache.shape[-1], k_cache.shape[-2]
     M_P = _rows_pad(M)
@@ -319,13 +327,15 @@ def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Ten
                            qk_norm if qk_norm is not None else ln, cos, sin, pos, blocks, offs,
                            q, k_cache, v_cache, M, K, eps, eps, H=heads, HKV=kv_heads, D=D, BS=bs, R=R, M_P=M_P,
                            BLOCK_K=t.block_k, NORM_BLOCK=_norm_block(M_P, K), PREFETCH=t.prefetch,
-                           HAS_BIAS=bias is not None, QK_NORM=qk_norm is not None, UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
+                           HAS_BIAS=bias is not None, QK_NORM=qk_norm is not None, UPCAST=_UPCAST, PDL=pdl,
+                           num_warps=t.warps, num_stages=t.stages, launch_pdl=pdl)
     return q
 
 
 def rope_write(qkv: torch.Tensor, qk_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                pos: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor, k_cache: torch.Tensor,
-               v_cache: torch.Tensor, heads: int, kv_heads: int, eps: float, block_m: int = 16) -> torch.Tensor:
+               v_cache: torch.Tensor, heads: int, kv_heads: int, eps: float, block_m: int = 16,
+               pdl: bool = False) -> torch.Tensor:
     """qkv_rope past its projection, for a step of any row count: a QKV projection's output
     qkv [M, (heads + 2 kv_heads) D] (model dtype, bias added) -> q [M, heads, D]; k and v written
     into the cache as qkv_rope writes them. One launch where the torch path takes several
@@ -335,11 +345,12 @@ def rope_write(qkv: torch.Tensor, qk_norm: torch.Tensor | None, cos: torch.Tenso
     q = torch.empty(M, heads, D, dtype=qkv.dtype, device=qkv.device)
     _rope_write_kernel[(heads + 2 * kv_heads, triton.cdiv(M, block_m))](
         qkv, qk_norm if qk_norm is not None else cos, cos, sin, pos, blocks, offs, q, k_cache, v_cache, M, eps,
-        H=heads, HKV=kv_heads, D=D, BS=bs, BLOCK_M=block_m, QK_NORM=qk_norm is not None)
+        H=heads, HKV=kv_heads, D=D, BS=bs, BLOCK_M=block_m, QK_NORM=qk_norm is not None, PDL=pdl, launch_pdl=pdl)
     return q
 
 
-def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, tile: Tile | None = None) -> torch.Tensor:
+def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, tile: Tile | None = None,
+                  pdl: bool = False) -> torch.Tensor:
     """x + (a @ w.T) rounded to w's dtype; a [M, K] model dtype, w [N, K], x float32 [M, N]."""
     M, K = a.shape
     N = w.shape[0]
@@ -347,12 +358,13 @@ def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, tile: Tile 
     M_P = _rows_pad(M)
     t = tile or tile_for("gemv", M_P, N, K, w.element_size())
     _gemv_residual_kernel[(triton.cdiv(N, t.rows),)](a, w, x, out, M, N, K, R=t.rows, M_P=M_P, BLOCK_K=t.block_k,
-                                                     PREFETCH=t.prefetch, UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
+                                                     PREFETCH=t.prefetch, UPCAST=_UPCAST, PDL=pdl, num_warps=t.warps,
+                                                     num_stages=t.stages, launch_pdl=pdl)
     return out
 
 
 def gate_up_silu(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float,
-                 tile: Tile | None = None) -> torch.Tensor:
+                 tile: Tile | None = None, pdl: bool = False) -> torch.Tensor:
     """SiLU(gate) * up of RMSNorm(x) * ln; x float32 [M, hidden], w [2 I, hidden] -> [M, I]."""
     M, K = x.shape
     inter = w.shape[0] // 2
@@ -361,7 +373,8 @@ def gate_up_silu(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float,
     t = tile or tile_for("gate_up", M_P, inter, K, w.element_size())
     _gate_up_silu_kernel[(triton.cdiv(inter, t.rows),)](x, ln, w, out, M, inter, K, eps, R=t.rows, M_P=M_P,
                                                         BLOCK_K=t.block_k, NORM_BLOCK=_norm_block(M_P, K),
-                                                        PREFETCH=t.prefetch, UPCAST=_UPCAST, num_warps=t.warps, num_stages=t.stages)
+                                                        PREFETCH=t.prefetch, UPCAST=_UPCAST, PDL=pdl, num_warps=t.warps,
+                                                        num_stages=t.stages, launch_pdl=pdl)
     return out
 
 

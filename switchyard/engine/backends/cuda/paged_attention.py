@@ -6,7 +6,7 @@ then a combine."""
 from __future__ import annotations
 
 # isort: off
-from switchyard.engine.backends.cuda.triton_common import _UPCAST, _dot  # sets TRITON_INTERPRET first
+from switchyard.engine.backends.cuda.triton_common import _UPCAST, _dot, _pdl_start, _pdl_wait  # sets TRITON_INTERPRET first
 import torch
 import triton
 import triton.language as tl
@@ -17,9 +17,11 @@ import triton.language as tl
 def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_ptr, mo_ptr, ml_ptr, sm_scale,
                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                       GP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                      UPCAST: tl.constexpr):
+                      UPCAST: tl.constexpr, PDL: tl.constexpr):
     # Program (row, kv head, split): the kv head's G query heads (padded to GP rows for tl.dot)
     # over positions [split * CHUNK, (split + 1) * CHUNK) of the row's context.
+    _pdl_start(PDL)
+    _pdl_wait(PDL)  # q and this step's keys and values are the kernel before's
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -61,8 +63,11 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_pt
 
 
 @triton.jit
-def _combine_kernel(mo_ptr, ml_ptr, o_ptr, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+def _combine_kernel(mo_ptr, ml_ptr, o_ptr, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+                    PDL: tl.constexpr):
     # Program (row, head): the splits' partial sums rescaled to their common maximum.
+    _pdl_start(PDL)
+    _pdl_wait(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     sp = tl.arange(0, SPLITS)
@@ -100,7 +105,8 @@ def attention_shape(span: int, programs: int = 1) -> tuple[int, int]:
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                    ctx: torch.Tensor, span: int, block_n: int = 0, splits: int = 0, warps: int = 4) -> torch.Tensor:
+                    ctx: torch.Tensor, span: int, block_n: int = 0, splits: int = 0, warps: int = 4,
+                    pdl: bool = False) -> torch.Tensor:
     """q [M, H, D]; tables [M, span / block_size] block ids; ctx [M] positions each row attends
     to (0: an idle row, which sees position 0 of its first block). Returns [M, H * D]."""
     M, H, D = q.shape
@@ -118,7 +124,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _attention_kernel[(M, kv_heads, splits)](q, k_cache, v_cache, tables, tables.stride(0), ctx, out, mo, ml,
                                              1.0 / D ** 0.5, H=H, HKV=kv_heads, D=D, BS=bs,
                                              GP=max(16, triton.next_power_of_2(G)), CHUNK=chunk, BLOCK_N=block_n,
-                                             SPLITS=splits, UPCAST=_UPCAST, num_warps=warps)
+                                             SPLITS=splits, UPCAST=_UPCAST, PDL=pdl, num_warps=warps, launch_pdl=pdl)
     if splits > 1:
-        _combine_kernel[(M, H)](mo, ml, out, H=H, D=D, SPLITS=splits)
+        _combine_kernel[(M, H)](mo, ml, out, H=H, D=D, SPLITS=splits, PDL=pdl, launch_pdl=pdl)
     return out

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue #32's SmolLM2 batch-1 goal (>= 2,500 tok/s, one H200): the decode kernels launched with
+# programmatic dependent launch (PDL), in one device call (carry .whl from `bash bench/wheelhouse.sh 3.12 .whl`
+# and .cache/smollm2-tokenizer from `bash bench/gpu_check.sh prepare`):
+#
+#   STAGES="tests sweep profile" bash bench/results/gpu_pdl/run.sh
+#
+# tests:   tests/engine/test_cuda_kernels.py compiled (PDL chains against serial launches, eager and in a graph)
+#          and tests/engine/test_cuda.py (the GPU decoder, PDL on, against the CPU engine).
+# sweep:   bench/engine_cuda_sweep.py on both shapes at batches $BATCHES: the served backend (PDL on), cuda-no-pdl
+#          and $EXTRA backends, $ROUNDS times (the backends in turn each round).
+# profile: bench/engine_cuda_profile.py --kernels 24 on SmolLM2 at batch 1, PDL on and off.
+# regress: bench/gpu_check.sh tests (every GPU test).
+# bench:   bench/engine_cuda.py, ours and the compiled peer in one run, at batches 1,16 (+ grammar).
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+out=$(realpath -m "${OUT:-bench/results/gpu_pdl/out}"); mkdir -p "$out"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" SWITCHYARD_TEST_TOKENIZER_DIR="$PWD/.cache/smollm2-tokenizer"
+log="$out/run.log"
+left() { echo $(( ${DEADLINE:-570} - SECONDS )); }
+stage() { echo "== $1 at ${SECONDS}s ($(left) s left)" | tee -a "$log"; }
+deps=$($PY -c "import tomllib; print(' '.join(d.split(';')[0].replace(' ', '') for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] if not d.startswith(('numpy', 'onnxruntime'))))")
+$PY -m pip install --no-index --find-links .whl --no-build-isolation --no-deps -e . >"$out/pip.log" 2>&1
+# shellcheck disable=SC2086
+$PY -m pip install --no-index --find-links .whl $deps llguidance gguf pytest-asyncio jsonschema >>"$out/pip.log" 2>&1 ||
+  tail -5 "$out/pip.log"
+{ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader; nproc
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'sm', torch.cuda.get_device_capability())"; } 2>&1 | tee -a "$log"
+BATCHES=${BATCHES:-1,16}
+for s in ${STAGES:-tests sweep profile}; do
+  case $s in
+    tests) stage tests
+      timeout 240 $PY -m pytest -q -p no:cacheprovider -rs -x --durations=5 tests/engine/test_cuda_kernels.py \
+        tests/engine/test_cuda.py >"$out/tests.log" 2>&1; echo "tests rc=$?" | tee -a "$log"
+      tail -n 3 "$out/tests.log" | tee -a "$log" ;;
+    sweep) stage sweep
+      for r in $(seq "${ROUNDS:-2}"); do
+        timeout "$(( $(left) < 240 ? $(left) : 240 ))" $PY bench/engine_cuda_sweep.py --shapes "${SHAPES:-smollm2-135m,llama-8b}" \
+          --batches "$BATCHES" --parts-batches "${PARTS:-}" --tokens "${TOKENS:-128}" \
+          --backends "cuda,cuda-no-pdl${EXTRA:+,$EXTRA}" --budget-s 220 --out "$out/sweep$r" >"$out/sweep$r.log" 2>&1
+        echo "sweep $r rc=$?" | tee -a "$log"; grep -E "^\| (smollm|llama)" "$out/sweep$r/"*.md 2>/dev/null | tee -a "$log"
+      done ;;
+    profile) stage profile
+      timeout 150 $PY bench/engine_cuda_profile.py --shape smollm2-135m --batch 1 --kernels 24 \
+        --backends "cuda,cuda-no-pdl" --out "$out" >"$out/profile.log" 2>&1
+      echo "profile rc=$?" | tee -a "$log"; grep -iE "step|busy|idle" "$out"/kernels_*.md | head -n 12 | tee -a "$log" ;;
+    regress) stage regress
+      OUT="$out/regress" PYTHON=$PY timeout "$(( $(left) - 5 ))" bash bench/gpu_check.sh tests >/dev/null 2>&1
+      echo "regress rc=$?" | tee -a "$log"; tail -n 3 "$out/regress/gpu_tests.log" | tee -a "$log" ;;
+    bench) stage bench
+      timeout "$(( $(left) - 5 ))" $PY bench/engine_cuda.py --shapes "${SHAPES:-llama-8b,smollm2-135m}" --batches "$BATCHES" \
+        --tokens 128 --ttft= --grammar-batches "${GRAMMAR:-}" --grammar-rounds 3 --skip-transformers \
+        --peer-batches "$BATCHES" --budget-s "$(( $(left) - 30 ))" --out "$out" >/dev/null 2>&1
+      echo "bench rc=$?" | tee -a "$log"; grep -E "^\|" "$out/engine_cuda.md" | head -n 30 | tee -a "$log" ;;
+  esac
+done
+stage done
