@@ -167,7 +167,7 @@ def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest
     m.warmup()
     assert m.status()["decode_kernels"] == "fused" and "decode_kernels_reason" not in m.status()
 
-    def broken(*args: object) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("no kernel image for this device")
 
     monkeypatch.setattr(cuda_kernels, "gate_up_silu", broken)

@@ -125,6 +125,11 @@ def test_paged_attention_reads_blocks_in_place(dtype: torch.dtype, span: int, ct
     torch.testing.assert_close(got.float(), _attention_ref(q, kc, vc, tables, c), **_tol(dtype))
     unsplit = ck.paged_attention(q, kc, vc, tables, c, span, splits=1)  # as a launch of many rows runs
     torch.testing.assert_close(unsplit.float(), _attention_ref(q, kc, vc, tables, c), **_tol(dtype))
+    # A caller's counters (the backend's one buffer): each split launch leaves them at zero for the next.
+    counters = torch.zeros(M * Hkv + 3, dtype=torch.int32, device=DEV)
+    for _ in range(2):
+        again = ck.paged_attention(q, kc, vc, tables, c, span, counters=counters)
+        assert torch.equal(again, got) and not counters.any()
 
 
 @pytest.mark.parametrize("M", [1, 5])
@@ -283,3 +288,31 @@ def test_pdl_kernels_compute_what_serial_launches_do(M: int) -> None:
         got, kc = _layer_chain(True, 12, M, graph=graph)
         assert torch.equal(got, ref), graph
         assert torch.equal(kc, kc_ref), graph
+
+
+@pytest.mark.parametrize("V,hid,N", [pytest.param(49152, 96, 1, marks=pytest.mark.skipif(
+    DEV.type != "cuda", reason="SmolLM2's vocabulary: 30 s in Triton's interpreter")), (5000, 80, 3), (1030, 40, 2)])
+def test_head_refine_equals_the_torch_path(V: int, hid: int, N: int) -> None:
+    """head_kernels.refine: the low-precision logits as float32, each row's best 32 (found in
+    chunks, then among the chunks' best) recomputed against the float32 head, as the torch
+    backend's topk, batched matmul and scatter do: the same 32 positions rewritten with the same
+    values, the rest the low-precision logits exactly; a tie at the top (equal logits in two
+    chunks) both refined."""
+    from switchyard.engine.backends.cuda import head_kernels as hk
+    from switchyard.engine.backends.torch_backend import TorchBackend
+
+    g = torch.Generator().manual_seed(V)
+    w = _rand(V, hid, g=g, std=0.1)
+    h = _rand(N, hid, g=g)
+    exact = h @ w.T
+    raw = exact + 1e-3 * _rand(N, V, g=g)  # a low-precision head's logits, without ties at the 32nd
+    raw[0, 7] = raw[0, V - 1] = raw[0].max() + 1
+    exact[0, 7], exact[0, V - 1] = float(h[0] @ w[7]), float(h[0] @ w[V - 1])
+    got = hk.refine(raw, w, h, 32)
+    ref = TorchBackend.refine(None, raw.clone(), w, h, 32)  # type: ignore[arg-type]  (refines in place)
+    assert got.dtype == torch.float32 and got.shape == (N, V)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    top = raw.topk(32, dim=-1).indices
+    torch.testing.assert_close(got.gather(1, top), exact.gather(1, top), atol=1e-5, rtol=1e-5)
+    rest = torch.ones_like(raw, dtype=torch.bool).scatter_(1, top, False)
+    assert torch.equal(got[rest], raw[rest])

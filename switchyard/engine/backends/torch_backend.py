@@ -203,8 +203,7 @@ class TorchBackend:
 
     # -- the logits' refinement ----------------------------------------------------------
 
-    def topk(self, logits: torch.Tensor, k: int) -> torch.Tensor:
-        return logits.topk(k, dim=-1).indices
-
-    def gather_dot(self, w: torch.Tensor, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(w[idx], h.unsqueeze(-1)).squeeze(-1)
+    def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
+        logits = raw.float()
+        top = logits.topk(k, dim=-1).indices
+        return logits.scatter_(1, top, torch.bmm(w[top], h.contiguous().unsqueeze(-1)).squeeze(-1))

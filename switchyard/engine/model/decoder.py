@@ -215,10 +215,8 @@ class Decoder:
         # float32, so greedy choices and the top logprobs are exact.
         q4, lowp = self.lm_head_q4, self.lm_head_lowp
         head = q4 if q4 is not None and (h.shape[0] <= 4 or lowp is None) else None
-        logits = (head(h) if head is not None else F.linear(h.to(lowp.dtype), lowp)).float()  # type: ignore[union-attr]
-        top = self.backend.topk(logits, REFINE)
-        exact = self.backend.gather_dot(self.lm_head, h.contiguous(), top)
-        return logits.scatter_(1, top, exact)
+        raw = head(h) if head is not None else F.linear(h.to(lowp.dtype), lowp)  # type: ignore[union-attr]
+        return self.backend.refine(raw, self.lm_head, h, REFINE)
 
 
 def weight_bytes_per_token(m: Decoder) -> int:

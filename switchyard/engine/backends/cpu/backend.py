@@ -242,8 +242,7 @@ class CpuBackend:
 
     # -- the logits' refinement ----------------------------------------------------------
 
-    def topk(self, logits: torch.Tensor, k: int) -> torch.Tensor:
-        return self.ops.topk(logits, k)
-
-    def gather_dot(self, w: torch.Tensor, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        return self.ops.gather_dot(w, h, idx)
+    def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
+        logits = raw.float()
+        top = self.ops.topk(logits, k)
+        return logits.scatter_(1, top, self.ops.gather_dot(w, h.contiguous(), top))

@@ -28,6 +28,7 @@ import torch
 
 from switchyard.engine.backends.base import LayerWeights, ModelDims
 from switchyard.engine.backends.cuda import fp8
+from switchyard.engine.backends.cuda import head_kernels as hk
 from switchyard.engine.backends.cuda import kernels as ck
 from switchyard.engine.backends.cuda import prefill_kernels as pk
 from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, batch_bucket, len_bucket
@@ -57,6 +58,9 @@ class CudaBackend(TorchBackend):
         # The decode kernels launch with programmatic dependent launch where the GPU has it: each
         # loads its weights while the kernel before it finishes (triton_common.pdl_supported).
         self.pdl = pdl_supported(dims.device)
+        # The split attention's counters (paged_attention): zeros it leaves at zero, one buffer for
+        # every launch and every captured graph, so it is never reallocated.
+        self.counters: torch.Tensor | None = None
 
     def status(self) -> dict[str, Any]:
         # one switch: the prefill's RoPE and SiLU kernels go with the decode kernels
@@ -107,7 +111,9 @@ class CudaBackend(TorchBackend):
     def attention(self, q: Any, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         if not p.decode:
             return super().attention(q, kc, vc, p)
-        return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, pdl=self.pdl)
+        if self.counters is None:
+            self.counters = torch.zeros(BATCH_BUCKETS[-1] * self.d.kv_heads, dtype=torch.int32, device=self.d.device)
+        return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, pdl=self.pdl, counters=self.counters)
 
     def layer_out(self, layer: LayerWeights, x: torch.Tensor, o: torch.Tensor,
                   p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -120,6 +126,11 @@ class CudaBackend(TorchBackend):
             x, h = p.ops.add_rms(x, fp8.project(layer.o, o), layer.ln2, d.eps, d.dtype)
             return x, fp8.mlp(layer.gate_up, layer.down, h)
         return super().layer_out(layer, x, o, p)
+
+    def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
+        if raw.device.type != "cuda":  # Triton's interpreter sorts a row in ~0.3 s: its own test checks it
+            return super().refine(raw, w, h, k)
+        return hk.refine(raw, w, h, k, pdl=self.pdl)
 
     def silu_mul(self, gu: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         return super().silu_mul(gu, p) if p.decode else pk.silu_mul(gu)

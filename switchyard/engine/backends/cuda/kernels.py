@@ -10,7 +10,7 @@ the step and the bandwidth limit. Here a layer is:
    the QKV GEMV (+ bias), Qwen3's q/k norm, RoPE, q out, k and v written into their blocks
 2. `paged_attention`: one query row against its cached positions, read in place through the
    block table (no gather); long spans split over programs (until the launch fills the GPU),
-   then a combine
+   the last of them to finish combining the splits
 3. `gemv_residual` (o_proj): GEMV + residual add
 4. `gate_up_silu`: RMSNorm, the gate and up GEMVs, SiLU(g) * u
 5. `gemv_residual` (down_proj)

@@ -1,7 +1,9 @@
 """Kernel 2 of a GPU decode layer (kernels.py), and the attention of every decode step of the
 cuda backend: one query row per program against its cached positions, read in place through
 the block table (no gather); long spans split over programs until the launch fills the GPU,
-then a combine."""
+and the last program of a (row, kv head) to finish combines the splits' partial sums (a counter
+per pair, left at zero for the next launch): one launch where a combine kernel made two, which at
+batch 1 is ~2.5 us a layer of a step whose every kernel waits on the one before."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_ptr, mo_ptr, ml_ptr, sm_scale,
+def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_ptr, mo_ptr, ml_ptr, cnt_ptr, sm_scale,
                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                       GP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
                       UPCAST: tl.constexpr, PDL: tl.constexpr):
@@ -56,29 +58,40 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_pt
         out = acc / l_i[:, None]
         tl.store(o_ptr + row * (H * D) + heads[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=live)
     else:
-        part = (row * H + heads) * SPLITS + split
+        base = (row * H + heads) * SPLITS
+        part = base + split
         tl.store(mo_ptr + part[:, None] * D + d[None, :], acc, mask=live)
         tl.store(ml_ptr + part * 2, m_i, mask=g < G)
         tl.store(ml_ptr + part * 2 + 1, l_i, mask=g < G)
+        # Every thread's stores before the count (the barrier), the count with release and
+        # acquire semantics: the program that counts last sees every split's partial sums.
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + row * HKV + kvh, 1, sem="acq_rel", scope="gpu")
+        if done == SPLITS - 1:
+            _combine(mo_ptr, ml_ptr, o_ptr, row, heads, g < G, d, base, H, D, SPLITS, GP)
+            tl.atomic_xchg(cnt_ptr + row * HKV + kvh, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
-def _combine_kernel(mo_ptr, ml_ptr, o_ptr, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-                    PDL: tl.constexpr):
-    # Program (row, head): the splits' partial sums rescaled to their common maximum.
-    _pdl_start(PDL)
-    _pdl_wait(PDL)
-    row = tl.program_id(0)
-    head = tl.program_id(1)
+def _combine(mo_ptr, ml_ptr, o_ptr, row, heads, live, d, base, H: tl.constexpr, D: tl.constexpr,
+             SPLITS: tl.constexpr, GP: tl.constexpr):
+    """The splits' partial sums of `heads` [GP] (at base + split) rescaled to their common
+    maximum, written out. Loaded from L2 (.cg): other programs wrote them, and this one's L1 may
+    hold an older launch's lines at the same addresses."""
     sp = tl.arange(0, SPLITS)
-    d = tl.arange(0, D)
-    base = (row * H + head) * SPLITS
-    m = tl.load(ml_ptr + (base + sp) * 2)
-    lsum = tl.load(ml_ptr + (base + sp) * 2 + 1)
-    w = tl.exp(m - tl.max(m, axis=0))
-    acc = tl.load(mo_ptr + (base + sp)[:, None] * D + d[None, :])
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(lsum * w, axis=0)
-    tl.store(o_ptr + (row * H + head) * D + d, out.to(o_ptr.dtype.element_ty))
+    at = (base[:, None] + sp[None, :]) * 2
+    m = tl.load(ml_ptr + at, mask=live[:, None], other=0.0, cache_modifier=".cg")  # [GP, SPLITS]
+    lsum = tl.load(ml_ptr + at + 1, mask=live[:, None], other=1.0, cache_modifier=".cg")
+    top = tl.max(m, axis=1)
+    total = tl.sum(lsum * tl.exp(m - top[:, None]), axis=1)
+    acc = tl.zeros([GP, D], dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        w = tl.exp(tl.load(ml_ptr + (base + s) * 2, mask=live, other=0.0, cache_modifier=".cg") - top)
+        acc += tl.load(mo_ptr + (base + s)[:, None] * D + d[None, :], mask=live[:, None], other=0.0,
+                       cache_modifier=".cg") * w[:, None]
+    out = acc / total[:, None]
+    tl.store(o_ptr + row * (H * D) + heads[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=live[:, None])
 
 
 # Programs (rows x kv heads x splits) past which a span is not split further: two per
@@ -106,9 +119,11 @@ def attention_shape(span: int, programs: int = 1) -> tuple[int, int]:
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
                     ctx: torch.Tensor, span: int, block_n: int = 0, splits: int = 0, warps: int = 4,
-                    pdl: bool = False) -> torch.Tensor:
+                    pdl: bool = False, counters: torch.Tensor | None = None) -> torch.Tensor:
     """q [M, H, D]; tables [M, span / block_size] block ids; ctx [M] positions each row attends
-    to (0: an idle row, which sees position 0 of its first block). Returns [M, H * D]."""
+    to (0: an idle row, which sees position 0 of its first block). Returns [M, H * D].
+    counters: int32 zeros, at least M * kv heads, that a split launch counts its programs in and
+    leaves at zero (a caller's buffer spares a launch of torch.zeros each call)."""
     M, H, D = q.shape
     kv_heads, bs = k_cache.shape[1], k_cache.shape[2]
     G = H // kv_heads
@@ -119,12 +134,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if splits > 1:
         mo = torch.empty(M * H * splits, D, dtype=torch.float32, device=q.device)
         ml = torch.empty(M * H * splits, 2, dtype=torch.float32, device=q.device)
+        if counters is None or counters.numel() < M * kv_heads:
+            counters = torch.zeros(M * kv_heads, dtype=torch.int32, device=q.device)
     else:
-        mo = ml = out
-    _attention_kernel[(M, kv_heads, splits)](q, k_cache, v_cache, tables, tables.stride(0), ctx, out, mo, ml,
+        mo = ml = counters = out
+    _attention_kernel[(M, kv_heads, splits)](q, k_cache, v_cache, tables, tables.stride(0), ctx, out, mo, ml, counters,
                                              1.0 / D ** 0.5, H=H, HKV=kv_heads, D=D, BS=bs,
                                              GP=max(16, triton.next_power_of_2(G)), CHUNK=chunk, BLOCK_N=block_n,
                                              SPLITS=splits, UPCAST=_UPCAST, PDL=pdl, num_warps=warps, launch_pdl=pdl)
-    if splits > 1:
-        _combine_kernel[(M, H)](mo, ml, out, H=H, D=D, SPLITS=splits, PDL=pdl, launch_pdl=pdl)
     return out
