@@ -22,6 +22,8 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   programmatic dependent launch (as before it).
 - `cuda-attention-unsplit`: the cuda backend with the paged attention never split (one kernel,
   no combine).
+- `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
+  top-k, gather, batched matmul, scatter), as before head_kernels.py.
 
   import engine_cuda_variants  # registers them; then Decoder(..., backend=NAME) or decoder.view(NAME)
 """
@@ -136,6 +138,18 @@ def _no_pdl() -> type:
     return NoPdlBackend
 
 
+def _torch_head() -> type:
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    class TorchHeadBackend(CudaBackend):
+        name = "cuda-torch-head"
+
+        def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
+            return TorchBackend.refine(self, raw, w, h, k)
+
+    return TorchHeadBackend
+
+
 def _attention_unsplit() -> type:
     from switchyard.engine.backends.cuda import kernels as ck
     from switchyard.engine.backends.cuda.backend import CudaBackend
@@ -166,5 +180,6 @@ registry.register("cuda-torch-glue", _lazy(_torch_glue))  # type: ignore[arg-typ
 registry.register("cuda-attention-by-span", _lazy(_attention_by_span))  # type: ignore[arg-type]
 registry.register("cuda-no-pdl", _lazy(_no_pdl))  # type: ignore[arg-type]
 registry.register("cuda-attention-unsplit", _lazy(_attention_unsplit))  # type: ignore[arg-type]
+registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]
 for _n in (0, 1, 2, 4, 8, 16):
     registry.register(f"cuda-fused-rows-{_n}", _lazy(_fused_rows, _n))  # type: ignore[arg-type]

@@ -43,7 +43,7 @@ for s in ${STAGES:-tests sweep profile}; do
       done ;;
     profile) stage profile
       timeout 150 $PY bench/engine_cuda_profile.py --shape smollm2-135m --batch 1 --kernels 24 \
-        --backends "cuda,cuda-no-pdl" --out "$out" >"$out/profile.log" 2>&1
+        --backends "${PROFILE_BACKENDS:-cuda,cuda-no-pdl}" --out "$out" >"$out/profile.log" 2>&1
       echo "profile rc=$?" | tee -a "$log"; grep -iE "step|busy|idle" "$out"/kernels_*.md | head -n 12 | tee -a "$log" ;;
     regress) stage regress
       OUT="$out/regress" PYTHON=$PY timeout "$(( $(left) - 5 ))" bash bench/gpu_check.sh tests >/dev/null 2>&1
