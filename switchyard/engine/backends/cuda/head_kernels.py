@@ -22,8 +22,6 @@ import triton
 import triton.language as tl
 # isort: on
 
-_LOW = 2147483647  # a key's low 31 bits: _LOW - position, so that the lower position sorts first
-
 
 @triton.jit
 def _chunk_top_kernel(raw_ptr, out_ptr, keys_ptr, V, CHUNK: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr):
@@ -37,7 +35,8 @@ def _chunk_top_kernel(raw_ptr, out_ptr, keys_ptr, V, CHUNK: tl.constexpr, K: tl.
     tl.store(out_ptr + row * V + i, x, mask=live)
     b = x.to(tl.int32, bitcast=True)
     ordered = b ^ ((b >> 31) & 0x7FFFFFFF)  # a float's order as a signed integer's
-    key = (ordered.to(tl.int64) << 32) | (_LOW - i).to(tl.int64)
+    # the low 31 bits: 2^31 - 1 - position, so that the lower position sorts first among equals
+    key = (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - i).to(tl.int64)
     best = tl.topk(key, K)
     tl.store(keys_ptr + (row * tl.num_programs(1) + chunk) * K + tl.arange(0, K), best)
 
@@ -51,7 +50,7 @@ def _refine_kernel(keys_ptr, w_ptr, h_ptr, out_ptr, V, HID, NK, K: tl.constexpr,
     j = tl.arange(0, NK_P)
     keys = tl.load(keys_ptr + row * NK + j, mask=j < NK, other=-9223372036854775807)
     best = tl.topk(keys, K)
-    pos = _LOW - (best & _LOW)
+    pos = 0x7FFFFFFF - (best & 0x7FFFFFFF)
     acc = tl.zeros([K, BLOCK], dtype=tl.float32)
     for c0 in range(0, HID, BLOCK):
         c = c0 + tl.arange(0, BLOCK)
