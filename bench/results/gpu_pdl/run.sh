@@ -10,6 +10,7 @@
 # sweep:   bench/engine_cuda_sweep.py on both shapes at batches $BATCHES: the served backend (PDL on), cuda-no-pdl
 #          and $EXTRA backends, $ROUNDS times (the backends in turn each round).
 # profile: bench/engine_cuda_profile.py --kernels 24 on SmolLM2 at batch 1, PDL on and off.
+# profiles: the same for each shape:batch of $PROFILES, the backends of $PROFILE_BACKENDS.
 # regress: bench/gpu_check.sh tests (every GPU test).
 # bench:   bench/engine_cuda.py, ours and the compiled peer in one run, at batches 1,16 (+ grammar).
 set -uo pipefail
@@ -45,6 +46,13 @@ for s in ${STAGES:-tests sweep profile}; do
       timeout 150 $PY bench/engine_cuda_profile.py --shape smollm2-135m --batch 1 --kernels 24 \
         --backends "${PROFILE_BACKENDS:-cuda,cuda-no-pdl}" --out "$out" >"$out/profile.log" 2>&1
       echo "profile rc=$?" | tee -a "$log"; grep -iE "step|busy|idle" "$out"/kernels_*.md | head -n 12 | tee -a "$log" ;;
+    profiles) stage profiles  # PROFILES="shape:batch ...", each with PROFILE_BACKENDS
+      for sb in ${PROFILES:-llama-8b:16}; do
+        timeout 170 $PY bench/engine_cuda_profile.py --shape "${sb%%:*}" --batch "${sb##*:}" --kernels 16 \
+          --backends "${PROFILE_BACKENDS:-cuda,cuda-no-pdl}" --out "$out" >"$out/profile_${sb%%:*}_${sb##*:}.log" 2>&1
+        echo "profile $sb rc=$?" | tee -a "$log"
+        grep -E "^## |steps:" "$out/kernels_${sb%%:*}_b${sb##*:}.md" | tee -a "$log"
+      done ;;
     regress) stage regress
       OUT="$out/regress" PYTHON=$PY timeout "$(( $(left) - 5 ))" bash bench/gpu_check.sh tests >/dev/null 2>&1
       echo "regress rc=$?" | tee -a "$log"; tail -n 3 "$out/regress/gpu_tests.log" | tee -a "$log" ;;
