@@ -128,7 +128,9 @@ class CudaBackend(TorchBackend):
         return super().layer_out(layer, x, o, p)
 
     def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
-        if raw.device.type != "cuda":  # Triton's interpreter sorts a row in ~0.3 s: its own test checks it
+        # Triton's interpreter sorts a row in ~0.3 s (the kernels' own test checks them there); an
+        # int4 head's float32 logits take torch's path
+        if raw.device.type != "cuda" or raw.element_size() != 2:
             return super().refine(raw, w, h, k)
         return hk.refine(raw, w, h, k, pdl=self.pdl)
 

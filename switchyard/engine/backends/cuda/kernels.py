@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 
 # isort: off
-from switchyard.engine.backends.cuda.triton_common import _UPCAST, _dot, _pdl_start, _pdl_wait  # sets TRITON_INTERPRET first
+from switchyard.engine.backends.cuda.triton_common import _UPCAST, _dot, _pdl_wait  # sets TRITON_INTERPRET first
 import torch
 import triton
 import triton.language as tl
@@ -96,7 +96,6 @@ def _matvec(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, n_rows, M, K,
     before the norm's pass over x, which otherwise leaves the program's first DRAM read waiting
     on an L2 round trip. With PDL the first weight tile is loaded before waiting for the kernel
     before: x is its output, the weights are not."""
-    _pdl_start(PDL)
     if M_P == 1:  # noqa: SIM108 (a constexpr branch: Triton compiles only the one taken)
         acc = tl.zeros([R, BLOCK_K], dtype=tl.float32)
     else:
@@ -206,7 +205,6 @@ def _rope_write_kernel(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off
                        BLOCK_M: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
     # Program (head, row block): a whole head of BLOCK_M rows of a QKV projection's output
     # [M, (H + 2 HKV) D], both halves, so that RoPE's pairs and Qwen3's q/k norm meet in it.
-    _pdl_start(PDL)
     _pdl_wait(PDL)
     head = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)

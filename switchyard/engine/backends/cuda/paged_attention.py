@@ -8,7 +8,7 @@ batch 1 is ~2.5 us a layer of a step whose every kernel waits on the one before.
 from __future__ import annotations
 
 # isort: off
-from switchyard.engine.backends.cuda.triton_common import _UPCAST, _dot, _pdl_start, _pdl_wait  # sets TRITON_INTERPRET first
+from switchyard.engine.backends.cuda.triton_common import _UPCAST, _dot, _pdl_wait  # sets TRITON_INTERPRET first
 import torch
 import triton
 import triton.language as tl
@@ -22,7 +22,6 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_pt
                       UPCAST: tl.constexpr, PDL: tl.constexpr):
     # Program (row, kv head, split): the kv head's G query heads (padded to GP rows for tl.dot)
     # over positions [split * CHUNK, (split + 1) * CHUNK) of the row's context.
-    _pdl_start(PDL)
     _pdl_wait(PDL)  # q and this step's keys and values are the kernel before's
     row = tl.program_id(0)
     kvh = tl.program_id(1)

@@ -30,20 +30,16 @@ def pdl_supported(device: torch.device) -> bool:
 
 
 @triton.jit
-def _pdl_start(PDL: tl.constexpr):
-    """A PDL kernel's first step: let the next kernel launch now (it waits in its own
-    _pdl_wait for this one to finish, so nothing it reads or writes after that races)."""
-    if PDL:
-        gdc_launch_dependents()
-
-
-@triton.jit
 def _pdl_wait(PDL: tl.constexpr):
     """Wait for the kernel before to finish (and with it every kernel before that, each having
     waited for its own): a PDL kernel reads nothing a kernel before it wrote, and writes
-    nothing, before this."""
+    nothing, before this. Then let the next kernel launch: it loads its weights while this one
+    works. Not earlier: a kernel that let the next launch before its own wait let a chain of
+    launched kernels wait ahead, holding the multiprocessors' shared memory (SmolLM2 at 16 rows,
+    whose tl.dot kernels prefetch nothing, ran 10% slower, bench/results/gpu_pdl/)."""
     if PDL:
         gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
