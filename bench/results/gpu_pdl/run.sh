@@ -11,6 +11,9 @@
 #          and $EXTRA backends, $ROUNDS times (the backends in turn each round).
 # profile: bench/engine_cuda_profile.py --kernels 24 on SmolLM2 at batch 1, PDL on and off.
 # profiles: the same for each shape:batch of $PROFILES, the backends of $PROFILE_BACKENDS.
+# ab:      SmolLM2's decode rate at batches $AB_BATCHES, this tree and .before (carry a worktree of the tree before),
+#          alternated $AB_ROUNDS times (bench/engine_cuda_profile.py without --kernels: async decode, 120 tokens
+#          after a 128-token prompt: one span bucket, no graph captured while timed).
 # regress: bench/gpu_check.sh tests (every GPU test).
 # bench:   bench/engine_cuda.py, ours and the compiled peer in one run, at batches 1,16 (+ grammar).
 set -uo pipefail
@@ -53,12 +56,22 @@ for s in ${STAGES:-tests sweep profile}; do
         echo "profile $sb rc=$?" | tee -a "$log"
         grep -E "^## |steps:" "$out/kernels_${sb%%:*}_b${sb##*:}.md" | tee -a "$log"
       done ;;
+    ab) stage ab  # this tree against .before (a worktree of the tree before), decode rates alternated
+      for r in $(seq "${AB_ROUNDS:-3}"); do
+        for b in ${AB_BATCHES:-1 16}; do
+          for tree in . .before; do
+            t=$( (cd "$tree" && PYTHONPATH="$PWD" timeout 60 $PY bench/engine_cuda_profile.py --shape smollm2-135m --batch "$b" --tokens 120 \
+              2>&1 | grep -E "tok/s" | tail -n 1) )
+            echo "round $r b=$b ${tree/#./this}${tree#.}: $t" | tee -a "$log"
+          done
+        done
+      done ;;
     regress) stage regress
       OUT="$out/regress" PYTHON=$PY timeout "$(( $(left) - 5 ))" bash bench/gpu_check.sh tests >/dev/null 2>&1
       echo "regress rc=$?" | tee -a "$log"; tail -n 3 "$out/regress/gpu_tests.log" | tee -a "$log" ;;
     bench) stage bench
       timeout "$(( $(left) - 5 ))" $PY bench/engine_cuda.py --shapes "${SHAPES:-llama-8b,smollm2-135m}" --batches "$BATCHES" \
-        --tokens 128 --ttft= --grammar-batches "${GRAMMAR:-}" --grammar-rounds 3 --skip-transformers \
+        --tokens "${TOKENS:-64}" --ttft= --grammar-batches "${GRAMMAR:-}" --grammar-rounds 3 --skip-transformers \
         --peer-batches "$BATCHES" --budget-s "$(( $(left) - 30 ))" --out "$out" >/dev/null 2>&1
       echo "bench rc=$?" | tee -a "$log"; grep -E "^\|" "$out/engine_cuda.md" | head -n 30 | tee -a "$log" ;;
   esac
