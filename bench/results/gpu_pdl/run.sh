@@ -62,7 +62,7 @@ for s in ${STAGES:-tests sweep profile}; do
           for tree in . .before; do
             t=$( (cd "$tree" && PYTHONPATH="$PWD" timeout 60 $PY bench/engine_cuda_profile.py --shape smollm2-135m --batch "$b" --tokens 120 \
               2>&1 | grep -E "tok/s" | tail -n 1) )
-            echo "round $r b=$b ${tree/#./this}${tree#.}: $t" | tee -a "$log"
+            echo "round $r b=$b $([ "$tree" = . ] && echo this || echo before): $t" | tee -a "$log"
           done
         done
       done ;;
