@@ -109,20 +109,22 @@ def _torch_glue() -> type:
     return TorchGlueBackend
 
 
-def _attention_by_span() -> type:
+def _attention_shaped(name: str, unsplit: bool) -> type:
+    """The cuda backend with the decode attention's (splits, positions a load) set otherwise: by
+    the span alone (as before the launch's rows counted), or never split."""
     from switchyard.engine.backends.cuda import kernels as ck
     from switchyard.engine.backends.cuda.backend import CudaBackend
 
-    class AttentionBySpanBackend(CudaBackend):
-        name = "cuda-attention-by-span"
-
+    class AttentionShapedBackend(CudaBackend):
         def attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
             if not p.decode:
                 return super().attention(q, kc, vc, p)
-            splits, block_n = ck.attention_shape(p.L)
-            return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, block_n, splits, pdl=self.pdl)
+            splits, block_n = ck.attention_shape(p.L, p.B * self.d.kv_heads) if unsplit else ck.attention_shape(p.L)
+            return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, block_n, 1 if unsplit else splits,
+                                      pdl=self.pdl, counters=self.counters)
 
-    return AttentionBySpanBackend
+    AttentionShapedBackend.name = name
+    return AttentionShapedBackend
 
 
 def _no_pdl() -> type:
@@ -150,22 +152,6 @@ def _torch_head() -> type:
     return TorchHeadBackend
 
 
-def _attention_unsplit() -> type:
-    from switchyard.engine.backends.cuda import kernels as ck
-    from switchyard.engine.backends.cuda.backend import CudaBackend
-
-    class AttentionUnsplitBackend(CudaBackend):
-        name = "cuda-attention-unsplit"
-
-        def attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
-            if not p.decode:
-                return super().attention(q, kc, vc, p)
-            block_n = ck.attention_shape(p.L, p.B * self.d.kv_heads)[1]
-            return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, block_n, 1, pdl=self.pdl)
-
-    return AttentionUnsplitBackend
-
-
 def _lazy(make_cls: object, *args: object) -> object:
     """A factory that builds its class on first use (the cuda backend imports triton)."""
     def factory(dims: ModelDims, layers: Sequence[LayerWeights]) -> object:
@@ -177,9 +163,9 @@ registry.register(IndexSdpaBackend.name, IndexSdpaBackend)
 registry.register("cuda-prefill-flash", _lazy(_prefill_with, FLASH_PREFILL, "cuda-prefill-flash"))  # type: ignore[arg-type]
 registry.register("cuda-prefill-cudnn", _lazy(_prefill_with, CUDNN_PREFILL, "cuda-prefill-cudnn"))  # type: ignore[arg-type]
 registry.register("cuda-torch-glue", _lazy(_torch_glue))  # type: ignore[arg-type]
-registry.register("cuda-attention-by-span", _lazy(_attention_by_span))  # type: ignore[arg-type]
+registry.register("cuda-attention-by-span", _lazy(_attention_shaped, "cuda-attention-by-span", False))  # type: ignore[arg-type]
 registry.register("cuda-no-pdl", _lazy(_no_pdl))  # type: ignore[arg-type]
-registry.register("cuda-attention-unsplit", _lazy(_attention_unsplit))  # type: ignore[arg-type]
+registry.register("cuda-attention-unsplit", _lazy(_attention_shaped, "cuda-attention-unsplit", True))  # type: ignore[arg-type]
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]
 for _n in (0, 1, 2, 4, 8, 16):
     registry.register(f"cuda-fused-rows-{_n}", _lazy(_fused_rows, _n))  # type: ignore[arg-type]

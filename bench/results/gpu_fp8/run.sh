@@ -15,21 +15,8 @@
 #          top-1 against bf16's over random prompts.
 # regress: bench/gpu_check.sh tests (test_cuda*.py, the grammar's and async decode's GPU halves).
 # Each stage under `timeout`, the whole within DEADLINE seconds; logs and tables go to $OUT.
-set -uo pipefail
 cd "$(dirname "$0")/../../.."
-out=$(realpath -m "${OUT:-bench/results/gpu_fp8/out}"); mkdir -p "$out"
-PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" SWITCHYARD_TEST_TOKENIZER_DIR="$PWD/.cache/smollm2-tokenizer"
-log="$out/run.log"
-left() { echo $(( ${DEADLINE:-570} - SECONDS )); }
-stage() { echo "== $1 at ${SECONDS}s ($(left) s left)" | tee -a "$log"; }
-deps=$($PY -c "import tomllib; print(' '.join(d.split(';')[0].replace(' ', '') for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] if not d.startswith(('numpy', 'onnxruntime'))))")
-$PY -m pip install --no-index --find-links .whl --no-build-isolation --no-deps -e . >"$out/pip.log" 2>&1
-# shellcheck disable=SC2086
-$PY -m pip install --no-index --find-links .whl $deps llguidance gguf pytest-asyncio jsonschema >>"$out/pip.log" 2>&1 ||
-  tail -5 "$out/pip.log"
-{ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader; nproc
-  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'sm', torch.cuda.get_device_capability())"; } 2>&1 | tee -a "$log"
+. bench/device_env.sh gpu_fp8  # out, PY, log, left, stage; the packages; the versions
 for s in ${STAGES:-tests bench}; do
   case $s in
     tests) stage tests

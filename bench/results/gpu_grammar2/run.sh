@@ -9,21 +9,8 @@
 #         by default, its variant "fill in line"; call 2: in line by default, the variant "fill ahead");
 # before: the same bench on the tree before them (.before: `git archive` of its commit; one round);
 # tests:  bench/gpu_check.sh tests (test_cuda*.py, test_structured's and test_async_decode's GPU half).
-set -uo pipefail
 cd "$(dirname "$0")/../../.."
-out=$(realpath -m "${OUT:-bench/results/gpu_grammar2/out}"); mkdir -p "$out"
-PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" SWITCHYARD_TEST_TOKENIZER_DIR="$PWD/.cache/smollm2-tokenizer"
-log="$out/run.log"
-left() { echo $(( ${DEADLINE:-570} - SECONDS )); }
-stage() { echo "== $1 at ${SECONDS}s ($(left) s left)" | tee -a "$log"; }
-deps=$($PY -c "import tomllib; print(' '.join(d.split(';')[0].replace(' ', '') for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] if not d.startswith(('numpy', 'onnxruntime'))))")
-$PY -m pip install --no-index --find-links .whl --no-build-isolation --no-deps -e . >"$out/pip.log" 2>&1
-# shellcheck disable=SC2086
-$PY -m pip install --no-index --find-links .whl $deps llguidance gguf pytest-asyncio jsonschema >>"$out/pip.log" 2>&1 ||
-  tail -5 "$out/pip.log"
-{ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader; nproc; lscpu | grep "Model name"
-  $PY -c "import torch, triton, llguidance; print('torch', torch.__version__, 'triton', triton.__version__, 'llguidance', llguidance.__version__)"; } 2>&1 | tee -a "$log"
+. bench/device_env.sh gpu_grammar2  # out, PY, log, left, stage; the packages; the versions
 args=(--shapes llama-8b,smollm2-135m --grammar-batches 1,16 --tokens 128 --skip-transformers --peer-batches= --ttft=)
 stage after
 timeout 230 $PY bench/engine_cuda.py "${args[@]}" --batches= --grammar-rounds 3 --grammar-ab --budget-s 215 \
