@@ -2,8 +2,10 @@
 cuda backend: one query row per program against its cached positions, read in place through
 the block table (no gather); long spans split over programs until the launch fills the GPU,
 and the last program of a (row, kv head) to finish combines the splits' partial sums (a counter
-per pair, left at zero for the next launch): one launch where a combine kernel made two, which at
-batch 1 is ~2.5 us a layer of a step whose every kernel waits on the one before."""
+per pair, left at zero for the next launch): one launch where a combine kernel made two. On an
+H200 the fused kernel ran 5.6 us where the two ran 2.7 + 1.4 us and a launch between them, and a
+SmolLM2 step at batch 1 went from 1,728 to 1,771 tok/s with it (bench/results/gpu_pdl/, calls 1 and
+3: within the spread between calls, so a small gain at most)."""
 
 from __future__ import annotations
 
