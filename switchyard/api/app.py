@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from switchyard import errors
+from switchyard.api import dry_run
 from switchyard.api import errors as http_errors
 from switchyard.api.body import DEFAULT_LIMITS, BodyLimits
 from switchyard.api.fast_path import FastPath
@@ -290,7 +291,7 @@ def create_app(config: GatewayConfig, state: StateStore | None = None, tracing: 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         key = await auth.authenticate(request.headers) if auth is not None else None
-        return proxy.models(key)  # a key sees what it may use
+        return dry_run.models(rt, key)  # a key sees what it may use
 
     def details_allowed(request: Request) -> bool:
         """Pools, replica URLs, errors and key names are for the operator: the admin key holder,

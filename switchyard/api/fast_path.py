@@ -12,6 +12,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from switchyard import errors
+from switchyard.api import dry_run
 from switchyard.api import errors as http_errors
 from switchyard.api.chat import CHAT, COMPLETIONS
 from switchyard.api.dialect import Dialect
@@ -24,7 +25,7 @@ JSON = "application/json"
 
 
 class FastPath:
-    """Pure ASGI middleware: POST /v1/chat/completions, /v1/completions and /v1/route."""
+    """Pure ASGI middleware: POST /v1/chat/completions, /v1/completions and /v1/route (api/dry_run.py)."""
 
     def __init__(self, app: ASGIApp, proxy: Proxy):
         self.app = app
@@ -32,11 +33,11 @@ class FastPath:
         self.routes = {
             "/v1/chat/completions": lambda r, t: proxy.proxy(r, CHAT, t),
             "/v1/completions": lambda r, t: proxy.proxy(r, COMPLETIONS, t),
-            "/v1/route": lambda r, t: proxy.route_only(r),
+            "/v1/route": lambda r, t: dry_run.route_only(proxy, r),
         }
         self.shapes: dict[str, Dialect] = dict(proxy.dialects)
         if "/v1/messages" in proxy.dialects:
-            self.routes["/v1/messages/count_tokens"] = lambda r, t: proxy.count_tokens(r)
+            self.routes["/v1/messages/count_tokens"] = lambda r, t: dry_run.count_tokens(proxy, r)
             self.shapes["/v1/messages/count_tokens"] = proxy.dialects["/v1/messages"]
         for path, dialect in proxy.dialects.items():
             self.routes[path] = lambda r, t, d=dialect: proxy.proxy(r, d, t)

@@ -1,5 +1,6 @@
-"""The proxy endpoints: POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages
-and /v1/route, one code path for every client API.
+"""The proxy endpoints: POST /v1/chat/completions, /v1/completions, /v1/responses and
+/v1/messages, one code path for every client API (the endpoints that route without an upstream
+call, /v1/route among them, are api/dry_run.py's).
 
 One pass per request: parse once (orjson), let the route's dialect (api/dialect.py) turn the body
 into the normalised Chat Completions request, route, send, relay. Chat and Completions are their
@@ -28,29 +29,20 @@ from switchyard.api import errors as http_errors
 from switchyard.api.body import DEFAULT_LIMITS, BodyLimits, bounded, check_request, json_depth, parse_json
 from switchyard.api.chat import CHAT, COMPLETIONS
 from switchyard.api.dialect import Dialect, Parsed, StreamTranslator, chat_path
-from switchyard.api.messages import (
-    MESSAGES,
-    count_text,
-    count_tokens_body,
-    count_tokens_input,
-    estimate_tokens,
-)
 from switchyard.api.openai import decision_headers
 from switchyard.api.relay import CONN_KEY, StreamRelay
 from switchyard.api.replies import Answered, Translated
 from switchyard.classify.features import Features, extract
-from switchyard.gateway.auth import may_use, resolve_for
+from switchyard.gateway.auth import resolve_for
 from switchyard.gateway.gateway import LoadedPolicy, Target
 from switchyard.gateway.keys import KeyRecord
 from switchyard.gateway.limits import Reservation, reserve_estimate
-from switchyard.gateway.requests import kind_of
 from switchyard.gateway.routing import Routed, session_id_of
 from switchyard.gateway.runtime import Runtime
 from switchyard.gateway.usage import MAX_EVENT_BYTES, UsageTap, parse_usage
 from switchyard.policy.rules import RouteDecision
 from switchyard.policy.schema import PriceSpec
 from switchyard.pools.dispatch import Answer, AttemptTrace, ForwardedTraceContext, NativeRequest
-from switchyard.pools.tokenize import count_tokens
 
 if TYPE_CHECKING:  # imported by api/app.py only when tracing is on
     from switchyard.gateway.tracing import RequestTrace
@@ -414,128 +406,6 @@ class Proxy:
 
         return kept
 
-    async def route_only(self, request: Request) -> Response:
-        rt = self.rt
-        headers, limits = request.headers, self.limits
-
-        api = request.query_params.get("api")
-
-        def parse(raw: bytes) -> tuple[Parsed, Features]:
-            body = parse_json(raw, limits)
-            if isinstance(body, dict) and "model" not in body:
-                body = {**body, "model": "auto"}
-            dialect = self.dialect_of(body, api)
-            # A Messages body needs no max_tokens to be routed (count_tokens' parse takes it so).
-            parsed = count_tokens_input(body, headers) if dialect is MESSAGES else dialect.parse(body, headers)
-            check_request(parsed.chat, limits)
-            return parsed, extract(parsed.chat, headers)
-
-        try:
-            key = await rt.auth.authenticate(headers) if rt.auth is not None else None
-            parsed, features = await bounded(await self.read_raw(request), parse, limits)
-            body = parsed.chat
-            target = self.target(body["model"], key)
-            if key is not None and rt.auth is not None:  # a dry run is a request: rpm counts it
-                rt.auth.admit_key(key, body["model"], target)
-            prepare = getattr(self.dialect_of(parsed.native, parsed.api), "prepare", None)
-            if prepare is not None:  # a Responses chain's root is its session (read, never written)
-                n = len(body["messages"])
-                await prepare(parsed, key.id if key else "", True)
-                if len(body["messages"]) != n:  # its history joined: routed on all of it, as the proxy does
-                    check_request(body, limits)
-                    features = extract(body, headers)
-            # A dry run: it reads the session's state but never writes it.
-            routed = await rt.gateway.route(target, features, body, session_id_of(body, headers, parsed.session_hint),
-                                            key.id if key else "", commit=False)
-            if key is not None and rt.auth is not None:
-                rt.auth.check_pool(key, body["model"], routed.decision.pool)
-        except errors.RequestError as e:
-            return http_errors.response(e)
-        lp = target.policy
-        out = routed.trace()
-        out["api"] = parsed.api
-        pool = lp.pools[routed.decision.pool]
-        out["upstream_model"] = pool.model
-        if self.show_details(headers):  # replica URLs, health, errors, in-flight: the operator's
-            out["replicas"] = [r.snapshot() for r in pool.replicas]
-        out["features"] = features.summary()
-        return Response(orjson.dumps(out), 200, headers=decision_headers(routed.decision), media_type=JSON)
-
-    def dialect_of(self, body: Any, api: str | None) -> Dialect:
-        """Which API a /v1/route body speaks: `?api=` says, else its shape: `input` is Responses;
-        `messages` with a top-level `system`, `stop_sequences`, tools with `input_schema` or
-        tool_use/tool_result blocks is Anthropic Messages; `prompt` is Completions; else Chat. A
-        Messages body with none of those routes as the same chat body would (one normalised form)."""
-        by_api = {"chat": CHAT, "completions": COMPLETIONS, **{d.api: d for d in self.dialects.values()}}
-        if api is not None:
-            if api not in by_api:
-                raise errors.BadRequest(f"api must be one of {sorted(by_api)}, got {api!r}", "api")
-            return by_api[api]
-        if not isinstance(body, dict):
-            return CHAT
-        if "input" in body and "messages" not in body and "responses" in by_api:
-            return by_api["responses"]
-        if "messages" in by_api and _anthropic_shaped(body):
-            return by_api["messages"]
-        return COMPLETIONS if kind_of(body) == "completions" else CHAT
-
-    async def count_tokens(self, request: Request) -> Response:
-        """POST /v1/messages/count_tokens: the prompt's tokens by the tokenizer of the pool the request
-        would go to (its replica's /tokenize), else a stated estimate (x-switchyard-token-count)."""
-        rt = self.rt
-        headers, limits = request.headers, self.limits
-
-        def parse(raw: bytes) -> tuple[Parsed, Features]:
-            parsed = count_tokens_input(parse_json(raw, limits), headers)
-            check_request(parsed.chat, limits)
-            return parsed, extract(parsed.chat, headers)
-
-        try:
-            key = await rt.auth.authenticate(headers) if rt.auth is not None else None
-            parsed, features = await bounded(await self.read_raw(request), parse, limits)
-            body = parsed.chat
-            target = self.target(body["model"], key)
-            if key is not None and rt.auth is not None:
-                rt.auth.admit_key(key, body["model"], target)
-            routed = await rt.gateway.route(target, features, body, session_id_of(body, headers, parsed.session_hint),
-                                            key.id if key else "", commit=False)
-            if key is not None and rt.auth is not None:
-                rt.auth.check_pool(key, body["model"], routed.decision.pool)
-        except errors.RequestError as e:
-            return http_errors.response(e, None, MESSAGES)
-        pool = target.policy.pools[routed.decision.pool]
-        out = decision_headers(routed.decision)
-        counted = await count_tokens(pool, body, count_text(body))
-        if counted is None:
-            n = estimate_tokens(body)
-            out["x-switchyard-token-count"] = "estimate: about 4 characters a token (the pool has no /tokenize)"
-        else:
-            n, how = counted
-            out["x-switchyard-token-count"] = f"tokenizer of pool {routed.decision.pool} ({how})"
-        return Response(count_tokens_body(n), headers=out, media_type=JSON)
-
-    def models(self, key: KeyRecord | None = None) -> Response:
-        """Every name `model` may take, or for a key only those it may use (resolved as its
-        requests are: within its own policies)."""
-        data = []
-        created = int(self.rt.started)
-        gw = self.rt.gateway
-        for name, t in gw.model_names():
-            if key is not None:
-                mine = resolve_for(gw, name, key)
-                if mine is None or not may_use(key, mine.policy.name, mine.pool):
-                    continue
-                t = mine
-            if t.pool is None:
-                meta = {"kind": "policy", "policy": t.policy.name}
-            elif name == t.pool:
-                meta = {"kind": "pool", "policy": t.policy.name, "pool": t.pool}
-            else:
-                meta = {"kind": "upstream", "policy": t.policy.name, "pool": t.pool}
-            data.append({"id": name, "object": "model", "created": created, "owned_by": "switchyard",
-                         "switchyard": meta})
-        return Response(orjson.dumps({"object": "list", "data": data}), media_type=JSON)
-
 
 def _canceller(task: asyncio.Task | None, left: list[bool]) -> Callable[[], None]:
     def lost() -> None:
@@ -544,21 +414,6 @@ def _canceller(task: asyncio.Task | None, left: list[bool]) -> Callable[[], None
             task.cancel()
 
     return lost
-
-
-ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "image", "document", "thinking"})
-
-
-def _anthropic_shaped(body: dict) -> bool:
-    if "system" in body or "stop_sequences" in body:
-        return True
-    tools = body.get("tools")
-    if isinstance(tools, list) and any(isinstance(t, dict) and "input_schema" in t for t in tools):
-        return True
-    msgs = body.get("messages")
-    return isinstance(msgs, list) and any(
-        isinstance(m, dict) and isinstance(m.get("content"), list)
-        and any(isinstance(b, dict) and b.get("type") in ANTHROPIC_BLOCKS for b in m["content"]) for m in msgs)
 
 
 def _error_in(dialect: Dialect, status: int, body: bytes) -> tuple[int, bytes]:
