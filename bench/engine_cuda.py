@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from switchyard.engine.backends.cuda.graphs import MIN_LEN_BUCKET  # noqa: E402
 from switchyard.engine.core.sampling import SamplingParams  # noqa: E402
 from switchyard.engine.core.scheduler import Scheduler  # noqa: E402
 from switchyard.engine.core.sequence import Sequence  # noqa: E402
@@ -588,6 +589,12 @@ def main(argv: list[str] | None = None) -> None:
     log(f"device {name}, torch {torch.__version__}")
     bw = copy_bandwidth(dev) if dev.type == "cuda" else copy_bandwidth(dev, 256 << 20, 5)
     log(f"copy bandwidth {bw / 1e12:.3f} TB/s")
+    if PROMPT + WARM + a.tokens > MIN_LEN_BUCKET:
+        # A context past the first span bucket is a new decode graph, captured while the clock runs:
+        # on an H200 the first timed point of each batch then read 4-8 ms a step (bench/results/gpu_pdl/).
+        log(f"WARNING: {PROMPT} prompt + {WARM} + {a.tokens} tokens cross the {MIN_LEN_BUCKET}-position span "
+            f"bucket: each batch's first timed point includes a graph capture (use --tokens "
+            f"{MIN_LEN_BUCKET - PROMPT - WARM} or fewer, or read the alternated rounds)")
     rows: list[dict[str, Any]] = []
     shapes = a.shapes.split(",")
     for i, shape in enumerate(shapes):
