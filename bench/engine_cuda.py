@@ -401,7 +401,8 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
     if sweep_batches and clock.left() > 60:
         from engine_cuda_sweep import BACKENDS, sweep
 
-        sweep(m, c, sweep_batches, ints(a.parts_batches), tokens, tok, clock, add, log, a.sweep_backends or BACKENDS)
+        sweep(m, c, sweep_batches, ints(a.parts_batches), tokens, tok, clock, add, log, a.sweep_backends or BACKENDS,
+              a.sweep_rounds)
     if 1 in batches and clock.left() > 20:  # the same weights, cache and backend, decode steps run eagerly
         decode("ours (no graphs)", m.view(m.backend_name, cuda_graphs=False, max_slots=m.max_slots), 1)
     if a.ttft and clock.left() > 15:
@@ -570,6 +571,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sweep-backends", default="",
                     help="the decode backends the sweep compares (registry names; default: engine_cuda_sweep.BACKENDS)")
     ap.add_argument("--parts-batches", default="1,16", help="the graph-parts sweep's batches")
+    ap.add_argument("--sweep-rounds", type=int, default=3, help="the sweep's rounds (each point's median)")
     ap.add_argument("--budget-s", type=float, default=420, help="skip remaining points past this")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--name", default="engine_cuda", help="the results' file names: NAME.log, .csv, .md")

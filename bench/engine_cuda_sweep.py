@@ -12,7 +12,7 @@ on, bench/engine_cuda.decode_rate), for both shapes in one run:
 Neither is a field of the served model: each point is a view of the same weights and cache with
 a backend or a graph runner of its own.
 
-  python bench/engine_cuda_sweep.py --out $OUT                  # both shapes, one call
+  python bench/engine_cuda_sweep.py --out $OUT                  # both shapes, one call; each point the median of 3 rounds
   python bench/engine_cuda.py --sweep ...                       # the same beside the main figures
 """
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,32 +42,43 @@ BACKENDS = "cuda,cuda-fused-rows-0,cuda-torch-glue,cuda-attention-by-span"
 
 
 def sweep(m: Decoder, c: ModelConfig, batches: list[int], parts_batches: list[int], tokens: int, tok: Any,
-          clock: engine_cuda.Clock, add: Any, log: Any, backends: str = BACKENDS) -> None:
-    """Rows `sweep: ...` for m's weights: each backend at each batch, then 1 vs 4 graph parts."""
+          clock: engine_cuda.Clock, add: Any, log: Any, backends: str = BACKENDS, rounds: int = 3) -> None:
+    """Rows `sweep: ...` for m's weights: each backend at each batch, then 1 vs 4 graph parts; every
+    point `rounds` times, the points of a round in turn, the median kept (one short run a point read
+    4x apart between two sweeps on an H200, bench/results/gpu_pdl/call1). Round 0 also captures each
+    view's graphs, so the median of three is of the two that follow when they agree."""
     if m.device.type != "cuda":
         log("  sweep: the cuda backends need a GPU; graph parts only")
     points: list[tuple[str, str, dict[str, Any], list[int]]] = []
     if m.device.type == "cuda":
         points += [(BACKEND.format(b), b, {}, batches) for b in backends.split(",") if b]
     points += [(PARTS.format(p), m.backend_name, {"graph_parts": p}, parts_batches) for p in (1, 4)]
-    for engine, backend, kw, bs in (pt for pt in points if pt[3]):
-        v = m.view(backend, cuda_graphs=True, max_slots=max(bs), **kw)
-        for b in bs:
-            if clock.left() < 30:
-                log(f"  {engine} b={b}: skipped (time)")
-                break
-            t = time.perf_counter()
-            try:
-                r = engine_cuda.decode_rate(v, b, tokens, c.vocab_size, tok=tok)
-            except Exception as e:  # a backend that fails at a batch must not lose the other points
-                log(f"  {engine} b={b}: FAILED {type(e).__name__}: {str(e)[:300]}")
-                break
-            add(engine, "decode_tok_s", b, r["tok_s"], "tok/s",
-                f"step {r['step_ms']:.3f} ms, point {time.perf_counter() - t:.1f} s")
-        del v
-        gc.collect()
-        if m.device.type == "cuda":
-            torch.cuda.empty_cache()
+    views = {engine: m.view(backend, cuda_graphs=True, max_slots=max(bs), **kw) for engine, backend, kw, bs in points
+             if bs}
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    failed: set[str] = set()
+    for i in range(rounds):
+        for engine, _, _, bs in (pt for pt in points if pt[3]):
+            for b in bs:
+                if engine in failed or clock.left() < 30:
+                    continue
+                try:
+                    r = engine_cuda.decode_rate(views[engine], b, tokens, c.vocab_size, tok=tok)
+                except Exception as e:  # a backend that fails at a batch must not lose the other points
+                    log(f"  {engine} b={b}: FAILED {type(e).__name__}: {str(e)[:300]}")
+                    failed.add(engine)
+                    continue
+                runs.setdefault((engine, b), []).append(r)
+                log(f"    round {i} {engine} b={b}: step {r['step_ms']:.3f} ms")
+    for (engine, b), rs in runs.items():
+        steps = [r["step_ms"] for r in rs]
+        add(engine, "decode_tok_s", b, statistics.median(r["tok_s"] for r in rs), "tok/s",
+            f"step {statistics.median(steps):.3f} ms, median of {len(rs)} rounds "
+            f"({', '.join(f'{s:.3f}' for s in steps)})")
+    views.clear()
+    gc.collect()
+    if m.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def sweep_table(rows: list[dict[str, Any]]) -> str:
@@ -116,12 +127,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--backends", default=BACKENDS, help="the decode backends swept (registry names)")
     ap.add_argument("--parts-batches", default="1,16")
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=3, help="each point's runs, the points of a round in turn")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget-s", type=float, default=230)
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
     engine_cuda.main(["--shapes", a.shapes, "--batches", "", "--sweep", "--sweep-batches", a.batches,
                       "--parts-batches", a.parts_batches, "--sweep-backends", a.backends, "--tokens", str(a.tokens), "--device", a.device,
+                      "--sweep-rounds", str(a.rounds),
                       "--ttft", "", "--peer-batches", "", "--skip-transformers", "--budget-s", str(a.budget_s),
                       "--out", a.out, "--name", "engine_cuda_sweep"])
 
