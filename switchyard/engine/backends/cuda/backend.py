@@ -59,8 +59,8 @@ class CudaBackend(TorchBackend):
         # loads its weights while the kernel before it finishes (triton_common.pdl_supported).
         self.pdl = pdl_supported(dims.device)
         # The split attention's counters (paged_attention): zeros it leaves at zero, one buffer for
-        # every launch and every captured graph, so it is never reallocated.
-        self.counters: torch.Tensor | None = None
+        # every launch and every captured graph (a batch bucket's rows x kv heads at most).
+        self.counters = torch.zeros(BATCH_BUCKETS[-1] * dims.kv_heads, dtype=torch.int32, device=dims.device)
 
     def status(self) -> dict[str, Any]:
         # one switch: the prefill's RoPE and SiLU kernels go with the decode kernels
@@ -111,8 +111,6 @@ class CudaBackend(TorchBackend):
     def attention(self, q: Any, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         if not p.decode:
             return super().attention(q, kc, vc, p)
-        if self.counters is None:
-            self.counters = torch.zeros(BATCH_BUCKETS[-1] * self.d.kv_heads, dtype=torch.int32, device=self.d.device)
         return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, pdl=self.pdl, counters=self.counters)
 
     def layer_out(self, layer: LayerWeights, x: torch.Tensor, o: torch.Tensor,
@@ -154,4 +152,4 @@ class CudaBackend(TorchBackend):
             span = -(-longest // d.block_size) * d.block_size  # as the graph runner rounds it
             tables = torch.full((1, span // d.block_size), d.num_blocks, dtype=torch.int64, device=d.device)
             for splits, block_n in sorted({ck.attention_shape(span, r * d.kv_heads) for r in rows}):
-                ck.paged_attention(q, kc, vc, tables, ctx, span, block_n, splits, pdl=self.pdl)
+                ck.paged_attention(q, kc, vc, tables, ctx, span, block_n, splits, pdl=self.pdl, counters=self.counters)
