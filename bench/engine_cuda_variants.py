@@ -22,6 +22,8 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   programmatic dependent launch (as before it).
 - `cuda-attention-unsplit`: the cuda backend with the paged attention never split (one kernel,
   no combine).
+- `cuda-layered`: the cuda backend with its one-row steps in the five kernels a layer, not the
+  persistent kernel (backends/cuda/persistent.py), as before it.
 - `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
   top-k, gather, batched matmul, scatter), as before head_kernels.py.
 
@@ -140,6 +142,19 @@ def _no_pdl() -> type:
     return NoPdlBackend
 
 
+def _layered() -> type:
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    class LayeredBackend(CudaBackend):
+        name = "cuda-layered"
+
+        def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights]) -> None:
+            super().__init__(dims, layers)
+            self.persistent_off = "the bench's variant"
+
+    return LayeredBackend
+
+
 def _torch_head() -> type:
     from switchyard.engine.backends.cuda.backend import CudaBackend
 
@@ -167,5 +182,6 @@ registry.register("cuda-attention-by-span", _lazy(_attention_shaped, "cuda-atten
 registry.register("cuda-no-pdl", _lazy(_no_pdl))  # type: ignore[arg-type]
 registry.register("cuda-attention-unsplit", _lazy(_attention_shaped, "cuda-attention-unsplit", True))  # type: ignore[arg-type]
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]
+registry.register("cuda-layered", _lazy(_layered))  # type: ignore[arg-type]
 for _n in (0, 1, 2, 4, 8, 16):
     registry.register(f"cuda-fused-rows-{_n}", _lazy(_fused_rows, _n))  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
-"""The GPU decode kernels compile for an H200 (sm90) with programmatic dependent launch, on a
-machine without a GPU: Triton's own compiler and ptxas, no device. The CPU tests run the kernels
+"""The GPU decode kernels compile for an H200 (sm90) with programmatic dependent launch, and the
+persistent one-row kernel with its barriers, on a machine without a GPU: Triton's own compiler and ptxas, no device. The CPU tests run the kernels
 in Triton's interpreter, which takes code the compiler refuses (a module constant read in a
 kernel, an instruction the interpreter skips); this catches that before a GPU run does."""
 
@@ -20,12 +20,14 @@ SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from switchyard.engine.backends.cuda import head_kernels as hk, kernels as ck, paged_attention as pa
+    from switchyard.engine.backends.base import ModelDims
+    from switchyard.engine.backends.cuda import head_kernels as hk, kernels as ck, paged_attention as pa, persistent
 
-    def compile(fn, sig, consts):
+
+    def compile(fn, sig, consts, **options):
         sig = dict(sig) | {k: "constexpr" for k in consts}
         triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                       options={"launch_pdl": True})
+                       options={"launch_pdl": True, **options})
         print("compiled", fn.__name__, sorted(consts.items()))
 
     bf, f32, i64 = "*bf16", "*fp32", "*i64"
@@ -54,6 +56,17 @@ SCRIPT = textwrap.dedent('''
     compile(ck._rope_write_kernel, {"qkv_ptr": bf, "qkn_ptr": f32, "cos_ptr": f32, "sin_ptr": f32, "pos_ptr": i64,
             "blk_ptr": i64, "off_ptr": i64, "q_ptr": bf, "kc_ptr": bf, "vc_ptr": bf, "M": "i32", "qk_eps": "fp32"},
             {"H": 9, "HKV": 3, "D": 64, "BS": 16, "BLOCK_M": 16, "QK_NORM": False, "PDL": True})
+    # the persistent one-row kernel at SmolLM2's shape on 132 multiprocessors, with its barriers
+    dims = ModelDims(9, 3, 64, 576, 1e-5, 1, torch.device("cpu"), torch.bfloat16, 16, 64, 256, None, None, None)
+    s = persistent.shape_for(dims, 1536, 132)
+    layers_sig = {n: bf for n in ("wqkv_ptr", "wo_ptr", "wgu_ptr", "wd_ptr", "kc_ptr", "vc_ptr", "q_ptr", "h_ptr")}
+    layers_sig |= {n: f32 for n in ("x_ptr", "ln1_ptr", "ln2_ptr", "cos_ptr", "sin_ptr", "mo_ptr", "ml_ptr")}
+    layers_sig |= {n: i64 for n in ("offs_ptr", "pos_ptr", "blk_ptr", "off_ptr", "table_ptr", "ctx_ptr")}
+    layers_sig |= {"bar_ptr": "*i32", "chunk": "i32", "eps": "fp32", "sm_scale": "fp32", "layer_lo": "i32",
+                   "layer_hi": "i32", "only": "i32", "budget": "i32"}
+    compile(persistent._layers_kernel, layers_sig, dict(HID=576, HP=1024, INTER=1536, H=9, HKV=3, D=64, BS=16, GP=16,
+            RQ=s.rq, BKQ=s.bkq, RO=s.ro, HG=s.hg, RG=s.rg, BKG=s.bkg, RD=s.rd, BKD=s.bkd, NPROG=132, SPLITS=4,
+            BLOCK_N=64, UPCAST=False, SYNC=True), num_warps=s.warps)
 ''')
 
 
@@ -61,4 +74,4 @@ def test_decode_kernels_compile_for_sm90_with_pdl() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
     r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("compiled") == 11, r.stdout
+    assert r.stdout.count("compiled") == 12, r.stdout

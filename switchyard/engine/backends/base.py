@@ -11,6 +11,8 @@ runs every layer as the same three calls, and a backend says how each runs on it
                                                        all-reduce (carry: its output, added by the
                                                        next layer_in or by final)
 
+unless `all_layers` runs the whole stack in one call (the cuda backend's one-row steps).
+
 `plan` is the backend's own value for one step (what every layer's attention shares: where the
 new keys go, masks, spans), made once by `plan` (an eager step) or `decode_plan` (a decode step
 in slot space, model/graph_runner.py). Names map to backends in backends/registry.py.
@@ -121,6 +123,14 @@ class Backend(Protocol):
 
     def layer_out(self, layer: LayerWeights, x: torch.Tensor, o: torch.Tensor,
                   plan: Any) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def all_layers(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   plan: Any) -> torch.Tensor | None:
+        """Every layer of the step in one call where the backend has one for it (the cuda
+        backend's persistent kernel, one row): the residual before the final norm, with no
+        carry; None: the decoder runs the layers one by one. k_cache/v_cache: every layer's,
+        [layers, ...]."""
+        ...
 
     def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, plan: Any) -> torch.Tensor: ...
 

@@ -190,6 +190,10 @@ class TorchBackend:
     def silu_mul(self, gu: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         return p.ops.silu_mul(gu)
 
+    def all_layers(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   p: TorchPlan) -> torch.Tensor | None:
+        return None  # every layer through layer_in, attention, layer_out
+
     def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         """The last layer's residual add with the final norm (float32): every row of a decode
         step, each prompt's last row of a prefill."""

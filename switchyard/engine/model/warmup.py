@@ -40,15 +40,15 @@ class Decoder(Protocol):
 
     def forward(self, step: Step) -> torch.Tensor: ...
 
-    def view(self, backend: str) -> Decoder: ...
+    def view(self, backend: str, *, max_slots: int = 1) -> Decoder: ...
 
     def use_backend(self, name: str, reason: str = "") -> None: ...
 
 
 def warmup(m: Decoder) -> float:
     """Check the backend, then capture the decode graphs of every batch bucket (at the shortest
-    span) before serving, so the first requests do not pay for them. Writes only into slot 0's
-    blocks (and the spare), which no request reads before its own prefill or decode writes them
+    span) before serving, so the first requests do not pay for them. Writes only into slots 0 and
+    1's blocks (and the spare), which no request reads before its own prefill or decode writes them
     (the scheduler's pool has no keys for them). Every TP rank must call it (its collectives pair
     up). Returns the seconds it took."""
     start = time.perf_counter()
@@ -82,7 +82,7 @@ def warmup(m: Decoder) -> float:
 
 def check_backend(m: Decoder, reference: str, n: int, tol: float = 0.5) -> str:
     """m's backend against `reference` over m's weights and cache, graphs off: a prefill of slot 0,
-    then one decode step, through each. "" when they agree, else why not: a failure, or logits
+    then a decode step of it, then one of it and slot 1's first position, through each. "" when they agree, else why not: a failure, or logits
     further apart than `tol` x their std. It catches a kernel that computes something else (NaN,
     or logits a std or more apart), not rounding: two bfloat16 paths over a random 8B model's 32
     layers differ by 0.18-0.25 x std on an H200 (the accuracy bound against the float32 engine is
@@ -90,10 +90,16 @@ def check_backend(m: Decoder, reference: str, n: int, tol: float = 0.5) -> str:
     one = torch.ones(1, dtype=torch.int64)
     prompt = Step(torch.arange(n).view(1, n) % 7, torch.arange(n).view(1, n), torch.zeros_like(one), one * n, one * n)
     decode = Step(torch.tensor([[3]]), (one * n).view(1, 1), torch.zeros_like(one), one, one * (n + 1), 1)
-    ref, test = m.view(reference), m.view(m.backend_name)
+    steps = [("prefill", prompt), ("decode", decode)]
+    if m.max_slots > 1:  # a one-row step and a step of more rows run different kernels (cuda: persistent.py)
+        two = torch.ones(2, dtype=torch.int64)
+        steps.append(("two-row decode", Step(torch.tensor([[3], [5]]), torch.tensor([[n + 1], [0]]),
+                                             torch.tensor([0, 1]), two, torch.tensor([n + 2, 1]), 2)))
+    rows = min(2, m.max_slots)
+    ref, test = m.view(reference, max_slots=rows), m.view(m.backend_name, max_slots=rows)
     what = "prefill"
     try:
-        for what, step in (("prefill", prompt), ("decode", decode)):
+        for what, step in steps:
             want = ref.forward(step).float()
             err = float((test.forward(step).float() - want).abs().max() / want.std())
             if not err <= tol:  # NaN too

@@ -234,6 +234,10 @@ class CpuBackend:
         h = ops.add_rms_norm(x, d.comm.all_reduce(layer.o(o)).float(), layer.ln2, d.eps, d.dtype)
         return x, d.comm.all_reduce(layer.down(ops.silu_mul(layer.gate_up(h)))).float()
 
+    def all_layers(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   p: CpuPlan) -> torch.Tensor | None:
+        return None  # every layer through layer_in, attention, layer_out
+
     def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, p: CpuPlan) -> torch.Tensor:
         """The last layer's residual add, then each row's last new token, normed."""
         if carry is not None:

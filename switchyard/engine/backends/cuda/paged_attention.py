@@ -35,25 +35,8 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_pt
     q = tl.load(q_ptr + row * (H * D) + heads[:, None] * D + d[None, :], mask=(g < G)[:, None], other=0.0)
     n_ctx = tl.maximum(tl.load(ctx_ptr + row), 1)  # an idle slot sees position 0 of the spare block
     start = split * CHUNK
-    end = tl.minimum(start + CHUNK, n_ctx)
-    m_i = tl.full([GP], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile keeps alpha at 1, not NaN
-    l_i = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, D], dtype=tl.float32)
-    for t0 in range(start, end, BLOCK_N):
-        t = t0 + tl.arange(0, BLOCK_N)
-        valid = t < end
-        blk = tl.load(tables_ptr + row * stride_t + t // BS, mask=valid, other=0)
-        at = ((blk * HKV + kvh) * BS + t % BS)[:, None] * D + d[None, :]
-        k = tl.load(kc_ptr + at, mask=valid[:, None], other=0.0)
-        v = tl.load(vc_ptr + at, mask=valid[:, None], other=0.0)
-        s = _dot(q, tl.trans(k), tl.zeros([GP, BLOCK_N], dtype=tl.float32), UPCAST) * sm_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
-        m_i = m_new
+    acc, m_i, l_i = _attend(q, kc_ptr, vc_ptr, tables_ptr + row * stride_t, kvh, start,
+                            tl.minimum(start + CHUNK, n_ctx), sm_scale, HKV, D, BS, GP, BLOCK_N, UPCAST, "")
     live = (g < G)[:, None]
     if SPLITS == 1:
         out = acc / l_i[:, None]
@@ -71,6 +54,35 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_pt
         if done == SPLITS - 1:
             _combine(mo_ptr, ml_ptr, o_ptr, row, heads, g < G, d, base, H, D, SPLITS, GP)
             tl.atomic_xchg(cnt_ptr + row * HKV + kvh, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _attend(q, kc_ptr, vc_ptr, table_ptr, kvh, start, end, sm_scale, HKV: tl.constexpr, D: tl.constexpr,
+            BS: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, CACHE: tl.constexpr):
+    """Online softmax of q [GP, D] (one kv head's query heads) over the row's positions
+    [start, end), read through its block table: (acc [GP, D], max [GP], sum [GP]), float32, the
+    sum of exp(s - max) * v not yet divided. CACHE: the cache modifier of the key and value
+    loads ('.cg' where this launch wrote some of them itself, the persistent kernel)."""
+    d = tl.arange(0, D)
+    m_i = tl.full([GP], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile keeps alpha at 1, not NaN
+    l_i = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, D], dtype=tl.float32)
+    for t0 in range(start, end, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        valid = t < end
+        blk = tl.load(table_ptr + t // BS, mask=valid, other=0)
+        at = ((blk * HKV + kvh) * BS + t % BS)[:, None] * D + d[None, :]
+        k = tl.load(kc_ptr + at, mask=valid[:, None], other=0.0, cache_modifier=CACHE)
+        v = tl.load(vc_ptr + at, mask=valid[:, None], other=0.0, cache_modifier=CACHE)
+        s = _dot(q, tl.trans(k), tl.zeros([GP, BLOCK_N], dtype=tl.float32), UPCAST) * sm_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+        m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit

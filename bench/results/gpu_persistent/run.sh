@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue #32's SmolLM2 batch-1 goal (>= 2,500 tok/s, one H200): a one-row step's layers in one persistent
+# launch (switchyard/engine/backends/cuda/persistent.py), in one device call (carry .whl from
+# `bash bench/wheelhouse.sh 3.12 .whl` and .cache/smollm2-tokenizer from `bash bench/gpu_check.sh prepare`):
+#
+#   STAGES="tests profile bench" bash bench/results/gpu_persistent/run.sh
+#
+# tests:    tests/engine/test_cuda_persistent.py compiled (one launch with its barriers against the five kernels a
+#           layer, the counters left at zero, the decoder in graphs), then test_cuda_kernels.py and test_cuda.py.
+# profile:  bench/engine_cuda_profile.py --kernels 16 on SmolLM2 at batch 1: cuda (persistent) and cuda-layered
+#           (the five kernels a layer), each its unprofiled rate and its kernels.
+# rates:    the same two backends' rates alternated $AB_ROUNDS times at spans of 256 and 2048 (--tokens).
+# regress:  bench/gpu_check.sh tests (every GPU test).
+# bench:    bench/engine_cuda.py, ours and the compiled peer in one run, at batches $BATCHES (+ grammar).
+cd "$(dirname "$0")/../../.."
+. bench/device_env.sh gpu_persistent  # out, PY, log, left, stage; the packages; the versions
+BATCHES=${BATCHES:-1,16}
+for s in ${STAGES:-tests profile bench}; do
+  case $s in
+    tests) stage tests
+      timeout 150 $PY -m pytest -q -p no:cacheprovider -rs -x --durations=5 tests/engine/test_cuda_persistent.py \
+        >"$out/tests_persistent.log" 2>&1; echo "persistent tests rc=$?" | tee -a "$log"
+      tail -n 15 "$out/tests_persistent.log" | tee -a "$log"
+      timeout "${TESTS_S:-200}" $PY -m pytest -q -p no:cacheprovider -rs -x --durations=5 tests/engine/test_cuda_kernels.py \
+        tests/engine/test_cuda.py >"$out/tests.log" 2>&1; echo "tests rc=$?" | tee -a "$log"
+      tail -n 3 "$out/tests.log" | tee -a "$log" ;;
+    profile) stage profile
+      timeout 170 $PY bench/engine_cuda_profile.py --shape smollm2-135m --batch 1 --tokens 64 --kernels 16 \
+        --backends "${PROFILE_BACKENDS:-cuda,cuda-layered}" --out "$out" >"$out/profile.log" 2>&1
+      echo "profile rc=$?" | tee -a "$log"; grep -E "^## |steps:" "$out"/kernels_*.md | tee -a "$log" ;;
+    rates) stage rates
+      for r in $(seq "${AB_ROUNDS:-2}"); do
+        for t in ${RATE_TOKENS:-64 1500}; do
+          timeout 120 $PY bench/engine_cuda_profile.py --shape smollm2-135m --batch 1 --tokens "$t" --kernels 4 \
+            --backends cuda,cuda-layered 2>&1 | grep -E "^## " | sed "s/^/round $r tokens $t: /" | tee -a "$log"
+        done
+      done ;;
+    regress) stage regress
+      OUT="$out/regress" PYTHON=$PY timeout "$(( $(left) - 5 ))" bash bench/gpu_check.sh tests >/dev/null 2>&1
+      echo "regress rc=$?" | tee -a "$log"; tail -n 3 "$out/regress/gpu_tests.log" | tee -a "$log" ;;
+    bench) stage bench
+      timeout "$(( $(left) - 5 ))" $PY bench/engine_cuda.py --shapes "${SHAPES:-smollm2-135m}" --batches "$BATCHES" \
+        --tokens "${TOKENS:-64}" --ttft= --grammar-batches "${GRAMMAR:-1}" --grammar-rounds 3 --skip-transformers \
+        --peer-batches "$BATCHES" --budget-s "$(( $(left) - 30 ))" --out "$out" >/dev/null 2>&1
+      echo "bench rc=$?" | tee -a "$log"; grep -E "^\|" "$out/engine_cuda.md" | head -n 30 | tee -a "$log" ;;
+  esac
+done
+stage done
