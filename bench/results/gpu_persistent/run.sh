@@ -5,6 +5,7 @@
 #
 #   STAGES="tests profile bench" bash bench/results/gpu_persistent/run.sh
 #
+# barrier:  bench/grid_barrier.py: what one grid-wide barrier costs, polled with loads or with atomics.
 # tests:    tests/engine/test_cuda_persistent.py compiled (one launch with its barriers against the five kernels a
 #           layer, the counters left at zero, the decoder in graphs), then test_cuda_kernels.py and test_cuda.py.
 # profile:  bench/engine_cuda_profile.py --kernels 16 on SmolLM2 at batch 1: cuda (persistent) and cuda-layered
@@ -17,10 +18,13 @@ cd "$(dirname "$0")/../../.."
 BATCHES=${BATCHES:-1,16}
 for s in ${STAGES:-tests profile bench}; do
   case $s in
+    barrier) stage barrier
+      timeout 60 $PY bench/grid_barrier.py --barriers 3000 2>&1 | tee "$out/barrier.log" | tee -a "$log" ;;
     tests) stage tests
       timeout 150 $PY -m pytest -q -p no:cacheprovider -rs -x --durations=5 tests/engine/test_cuda_persistent.py \
         >"$out/tests_persistent.log" 2>&1; echo "persistent tests rc=$?" | tee -a "$log"
       tail -n 15 "$out/tests_persistent.log" | tee -a "$log"
+      [ "${PERSISTENT_ONLY:-}" ] && continue
       timeout "${TESTS_S:-200}" $PY -m pytest -q -p no:cacheprovider -rs -x --durations=5 tests/engine/test_cuda_kernels.py \
         tests/engine/test_cuda.py >"$out/tests.log" 2>&1; echo "tests rc=$?" | tee -a "$log"
       tail -n 3 "$out/tests.log" | tee -a "$log" ;;

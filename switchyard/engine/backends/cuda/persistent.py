@@ -20,6 +20,9 @@ two units of a stage):
 4. RMSNorm, its gate and up rows, SiLU(g) * u out;
 5. down-proj, its rows added to the residual in place.
 
+A program owns the same residual rows in stages 3 and 5, so it reads them before its spin there
+(its own writes, or the embedding's): what the five-kernel path read after its wait.
+
 Data another program wrote during this launch is loaded with '.cg' (from L2): a program's L1 is
 not coherent with the others', and nothing between two stages invalidates it. The counter and
 an exit counter are the caller's (zeros); the last program to exit sets both back to zero.
@@ -68,16 +71,19 @@ def _arrive(bar_ptr, SYNC: tl.constexpr):
 
 @triton.jit
 def _wait(bar_ptr, target, spins, SYNC: tl.constexpr):
-    """Spin until `target` programs have arrived (acquire: their stores are visible after), or
-    `spins` polls are spent: a launch whose programs are not all resident (something else
-    holding multiprocessors) would wait forever; a budget spent marks the launch failed and
-    lets it finish (wrong, not hung). Returns the polls left, this program's budget from now."""
+    """Spin until `target` programs have arrived, then acquire (their stores are visible after),
+    or until `spins` polls are spent: a launch whose programs are not all resident (something
+    else holding multiprocessors) would wait forever; a budget spent marks the launch failed and
+    lets it finish (wrong, not hung). The polls are plain loads from L2 (volatile): atomics, one
+    per program per poll, queue at the counter's L2 slice ahead of the arrivals they wait for.
+    Returns the polls left, this program's budget from now."""
     if SYNC:
         if target > 0:
-            n = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+            n = tl.load(bar_ptr, volatile=True)
             while (n < target) & (spins > 0):
                 spins -= 1
-                n = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+                n = tl.load(bar_ptr, volatile=True)
+            tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")  # reads the count it saw or later: synchronises
         tl.debug_barrier()
     return spins
 
@@ -199,6 +205,7 @@ def _o_stage(u, w_ptr, mo_ptr, ml_ptr, x_ptr, bar_ptr, target, spins, HID: tl.co
     live = u < HID // RO
     n = tl.where(live, u, 0) * RO + tl.arange(0, RO)
     w0 = _tile(w_ptr, n, 0, K, BK)
+    xr = tl.load(x_ptr + n, cache_modifier=".cg")  # this program's own rows: the down stage's (RD == RO) or the embedding
     spins = _wait(bar_ptr, target, spins, SYNC)
     if live:
         a = _attention_out(mo_ptr, ml_ptr, 0, HG, H, D, SPLITS)
@@ -208,7 +215,7 @@ def _o_stage(u, w_ptr, mo_ptr, ml_ptr, x_ptr, bar_ptr, target, spins, HID: tl.co
             a = _attention_out(mo_ptr, ml_ptr, h0, HG, H, D, SPLITS)
             acc += w.to(tl.float32) * a.to(w.dtype).to(tl.float32)[None, :]
         y = tl.sum(acc, axis=1).to(w_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(x_ptr + n, tl.load(x_ptr + n, cache_modifier=".cg") + y)
+        tl.store(x_ptr + n, xr + y)
     _arrive(bar_ptr, SYNC)
     return spins
 
@@ -238,10 +245,11 @@ def _down_stage(u, w_ptr, h_ptr, x_ptr, bar_ptr, target, spins, HID: tl.constexp
     live = u < HID // RD
     n = tl.where(live, u, 0) * RD + tl.arange(0, RD)
     w0 = _tile(w_ptr, n, 0, INTER, BKD)
+    xr = tl.load(x_ptr + n, cache_modifier=".cg")  # this program's own rows, from the o stage (RO == RD)
     spins = _wait(bar_ptr, target, spins, SYNC)
     if live:
         y = _gemv(w0, w_ptr, n, h_ptr, h_ptr, 1.0, RD, INTER, BKD, False).to(w_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(x_ptr + n, tl.load(x_ptr + n, cache_modifier=".cg") + y)
+        tl.store(x_ptr + n, xr + y)
     _arrive(bar_ptr, SYNC)
     return spins
 
@@ -325,7 +333,9 @@ def shape_for(dims: ModelDims, inter: int, programs: int, warps: int = 8) -> Sha
     loads of TILE elements a warp (8 warps: SmolLM2's stages compile without spills for sm90)."""
     half = dims.head_dim // 2
     rq = min(half, _rows((dims.heads + 2 * dims.kv_heads) * half, programs))
-    ro, rg, rd = _rows(dims.hidden, programs), _rows(inter, programs), _rows(dims.hidden, programs)
+    # ro == rd: a program adds to the same residual rows in both stages, so it reads them before its spin
+    ro = rd = _rows(dims.hidden, programs)
+    rg = _rows(inter, programs)
     hg = min(triton.next_power_of_2(dims.heads), max(1, _bk(ro, dims.q_size, warps) // dims.head_dim))
     return Shape(programs, warps, rq, _bk(2 * rq, dims.hidden, warps), ro, hg, rg,
                  _bk(2 * rg, dims.hidden, warps), rd, _bk(rd, inter, warps))
