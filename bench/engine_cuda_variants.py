@@ -22,8 +22,9 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   programmatic dependent launch (as before it).
 - `cuda-attention-unsplit`: the cuda backend with the paged attention never split (one kernel,
   no combine).
-- `cuda-layered`: the cuda backend with its one-row steps in the five kernels a layer, not the
-  persistent kernel (backends/cuda/persistent.py), as before it.
+- `cuda-persistent`: the cuda backend with a one-row step's layers in one persistent launch
+  (backends/cuda/persistent.py) where the model allows: slower than the served five kernels a
+  layer on an H200 (bench/results/gpu_persistent/).
 - `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
   top-k, gather, batched matmul, scatter), as before head_kernels.py.
 
@@ -142,17 +143,18 @@ def _no_pdl() -> type:
     return NoPdlBackend
 
 
-def _layered() -> type:
-    from switchyard.engine.backends.cuda.backend import CudaBackend
+def _persistent() -> type:
+    from switchyard.engine.backends.cuda import persistent
+    from switchyard.engine.backends.cuda.backend import WIDE_HIDDEN, CudaBackend
 
-    class LayeredBackend(CudaBackend):
-        name = "cuda-layered"
+    class PersistentBackend(CudaBackend):
+        name = "cuda-persistent"
 
         def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights]) -> None:
             super().__init__(dims, layers)
-            self.persistent_off = "the bench's variant"
+            self.persistent_off = persistent.supported(dims, layers, WIDE_HIDDEN)
 
-    return LayeredBackend
+    return PersistentBackend
 
 
 def _torch_head() -> type:
@@ -182,6 +184,6 @@ registry.register("cuda-attention-by-span", _lazy(_attention_shaped, "cuda-atten
 registry.register("cuda-no-pdl", _lazy(_no_pdl))  # type: ignore[arg-type]
 registry.register("cuda-attention-unsplit", _lazy(_attention_shaped, "cuda-attention-unsplit", True))  # type: ignore[arg-type]
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]
-registry.register("cuda-layered", _lazy(_layered))  # type: ignore[arg-type]
+registry.register("cuda-persistent", _lazy(_persistent))  # type: ignore[arg-type]
 for _n in (0, 1, 2, 4, 8, 16):
     registry.register(f"cuda-fused-rows-{_n}", _lazy(_fused_rows, _n))  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ import torch
 pytest.importorskip("triton", reason="the fused decode kernels need triton (dev extra)")
 
 from switchyard.engine.backends.cuda import persistent  # noqa: E402
+from switchyard.engine.backends.cuda.backend import PERSISTENT_OFF  # noqa: E402
 from switchyard.engine.model.common import embed_tokens  # noqa: E402
 from switchyard.engine.model.decoder import Decoder  # noqa: E402
 from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights  # noqa: E402
@@ -37,6 +38,14 @@ def _model(dtype: torch.dtype, cfg=CFG) -> Decoder:  # type: ignore[no-untyped-d
                    device=DEV)
 
 
+def _on(m: Decoder) -> Decoder:
+    """The persistent kernel on, as bench/engine_cuda_variants.py's cuda-persistent turns it on (the
+    served backend leaves it off: measured slower, backend.PERSISTENT_OFF)."""
+    assert m.backend.persistent_off == PERSISTENT_OFF  # off only because it is slower: the model fits
+    m.backend.persistent_off = ""
+    return m
+
+
 def _five_kernels(m: Decoder, x: torch.Tensor, p) -> torch.Tensor:  # type: ignore[no-untyped-def]
     be = m.backend
     for layer, kc, vc in m._layer_kv:
@@ -50,9 +59,8 @@ def _five_kernels(m: Decoder, x: torch.Tensor, p) -> torch.Tensor:  # type: igno
 def test_persistent_layers_compute_what_the_five_kernels_do(dtype: torch.dtype, ctx: int, span: int) -> None:
     """One row at several contexts (one position; one split; splits, some past the context): the
     residual and the new keys and values as the five kernels a layer leave them."""
-    m = _model(dtype)
+    m = _on(_model(dtype))
     be, d = m.backend, m.dims
-    assert not be.persistent_off, be.persistent_off
     g = torch.Generator().manual_seed(ctx)
     m.k_cache.copy_(torch.randn(m.k_cache.shape, generator=g).to(m.k_cache.dtype) * 0.5)
     m.v_cache.copy_(torch.randn(m.v_cache.shape, generator=g).to(m.v_cache.dtype))
@@ -80,8 +88,8 @@ def test_one_row_decode_through_the_decoder_equals_the_cpu_engine() -> None:
     on a GPU in captured graphs too."""
     w = random_weights(NARROW, seed=4)
     ref = Decoder(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=512, dtype="float32")
-    m = Decoder(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=512, dtype="float32",
-                backend="cuda", device=DEV)
+    m = _on(Decoder(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=512, dtype="float32",
+                    backend="cuda", device=DEV))
     assert m.status()["persistent"] is True
     n, one = 30, torch.ones(1, dtype=torch.int64)
     prompt = Step(torch.arange(n).view(1, n) % 11, torch.arange(n).view(1, n), one, one * n, one * n)
@@ -101,7 +109,8 @@ def test_models_it_does_not_fit_keep_the_five_kernels() -> None:
     st = _model(torch.float32, qwen3).status()
     assert st["persistent"] is False and "q/k norm" in st["persistent_reason"]
     m = _model(torch.float32, NARROW)
-    assert m.status()["persistent"] is True and "persistent_reason" not in m.status()
+    assert m.status()["persistent"] is False and m.status()["persistent_reason"] == PERSISTENT_OFF  # served: off
+    assert _on(m).status()["persistent"] is True and "persistent_reason" not in m.status()
     wide = dataclasses.replace(m.dims, hidden=4096)
     assert "hidden 4096" in persistent.supported(wide, m.layers, 4096)
     assert "tensor parallel" in persistent.supported(dataclasses.replace(m.dims, tp=2), m.layers, 4096)

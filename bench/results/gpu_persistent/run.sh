@@ -8,9 +8,8 @@
 # barrier:  bench/grid_barrier.py: what one grid-wide barrier costs, polled with loads or with atomics.
 # tests:    tests/engine/test_cuda_persistent.py compiled (one launch with its barriers against the five kernels a
 #           layer, the counters left at zero, the decoder in graphs), then test_cuda_kernels.py and test_cuda.py.
-# profile:  bench/engine_cuda_profile.py --kernels 16 on SmolLM2 at batch 1: cuda (persistent) and cuda-layered
-#           (the five kernels a layer), each its unprofiled rate and its kernels.
-# rates:    the same two backends' rates alternated $AB_ROUNDS times at spans of 256 and 2048 (--tokens).
+# profile:  bench/engine_cuda_profile.py --kernels 16 on SmolLM2 at batch 1: cuda (five kernels a layer) and cuda-persistent
+#           (the persistent kernel), each its unprofiled rate and its kernels.
 # regress:  bench/gpu_check.sh tests (every GPU test).
 # bench:    bench/engine_cuda.py, ours and the compiled peer in one run, at batches $BATCHES (+ grammar).
 cd "$(dirname "$0")/../../.."
@@ -30,15 +29,8 @@ for s in ${STAGES:-tests profile bench}; do
       tail -n 3 "$out/tests.log" | tee -a "$log" ;;
     profile) stage profile
       timeout 170 $PY bench/engine_cuda_profile.py --shape smollm2-135m --batch 1 --tokens 64 --kernels 16 \
-        --backends "${PROFILE_BACKENDS:-cuda,cuda-layered}" --out "$out" >"$out/profile.log" 2>&1
+        --backends "${PROFILE_BACKENDS:-cuda,cuda-persistent}" --out "$out" >"$out/profile.log" 2>&1
       echo "profile rc=$?" | tee -a "$log"; grep -E "^## |steps:" "$out"/kernels_*.md | tee -a "$log" ;;
-    rates) stage rates
-      for r in $(seq "${AB_ROUNDS:-2}"); do
-        for t in ${RATE_TOKENS:-64 1500}; do
-          timeout 120 $PY bench/engine_cuda_profile.py --shape smollm2-135m --batch 1 --tokens "$t" --kernels 4 \
-            --backends cuda,cuda-layered 2>&1 | grep -E "^## " | sed "s/^/round $r tokens $t: /" | tee -a "$log"
-        done
-      done ;;
     regress) stage regress
       OUT="$out/regress" PYTHON=$PY timeout "$(( $(left) - 5 ))" bash bench/gpu_check.sh tests >/dev/null 2>&1
       echo "regress rc=$?" | tee -a "$log"; tail -n 3 "$out/regress/gpu_tests.log" | tee -a "$log" ;;

@@ -2,8 +2,9 @@
 an H200 (bench/results/engine_cuda_fused.md), on one rank (TP > 1 puts an all-reduce between a
 projection and its residual add):
 
-- a decode step of one row on a narrow model (persistent.supported): every layer in one persistent
-  launch, a grid-wide barrier where the five kernels below had a launch boundary (persistent.py);
+- (not served: `cuda-persistent` in bench/engine_cuda_variants.py) a decode step of one row on a
+  narrow model in one persistent launch, grid-wide barriers where the five kernels below have
+  launch boundaries (persistent.py): measured slower on an H200;
 - a decode step of up to 16 rows (of one row on a model 4096 or more wide: fused_rows): each layer in five kernels (kernels.py: norm + QKV + RoPE + KV
   write, paged attention, o-proj + residual, norm + gate/up + SiLU, down + residual), launched
   with programmatic dependent launch on Hopper and later (each loads its weights while the one
@@ -44,6 +45,8 @@ MAX_FUSED_ROWS = ck.MAX_ROWS
 # path's at 1, 4 and 16 rows: the wide model's projections are weight reads that cuBLAS streams as
 # well at a few rows, the narrow one's are launches. Between the two widths it is unmeasured.
 WIDE_HIDDEN = 4096
+PERSISTENT_OFF = ("slower than the five kernels a layer on an H200: SmolLM2 at one row 1,632-1,647 tok/s against "
+                  "1,673-1,975 (bench/results/gpu_persistent/)")
 
 
 def fused_rows(hidden: int) -> int:
@@ -63,9 +66,11 @@ class CudaBackend(TorchBackend):
         # The split attention's counters (paged_attention): zeros it leaves at zero, one buffer for
         # every launch and every captured graph (a batch bucket's rows x kv heads at most).
         self.counters = torch.zeros(BATCH_BUCKETS[-1] * dims.kv_heads, dtype=torch.int32, device=dims.device)
-        # A one-row step's layers in one persistent launch where the model allows (else why not)
-        self.persistent_off = persistent.supported(dims, layers, WIDE_HIDDEN)
-        if not self.persistent_off:
+        # A one-row step's layers in one persistent launch: measured slower than the five kernels a
+        # layer (persistent.py), so off unless a variant turns it on where the model allows
+        unfit = persistent.supported(dims, layers, WIDE_HIDDEN)
+        self.persistent_off = unfit or PERSISTENT_OFF
+        if not unfit:
             self.shape = persistent.Shape.of(dims, layers, persistent.programs_for(dims.device))
             self.offsets = persistent.layer_offsets(layers, persistent.cache_layer_stride(dims))
             self.barrier = torch.zeros(3, dtype=torch.int32, device=dims.device)  # persistent.run_layers' counters

@@ -1,4 +1,10 @@
 """A batch-1 decode step's layers in one persistent launch, for a narrow model (SmolLM2's shape):
+NOT served by default: on an H200 it ran a SmolLM2 step's layers in 530-536 us, slower than the
+five PDL kernels a layer (1,632-1,647 tok/s against 1,673-1,975, bench/results/gpu_persistent/).
+Its barriers are not what costs (0.93 us each, bench/grid_barrier.py); each stage's own chain of
+L2 round trips after its barrier is (~2.5 us). `cuda-persistent` (bench/engine_cuda_variants.py)
+runs it; CudaBackend.persistent_off says why the served backend does not.
+
 one program per multiprocessor, every layer's five stages (kernels.py) run in turn, and a
 grid-wide barrier between two stages where the five launches had a kernel boundary.
 
@@ -71,19 +77,18 @@ def _arrive(bar_ptr, SYNC: tl.constexpr):
 
 @triton.jit
 def _wait(bar_ptr, target, spins, SYNC: tl.constexpr):
-    """Spin until `target` programs have arrived, then acquire (their stores are visible after),
-    or until `spins` polls are spent: a launch whose programs are not all resident (something
-    else holding multiprocessors) would wait forever; a budget spent marks the launch failed and
-    lets it finish (wrong, not hung). The polls are plain loads from L2 (volatile): atomics, one
-    per program per poll, queue at the counter's L2 slice ahead of the arrivals they wait for.
-    Returns the polls left, this program's budget from now."""
+    """Spin until `target` programs have arrived (acquire: their stores are visible after), or
+    until `spins` polls are spent: a launch whose programs are not all resident (something else
+    holding multiprocessors) would wait forever; a budget spent marks the launch failed and lets
+    it finish (wrong, not hung). Returns the polls left, this program's budget from now. Polled
+    with acquire atomics: on an H200 a barrier of 132 programs took 0.93 us so, 1.35 us polled
+    with acquire loads (bench/grid_barrier.py, bench/results/gpu_persistent/)."""
     if SYNC:
         if target > 0:
-            n = tl.load(bar_ptr, volatile=True)
+            n = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
             while (n < target) & (spins > 0):
                 spins -= 1
-                n = tl.load(bar_ptr, volatile=True)
-            tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")  # reads the count it saw or later: synchronises
+                n = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
     return spins
 
