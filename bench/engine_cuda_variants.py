@@ -24,7 +24,9 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   no combine).
 - `cuda-persistent`: the cuda backend with a one-row step's layers in one persistent launch
   (backends/cuda/persistent.py) where the model allows: slower than the served five kernels a
-  layer on an H200 (bench/results/gpu_persistent/).
+  layer on an H200 (bench/results/gpu_persistent/). `cuda-persistent-2k`: the same with loads of
+  2,048 weight elements a warp (persistent.TILE 4,096: each stage's slice in one load, which
+  spills registers at 8 warps).
 - `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
   top-k, gather, batched matmul, scatter), as before head_kernels.py.
 
@@ -143,17 +145,18 @@ def _no_pdl() -> type:
     return NoPdlBackend
 
 
-def _persistent() -> type:
+def _persistent(name: str, tile: int) -> type:
     from switchyard.engine.backends.cuda import persistent
     from switchyard.engine.backends.cuda.backend import WIDE_HIDDEN, CudaBackend
 
     class PersistentBackend(CudaBackend):
-        name = "cuda-persistent"
-
         def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights]) -> None:
             super().__init__(dims, layers)
             self.persistent_off = persistent.supported(dims, layers, WIDE_HIDDEN)
+            if not self.persistent_off:
+                self.shape = persistent.Shape.of(dims, layers, persistent.programs_for(dims.device), tile=tile)
 
+    PersistentBackend.name = name
     return PersistentBackend
 
 
@@ -184,6 +187,7 @@ registry.register("cuda-attention-by-span", _lazy(_attention_shaped, "cuda-atten
 registry.register("cuda-no-pdl", _lazy(_no_pdl))  # type: ignore[arg-type]
 registry.register("cuda-attention-unsplit", _lazy(_attention_shaped, "cuda-attention-unsplit", True))  # type: ignore[arg-type]
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]
-registry.register("cuda-persistent", _lazy(_persistent))  # type: ignore[arg-type]
+registry.register("cuda-persistent", _lazy(_persistent, "cuda-persistent", 4096))  # type: ignore[arg-type]
+registry.register("cuda-persistent-2k", _lazy(_persistent, "cuda-persistent-2k", 2048))  # type: ignore[arg-type]
 for _n in (0, 1, 2, 4, 8, 16):
     registry.register(f"cuda-fused-rows-{_n}", _lazy(_fused_rows, _n))  # type: ignore[arg-type]

@@ -132,12 +132,24 @@ def _matvec_pair(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, n1, second, M, K
 
 
 @triton.jit
-def _rope_store(y1, y2, rows, r, head, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr,
-                M, qk_eps, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                QK_NORM: tl.constexpr):
+def _rope_inputs(rows, r, pos_ptr, cos_ptr, sin_ptr, blk_ptr, off_ptr, M, D: tl.constexpr):
+    """What _rope_store takes besides the projection: the rows' RoPE angles at columns r (cos,
+    sin [rows, R]) and their new keys' cache slots (block, offset [rows]). The step's inputs,
+    written before its first layer: a PDL kernel loads them before its wait."""
+    live = rows < M
+    pos = tl.load(pos_ptr + rows, mask=live, other=0)
+    c = tl.load(cos_ptr + pos[:, None] * D + r[None, :])
+    s = tl.load(sin_ptr + pos[:, None] * D + r[None, :])
+    return c, s, tl.load(blk_ptr + rows, mask=live, other=0), tl.load(off_ptr + rows, mask=live, other=0)
+
+
+@triton.jit
+def _rope_store(y1, y2, rows, r, head, qkn_ptr, c, s, blk, off, q_ptr, kc_ptr, vc_ptr, M, qk_eps, H: tl.constexpr,
+                HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, QK_NORM: tl.constexpr):
     """Columns r and r + D/2 of `head` of the QKV projection (y1, y2: float32 [rows, R], already
-    rounded to the model dtype) for the given rows: q and k (normed,) rotated; q stored in
-    q_ptr [M, H, D], k and v written into the cache blocks at (blk, off) of each row."""
+    rounded to the model dtype) for the given rows: q and k (normed,) rotated by (c, s); q stored
+    in q_ptr [M, H, D], k and v written into the cache blocks at (blk, off) of each row
+    (_rope_inputs)."""
     HALF: tl.constexpr = D // 2
     odt = q_ptr.dtype.element_ty
     live = rows < M
@@ -147,9 +159,6 @@ def _rope_store(y1, y2, rows, r, head, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_p
             inv = 1.0 / tl.sqrt((tl.sum(y1 * y1, axis=1) + tl.sum(y2 * y2, axis=1)) / D + qk_eps)
             y1 = (y1 * inv[:, None]) * tl.load(nw + r)[None, :]
             y2 = (y2 * inv[:, None]) * tl.load(nw + HALF + r)[None, :]
-        pos = tl.load(pos_ptr + rows, mask=live, other=0)
-        c = tl.load(cos_ptr + pos[:, None] * D + r[None, :])
-        s = tl.load(sin_ptr + pos[:, None] * D + r[None, :])
         o1 = y1 * c - y2 * s
         o2 = y2 * c + y1 * s
     else:
@@ -163,8 +172,6 @@ def _rope_store(y1, y2, rows, r, head, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_p
         is_v = head >= H + HKV
         is_k = head < H + HKV
         kv = head - H - is_v.to(tl.int32) * HKV
-        blk = tl.load(blk_ptr + rows, mask=live, other=0)
-        off = tl.load(off_ptr + rows, mask=live, other=0)
         at = ((blk * HKV + kv) * BS + off)[:, None] * D + r[None, :]
         tl.store(kc_ptr + at, o1.to(odt), mask=live[:, None] & is_k)
         tl.store(kc_ptr + at + HALF, o2.to(odt), mask=live[:, None] & is_k)
@@ -187,6 +194,8 @@ def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, si
     r = chunk * R + tl.arange(0, R)
     n1 = head * D + r
     n2 = n1 + HALF
+    rows = tl.arange(0, M_P)
+    c, s, blk, off = _rope_inputs(rows, r, pos_ptr, cos_ptr, sin_ptr, blk_ptr, off_ptr, M, D)
     a1, a2 = _matvec_pair(x_ptr, stride_x, ln_ptr, eps, w_ptr, K, n1, HALF, M, K, True, M_P, R, BLOCK_K,
                           NORM_BLOCK, PREFETCH, UPCAST, PDL)
     odt = q_ptr.dtype.element_ty
@@ -195,8 +204,8 @@ def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, si
         a2 += tl.load(b_ptr + n2).to(tl.float32)[None, :]
     y1 = a1.to(odt).to(tl.float32)  # the projection's output in the model dtype, as cuBLAS gives it
     y2 = a2.to(odt).to(tl.float32)
-    _rope_store(y1, y2, tl.arange(0, M_P), r, head, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_ptr, q_ptr,
-                kc_ptr, vc_ptr, M, qk_eps, H, HKV, D, BS, QK_NORM)
+    _rope_store(y1, y2, rows, r, head, qkn_ptr, c, s, blk, off, q_ptr, kc_ptr, vc_ptr, M, qk_eps, H, HKV, D, BS,
+                QK_NORM)
 
 
 @triton.jit
@@ -205,17 +214,18 @@ def _rope_write_kernel(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off
                        BLOCK_M: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
     # Program (head, row block): a whole head of BLOCK_M rows of a QKV projection's output
     # [M, (H + 2 HKV) D], both halves, so that RoPE's pairs and Qwen3's q/k norm meet in it.
-    _pdl_wait(PDL)
     head = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     HALF: tl.constexpr = D // 2
     r = tl.arange(0, HALF)
+    c, s, blk, off = _rope_inputs(rows, r, pos_ptr, cos_ptr, sin_ptr, blk_ptr, off_ptr, M, D)
+    _pdl_wait(PDL)
     at = qkv_ptr + rows[:, None] * ((H + 2 * HKV) * D) + head * D + r[None, :]
     live = (rows < M)[:, None]
     y1 = tl.load(at, mask=live, other=0.0).to(tl.float32)
     y2 = tl.load(at + HALF, mask=live, other=0.0).to(tl.float32)
-    _rope_store(y1, y2, rows, r, head, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr,
-                M, qk_eps, H, HKV, D, BS, QK_NORM)
+    _rope_store(y1, y2, rows, r, head, qkn_ptr, c, s, blk, off, q_ptr, kc_ptr, vc_ptr, M, qk_eps, H, HKV, D, BS,
+                QK_NORM)
 
 
 @triton.jit

@@ -24,19 +24,21 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_pt
                       UPCAST: tl.constexpr, PDL: tl.constexpr):
     # Program (row, kv head, split): the kv head's G query heads (padded to GP rows for tl.dot)
     # over positions [split * CHUNK, (split + 1) * CHUNK) of the row's context.
-    _pdl_wait(PDL)  # q and this step's keys and values are the kernel before's
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    n_ctx = tl.maximum(tl.load(ctx_ptr + row), 1)  # an idle slot sees position 0 of the spare block
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, n_ctx)
+    blk0 = _first_blocks(tables_ptr + row * stride_t, start, end, BS, BLOCK_N)  # step inputs: before the wait
+    _pdl_wait(PDL)  # q and this step's keys and values are the kernel before's
     G: tl.constexpr = H // HKV
     g = tl.arange(0, GP)
     d = tl.arange(0, D)
     heads = kvh * G + g
     q = tl.load(q_ptr + row * (H * D) + heads[:, None] * D + d[None, :], mask=(g < G)[:, None], other=0.0)
-    n_ctx = tl.maximum(tl.load(ctx_ptr + row), 1)  # an idle slot sees position 0 of the spare block
-    start = split * CHUNK
-    acc, m_i, l_i = _attend(q, kc_ptr, vc_ptr, tables_ptr + row * stride_t, kvh, start,
-                            tl.minimum(start + CHUNK, n_ctx), sm_scale, HKV, D, BS, GP, BLOCK_N, UPCAST, "")
+    acc, m_i, l_i = _attend(q, kc_ptr, vc_ptr, tables_ptr + row * stride_t, kvh, start, end, blk0, sm_scale, HKV, D,
+                            BS, GP, BLOCK_N, UPCAST, "")
     live = (g < G)[:, None]
     if SPLITS == 1:
         out = acc / l_i[:, None]
@@ -57,31 +59,49 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_pt
 
 
 @triton.jit
-def _attend(q, kc_ptr, vc_ptr, table_ptr, kvh, start, end, sm_scale, HKV: tl.constexpr, D: tl.constexpr,
+def _first_blocks(table_ptr, start, end, BS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The block ids of positions [start, start + BLOCK_N) below end: _attend's first tile, which
+    a caller loads before its wait (the table is the step's input, not a kernel's output)."""
+    t = start + tl.arange(0, BLOCK_N)
+    return tl.load(table_ptr + t // BS, mask=t < end, other=0)
+
+
+@triton.jit
+def _attend_tile(q, kc_ptr, vc_ptr, blk, t, end, kvh, sm_scale, acc, m_i, l_i, HKV: tl.constexpr, D: tl.constexpr,
+                 BS: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+                 CACHE: tl.constexpr):
+    d = tl.arange(0, D)
+    valid = t < end
+    at = ((blk * HKV + kvh) * BS + t % BS)[:, None] * D + d[None, :]
+    k = tl.load(kc_ptr + at, mask=valid[:, None], other=0.0, cache_modifier=CACHE)
+    v = tl.load(vc_ptr + at, mask=valid[:, None], other=0.0, cache_modifier=CACHE)
+    s = _dot(q, tl.trans(k), tl.zeros([GP, BLOCK_N], dtype=tl.float32), UPCAST) * sm_scale
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _attend(q, kc_ptr, vc_ptr, table_ptr, kvh, start, end, blk0, sm_scale, HKV: tl.constexpr, D: tl.constexpr,
             BS: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, CACHE: tl.constexpr):
     """Online softmax of q [GP, D] (one kv head's query heads) over the row's positions
-    [start, end), read through its block table: (acc [GP, D], max [GP], sum [GP]), float32, the
-    sum of exp(s - max) * v not yet divided. CACHE: the cache modifier of the key and value
-    loads ('.cg' where this launch wrote some of them itself, the persistent kernel)."""
-    d = tl.arange(0, D)
+    [start, end), read through its block table (blk0: the first tile's blocks, _first_blocks):
+    (acc [GP, D], max [GP], sum [GP]), float32, the sum of exp(s - max) * v not yet divided.
+    CACHE: the cache modifier of the key and value loads ('.cg' where this launch wrote some of
+    them itself, the persistent kernel)."""
     m_i = tl.full([GP], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile keeps alpha at 1, not NaN
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, D], dtype=tl.float32)
-    for t0 in range(start, end, BLOCK_N):
-        t = t0 + tl.arange(0, BLOCK_N)
-        valid = t < end
-        blk = tl.load(table_ptr + t // BS, mask=valid, other=0)
-        at = ((blk * HKV + kvh) * BS + t % BS)[:, None] * D + d[None, :]
-        k = tl.load(kc_ptr + at, mask=valid[:, None], other=0.0, cache_modifier=CACHE)
-        v = tl.load(vc_ptr + at, mask=valid[:, None], other=0.0, cache_modifier=CACHE)
-        s = _dot(q, tl.trans(k), tl.zeros([GP, BLOCK_N], dtype=tl.float32), UPCAST) * sm_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
-        m_i = m_new
+    acc, m_i, l_i = _attend_tile(q, kc_ptr, vc_ptr, blk0, start + tl.arange(0, BLOCK_N), end, kvh, sm_scale, acc,
+                                 m_i, l_i, HKV, D, BS, GP, BLOCK_N, UPCAST, CACHE)
+    for t0 in range(start + BLOCK_N, end, BLOCK_N):
+        blk = _first_blocks(table_ptr, t0, end, BS, BLOCK_N)
+        acc, m_i, l_i = _attend_tile(q, kc_ptr, vc_ptr, blk, t0 + tl.arange(0, BLOCK_N), end, kvh, sm_scale, acc,
+                                     m_i, l_i, HKV, D, BS, GP, BLOCK_N, UPCAST, CACHE)
     return acc, m_i, l_i
 
 

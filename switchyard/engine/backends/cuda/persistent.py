@@ -54,13 +54,13 @@ import triton.language as tl
 # isort: on
 
 from switchyard.engine.backends.base import LayerWeights, ModelDims
-from switchyard.engine.backends.cuda.kernels import _rope_store
-from switchyard.engine.backends.cuda.paged_attention import _attend
+from switchyard.engine.backends.cuda.kernels import _rope_inputs, _rope_store
+from switchyard.engine.backends.cuda.paged_attention import _attend, _first_blocks
 
 STAGES = 5
 MAX_SPLITS = 8  # attention's span splits at most (the o stage combines them in registers)
 BLOCK_N = 64  # attention positions per load
-TILE = 2048  # weight elements a load, per warp of the program
+TILE = 4096  # weight elements a load, per warp of the program: at SmolLM2's widths every stage's tile is its whole slice
 # Polls a program may spend waiting at barriers in one launch (~1 us each: seconds) before it gives
 # the launch up as wrong rather than hang (_wait).
 SPIN_BUDGET = 1 << 22
@@ -107,23 +107,24 @@ def _inv_rms(x_ptr, eps, K: tl.constexpr, KP: tl.constexpr):
 
 
 @triton.jit
-def _gemv_step(acc, w, x_ptr, ln_ptr, scale, k0, K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
+def _gemv_step(w, x_ptr, ln_ptr, scale, k0, K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
     ks = k0 + tl.arange(0, BK)
     x = tl.load(x_ptr + ks, mask=ks < K, other=0.0, cache_modifier=".cg")
     if NORM:
         x = (x * scale) * tl.load(ln_ptr + ks, mask=ks < K, other=0.0)
-    return acc + w.to(tl.float32) * x.to(w.dtype).to(tl.float32)[None, :]
+    return tl.sum(w.to(tl.float32) * x.to(w.dtype).to(tl.float32)[None, :], axis=1)
 
 
 @triton.jit
 def _gemv(w0, w_ptr, rows, x_ptr, ln_ptr, scale, R: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
           NORM: tl.constexpr):
     """sum_k W[rows, k] h[k] in float32 ([R]), h = x (the weights' dtype) or, with NORM,
-    RMSNorm(x) * ln rounded to it (x float32); w0 is the first tile, loaded before the barrier."""
-    acc = _gemv_step(tl.zeros([R, BK], dtype=tl.float32), w0, x_ptr, ln_ptr, scale, 0, K, BK, NORM)
+    RMSNorm(x) * ln rounded to it (x float32); w0 is the first tile, loaded before the barrier.
+    Each tile summed on its own (no [R, BK] accumulator held across tiles: registers)."""
+    acc = _gemv_step(w0, x_ptr, ln_ptr, scale, 0, K, BK, NORM)
     for k0 in range(BK, K, BK):
-        acc = _gemv_step(acc, _tile(w_ptr, rows, k0, K, BK), x_ptr, ln_ptr, scale, k0, K, BK, NORM)
-    return tl.sum(acc, axis=1)
+        acc += _gemv_step(_tile(w_ptr, rows, k0, K, BK), x_ptr, ln_ptr, scale, k0, K, BK, NORM)
+    return acc
 
 
 @triton.jit
@@ -140,6 +141,7 @@ def _qkv_stage(u, x_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_
     n1 = head * D + r
     both = tl.reshape(n1[:, None] + tl.arange(0, 2)[None, :] * HALF, [2 * RQ])  # RoPE's pairs, interleaved
     w0 = _tile(w_ptr, both, 0, HID, BKQ)
+    c, s, blk, off = _rope_inputs(tl.arange(0, 1), r, pos_ptr, cos_ptr, sin_ptr, blk_ptr, off_ptr, 1, D)
     spins = _wait(bar_ptr, target, spins, SYNC)
     if live:
         acc = _gemv(w0, w_ptr, both, x_ptr, ln_ptr, _inv_rms(x_ptr, eps, HID, HP), 2 * RQ, HID, BKQ, True)
@@ -147,8 +149,8 @@ def _qkv_stage(u, x_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_
         odt = q_ptr.dtype.element_ty
         y1 = a1.to(odt).to(tl.float32)[None, :]  # the projection's output in the model dtype
         y2 = a2.to(odt).to(tl.float32)[None, :]
-        _rope_store(y1, y2, tl.arange(0, 1), r, head, ln_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_ptr, q_ptr,
-                    kc_ptr, vc_ptr, 1, eps, H, HKV, D, BS, False)
+        _rope_store(y1, y2, tl.arange(0, 1), r, head, ln_ptr, c, s, blk, off, q_ptr, kc_ptr, vc_ptr, 1, eps, H, HKV, D,
+                    BS, False)
     _arrive(bar_ptr, SYNC)
     return spins
 
@@ -158,18 +160,20 @@ def _attention_stage(u, q_ptr, kc_ptr, vc_ptr, table_ptr, ctx_ptr, mo_ptr, ml_pt
                      bar_ptr, target, spins, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                      GP: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
                      SYNC: tl.constexpr):
+    live = u < HKV * SPLITS
+    kvh = tl.where(live, u, 0) // SPLITS
+    split = tl.where(live, u, 0) % SPLITS
+    start = split * chunk
+    end = tl.minimum(start + chunk, tl.maximum(tl.load(ctx_ptr), 1))  # an idle row sees position 0
+    blk0 = _first_blocks(table_ptr, start, end, BS, BLOCK_N)  # the step's inputs: before the spin
     spins = _wait(bar_ptr, target, spins, SYNC)
-    if u < HKV * SPLITS:
-        kvh = u // SPLITS
-        split = u % SPLITS
+    if live:
         G: tl.constexpr = H // HKV
         g = tl.arange(0, GP)
         d = tl.arange(0, D)
         heads = kvh * G + g
         q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=(g < G)[:, None], other=0.0, cache_modifier=".cg")
-        start = split * chunk
-        end = tl.minimum(start + chunk, tl.maximum(tl.load(ctx_ptr), 1))  # an idle row sees position 0
-        acc, m_i, l_i = _attend(q, kc_ptr, vc_ptr, table_ptr, kvh, start, end, sm_scale, HKV, D, BS, GP, BLOCK_N,
+        acc, m_i, l_i = _attend(q, kc_ptr, vc_ptr, table_ptr, kvh, start, end, blk0, sm_scale, HKV, D, BS, GP, BLOCK_N,
                                 UPCAST, ".cg")
         part = heads * SPLITS + split
         tl.store(mo_ptr + part[:, None] * D + d[None, :], acc, mask=(g < G)[:, None])
@@ -214,12 +218,12 @@ def _o_stage(u, w_ptr, mo_ptr, ml_ptr, x_ptr, bar_ptr, target, spins, HID: tl.co
     spins = _wait(bar_ptr, target, spins, SYNC)
     if live:
         a = _attention_out(mo_ptr, ml_ptr, 0, HG, H, D, SPLITS)
-        acc = w0.to(tl.float32) * a.to(w0.dtype).to(tl.float32)[None, :]  # as stored in the model dtype
+        acc = tl.sum(w0.to(tl.float32) * a.to(w0.dtype).to(tl.float32)[None, :], axis=1)  # a as stored in bf16
         for h0 in range(HG, H, HG):
             w = _tile(w_ptr, n, h0 * D, K, BK)
             a = _attention_out(mo_ptr, ml_ptr, h0, HG, H, D, SPLITS)
-            acc += w.to(tl.float32) * a.to(w.dtype).to(tl.float32)[None, :]
-        y = tl.sum(acc, axis=1).to(w_ptr.dtype.element_ty).to(tl.float32)
+            acc += tl.sum(w.to(tl.float32) * a.to(w.dtype).to(tl.float32)[None, :], axis=1)
+        y = acc.to(w_ptr.dtype.element_ty).to(tl.float32)
         tl.store(x_ptr + n, xr + y)
     _arrive(bar_ptr, SYNC)
     return spins
@@ -321,19 +325,19 @@ class Shape:
     bkd: int
 
     @staticmethod
-    def of(dims: ModelDims, layers: Sequence[LayerWeights], programs: int, warps: int = 8) -> Shape:
-        return shape_for(dims, layers[0].gate_up.w.shape[0] // 2, programs, warps)
+    def of(dims: ModelDims, layers: Sequence[LayerWeights], programs: int, warps: int = 8, tile: int = TILE) -> Shape:
+        return shape_for(dims, layers[0].gate_up.w.shape[0] // 2, programs, warps, tile)
 
 
 def _rows(n: int, programs: int) -> int:
     return triton.next_power_of_2(-(-n // programs))
 
 
-def _bk(rows: int, k: int, warps: int) -> int:
-    return min(triton.next_power_of_2(k), max(16, TILE * warps // rows))
+def _bk(rows: int, k: int, elems: int) -> int:
+    return min(triton.next_power_of_2(k), max(16, elems // rows))
 
 
-def shape_for(dims: ModelDims, inter: int, programs: int, warps: int = 8) -> Shape:
+def shape_for(dims: ModelDims, inter: int, programs: int, warps: int = 8, tile: int = TILE) -> Shape:
     """Rows per program: the fewest (a power of two) that leave no program two units of a stage;
     loads of TILE elements a warp (8 warps: SmolLM2's stages compile without spills for sm90)."""
     half = dims.head_dim // 2
@@ -341,9 +345,10 @@ def shape_for(dims: ModelDims, inter: int, programs: int, warps: int = 8) -> Sha
     # ro == rd: a program adds to the same residual rows in both stages, so it reads them before its spin
     ro = rd = _rows(dims.hidden, programs)
     rg = _rows(inter, programs)
-    hg = min(triton.next_power_of_2(dims.heads), max(1, _bk(ro, dims.q_size, warps) // dims.head_dim))
-    return Shape(programs, warps, rq, _bk(2 * rq, dims.hidden, warps), ro, hg, rg,
-                 _bk(2 * rg, dims.hidden, warps), rd, _bk(rd, inter, warps))
+    e = tile * warps
+    hg = min(triton.next_power_of_2(dims.heads), max(1, _bk(ro, dims.q_size, e) // dims.head_dim))
+    return Shape(programs, warps, rq, _bk(2 * rq, dims.hidden, e), ro, hg, rg, _bk(2 * rg, dims.hidden, e), rd,
+                 _bk(rd, inter, e))
 
 
 def programs_for(device: torch.device) -> int:
