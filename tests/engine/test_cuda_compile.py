@@ -62,7 +62,7 @@ SCRIPT = textwrap.dedent('''
     layers_sig = {n: bf for n in ("wqkv_ptr", "wo_ptr", "wgu_ptr", "wd_ptr", "kc_ptr", "vc_ptr", "q_ptr", "h_ptr")}
     layers_sig |= {n: f32 for n in ("x_ptr", "ln1_ptr", "ln2_ptr", "cos_ptr", "sin_ptr", "mo_ptr", "ml_ptr")}
     layers_sig |= {n: i64 for n in ("offs_ptr", "pos_ptr", "blk_ptr", "off_ptr", "table_ptr", "ctx_ptr")}
-    layers_sig |= {"bar_ptr": "*i32", "chunk": "i32", "eps": "fp32", "sm_scale": "fp32", "layer_lo": "i32",
+    layers_sig |= {"bar_ptr": "*i32", "times_ptr": "*i64", "chunk": "i32", "eps": "fp32", "sm_scale": "fp32", "layer_lo": "i32",
                    "layer_hi": "i32", "only": "i32", "budget": "i32"}
     compile(persistent._layers_kernel, layers_sig, dict(HID=576, HP=1024, INTER=1536, H=9, HKV=3, D=64, BS=16, GP=16,
             RQ=s.rq, BKQ=s.bkq, RO=s.ro, HG=s.hg, RG=s.rg, BKG=s.bkg, RD=s.rd, BKD=s.bkd, NPROG=132, SPLITS=4,

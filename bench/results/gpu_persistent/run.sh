@@ -10,6 +10,7 @@
 #           layer, the counters left at zero, the decoder in graphs), then test_cuda_kernels.py and test_cuda.py.
 # profile:  bench/engine_cuda_profile.py --kernels 16 on SmolLM2 at batch 1: cuda (five kernels a layer) and cuda-persistent
 #           (the persistent kernel), each its unprofiled rate and its kernels.
+# stages:   bench/persistent_stages.py at contexts of $STAGE_PROMPTS: each stage's time, program 0's clock.
 # regress:  bench/gpu_check.sh tests (every GPU test).
 # bench:    bench/engine_cuda.py, ours and the compiled peer in one run, at batches $BATCHES (+ grammar).
 cd "$(dirname "$0")/../../.."
@@ -27,6 +28,10 @@ for s in ${STAGES:-tests profile bench}; do
       timeout "${TESTS_S:-200}" $PY -m pytest -q -p no:cacheprovider -rs -x --durations=5 tests/engine/test_cuda_kernels.py \
         tests/engine/test_cuda.py >"$out/tests.log" 2>&1; echo "tests rc=$?" | tee -a "$log"
       tail -n 3 "$out/tests.log" | tee -a "$log" ;;
+    stages) stage stages
+      for n in ${STAGE_PROMPTS:-128 1000}; do
+        timeout 120 $PY bench/persistent_stages.py --prompt "$n" 2>&1 | tail -n 12 | tee "$out/stages_$n.log" | tee -a "$log"
+      done ;;
     profile) stage profile
       timeout 170 $PY bench/engine_cuda_profile.py --shape smollm2-135m --batch 1 --tokens 64 --kernels 16 \
         --backends "${PROFILE_BACKENDS:-cuda,cuda-persistent}" --out "$out" >"$out/profile.log" 2>&1

@@ -48,6 +48,7 @@ from collections.abc import Sequence
 
 # isort: off
 from switchyard.engine.backends.cuda.triton_common import _UPCAST  # sets TRITON_INTERPRET first
+from triton.language.extra.cuda import globaltimer
 import torch
 import triton
 import triton.language as tl
@@ -264,40 +265,55 @@ def _down_stage(u, w_ptr, h_ptr, x_ptr, bar_ptr, target, spins, HID: tl.constexp
 
 
 @triton.jit
+def _stamp(times_ptr, u, at, TIMED: tl.constexpr):
+    """With TIMED (bench/persistent_stages.py): program 0's clock (ns) as it leaves a stage, i.e.
+    its spin for the stage before plus its own work in this one."""
+    if TIMED:  # noqa: SIM102 (a constexpr branch, then a runtime one)
+        if u == 0:
+            tl.store(times_ptr + at, globaltimer())
+
+
+@triton.jit
 def _layers_kernel(x_ptr, offs_ptr, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, ln1_ptr, ln2_ptr, kc_ptr, vc_ptr,
                    cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_ptr, table_ptr, ctx_ptr, q_ptr, mo_ptr, ml_ptr, h_ptr,
-                   bar_ptr, chunk, eps, sm_scale, layer_lo, layer_hi, only, budget,
+                   bar_ptr, times_ptr, chunk, eps, sm_scale, layer_lo, layer_hi, only, budget,
                    HID: tl.constexpr, HP: tl.constexpr, INTER: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr,
                    D: tl.constexpr, BS: tl.constexpr, GP: tl.constexpr, RQ: tl.constexpr, BKQ: tl.constexpr,
                    RO: tl.constexpr, HG: tl.constexpr, RG: tl.constexpr, BKG: tl.constexpr, RD: tl.constexpr,
                    BKD: tl.constexpr, NPROG: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                   UPCAST: tl.constexpr, SYNC: tl.constexpr):
+                   UPCAST: tl.constexpr, SYNC: tl.constexpr, TIMED: tl.constexpr = False):
     # offs_ptr [layers, 7]: each layer's qkv, o, gate_up, down, ln1, ln2 and cache as element offsets
     # from layer 0's (pointer arithmetic, which the interpreter follows too; int64). `only` >= 0: that stage
     # alone (the interpreter's launches); else every stage of layers [layer_lo, layer_hi).
     u = tl.program_id(0)
     spins = budget
+    _stamp(times_ptr, u, layer_hi * 5, TIMED)  # the start, after the last stage's stamp
     for li in range(layer_lo, layer_hi):
         offs = offs_ptr + li * 7
         kc = kc_ptr + tl.load(offs + 6)
         vc = vc_ptr + tl.load(offs + 6)
         g0 = li * 5
         if (only < 0) | (only == 0):
-            spins = _qkv_stage(u, x_ptr, ln1_ptr + tl.load(offs + 4), wqkv_ptr + tl.load(offs), cos_ptr, sin_ptr, pos_ptr,
-                       blk_ptr, off_ptr, q_ptr, kc, vc, eps, bar_ptr, g0 * NPROG, spins, HID, HP, H, HKV, D, BS, RQ, BKQ,
-                       SYNC)
+            spins = _qkv_stage(u, x_ptr, ln1_ptr + tl.load(offs + 4), wqkv_ptr + tl.load(offs), cos_ptr, sin_ptr,
+                               pos_ptr, blk_ptr, off_ptr, q_ptr, kc, vc, eps, bar_ptr, g0 * NPROG, spins, HID, HP, H,
+                               HKV, D, BS, RQ, BKQ, SYNC)
+        _stamp(times_ptr, u, li * 5 + 0, TIMED)
         if (only < 0) | (only == 1):
             spins = _attention_stage(u, q_ptr, kc, vc, table_ptr, ctx_ptr, mo_ptr, ml_ptr, chunk, sm_scale, bar_ptr,
                                      (g0 + 1) * NPROG, spins, H, HKV, D, BS, GP, SPLITS, BLOCK_N, UPCAST, SYNC)
+        _stamp(times_ptr, u, li * 5 + 1, TIMED)
         if (only < 0) | (only == 2):
             spins = _o_stage(u, wo_ptr + tl.load(offs + 1), mo_ptr, ml_ptr, x_ptr, bar_ptr, (g0 + 2) * NPROG, spins, HID,
                              H, D, RO, HG, SPLITS, SYNC)
+        _stamp(times_ptr, u, li * 5 + 2, TIMED)
         if (only < 0) | (only == 3):
-            spins = _gate_up_stage(u, x_ptr, ln2_ptr + tl.load(offs + 5), wgu_ptr + tl.load(offs + 2), h_ptr, eps, bar_ptr,
-                                   (g0 + 3) * NPROG, spins, HID, HP, INTER, RG, BKG, SYNC)
+            spins = _gate_up_stage(u, x_ptr, ln2_ptr + tl.load(offs + 5), wgu_ptr + tl.load(offs + 2), h_ptr, eps,
+                                   bar_ptr, (g0 + 3) * NPROG, spins, HID, HP, INTER, RG, BKG, SYNC)
+        _stamp(times_ptr, u, li * 5 + 3, TIMED)
         if (only < 0) | (only == 4):
-            spins = _down_stage(u, wd_ptr + tl.load(offs + 3), h_ptr, x_ptr, bar_ptr, (g0 + 4) * NPROG, spins, HID, INTER, RD, BKD,
-                        SYNC)
+            spins = _down_stage(u, wd_ptr + tl.load(offs + 3), h_ptr, x_ptr, bar_ptr, (g0 + 4) * NPROG, spins, HID,
+                                INTER, RD, BKD, SYNC)
+        _stamp(times_ptr, u, li * 5 + 4, TIMED)
     if SYNC:  # the last program out sets the counters back to zero: every other one is past its last spin
         if spins == 0:
             tl.atomic_xchg(bar_ptr + 2, 1, sem="relaxed", scope="gpu")  # a barrier given up on: the step is wrong
@@ -404,10 +420,12 @@ def layer_offsets(layers: Sequence[LayerWeights], kv_stride: int) -> torch.Tenso
 def run_layers(x: torch.Tensor, layers: Sequence[LayerWeights], offsets: torch.Tensor, k_cache: torch.Tensor,
                v_cache: torch.Tensor, dims: ModelDims, pos: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor,
                tables: torch.Tensor, ctx: torch.Tensor, span: int, counters: torch.Tensor, shape: Shape,
-               grid_sync: bool) -> torch.Tensor:
+               grid_sync: bool, times: torch.Tensor | None = None) -> torch.Tensor:
     """Every layer of a one-row decode step: x float32 [1, hidden] (the residual, updated in place
     and returned); k_cache/v_cache [layers, blocks, kv_heads, block_size, D]; counters int32 [3]
-    zeros, left at zero. grid_sync: one launch with barriers (a GPU), else a launch a stage."""
+    zeros, left at zero. grid_sync: one launch with barriers (a GPU), else a launch a stage.
+    times: int64 [layers * 5] on a GPU, where program 0 writes its clock as it leaves each stage
+    (bench/persistent_stages.py), else None."""
     from switchyard.engine.backends.cuda.paged_attention import attention_shape
 
     d, l0 = dims, layers[0]
@@ -424,7 +442,7 @@ def run_layers(x: torch.Tensor, layers: Sequence[LayerWeights], offsets: torch.T
     ml = torch.empty(H * splits * 2, dtype=torch.float32, device=dev)
     h = torch.empty(inter, dtype=dt, device=dev)
     s = shape
-    args = (x, offsets, l0.qkv.w, l0.o.w, l0.gate_up.w, l0.down.w, l0.ln1, l0.ln2, k_cache, v_cache, d.cos, d.sin, pos, blocks, offs, tables, ctx, q, mo, ml, h, counters, chunk,
+    args = (x, offsets, l0.qkv.w, l0.o.w, l0.gate_up.w, l0.down.w, l0.ln1, l0.ln2, k_cache, v_cache, d.cos, d.sin, pos, blocks, offs, tables, ctx, q, mo, ml, h, counters, times if times is not None else counters, chunk,
             d.eps, 1.0 / D ** 0.5)
     consts = dict(HID=d.hidden, HP=triton.next_power_of_2(d.hidden), INTER=inter, H=H, HKV=d.kv_heads, D=D,
                   BS=d.block_size, GP=max(16, triton.next_power_of_2(H // d.kv_heads)), RQ=s.rq, BKQ=s.bkq, RO=s.ro,
@@ -432,7 +450,7 @@ def run_layers(x: torch.Tensor, layers: Sequence[LayerWeights], offsets: torch.T
                   BLOCK_N=BLOCK_N, UPCAST=_UPCAST, num_warps=s.warps)
     n = len(layers)
     if grid_sync:
-        _layers_kernel[(s.programs,)](*args, 0, n, -1, SPIN_BUDGET, SYNC=True, **consts)
+        _layers_kernel[(s.programs,)](*args, 0, n, -1, SPIN_BUDGET, SYNC=True, TIMED=times is not None, **consts)
     else:
         for li in range(n):
             for stage in range(STAGES):
