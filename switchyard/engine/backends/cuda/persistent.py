@@ -95,19 +95,6 @@ def _wait(bar_ptr, target, spins, SYNC: tl.constexpr):
 
 
 @triton.jit
-def _pin(w, SYNC: tl.constexpr):
-    """w as loaded, here: an opaque move of every element, so that the compiler cannot sink the
-    weight tile's loads past the spin that follows (an acquire lets earlier loads move after it,
-    and under register pressure ptxas issues loads next to their use)."""
-    if SYNC:
-        if w.dtype == tl.float32:
-            w = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=tl.float32, is_pure=False, pack=1)
-        else:
-            w = tl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [w], dtype=w.dtype, is_pure=False, pack=1)
-    return w
-
-
-@triton.jit
 def _tile(w_ptr, rows, k0, K: tl.constexpr, BK: tl.constexpr):
     ks = k0 + tl.arange(0, BK)
     return tl.load(w_ptr + rows[:, None] * K + ks[None, :], mask=(ks < K)[None, :], other=0.0)
@@ -154,7 +141,7 @@ def _qkv_stage(u, x_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_
     r = (uu % CH) * RQ + tl.arange(0, RQ)
     n1 = head * D + r
     both = tl.reshape(n1[:, None] + tl.arange(0, 2)[None, :] * HALF, [2 * RQ])  # RoPE's pairs, interleaved
-    w0 = _pin(_tile(w_ptr, both, 0, HID, BKQ), SYNC)
+    w0 = _tile(w_ptr, both, 0, HID, BKQ)
     c, s, blk, off = _rope_inputs(tl.arange(0, 1), r, pos_ptr, cos_ptr, sin_ptr, blk_ptr, off_ptr, 1, D)
     spins = _wait(bar_ptr, target, spins, SYNC)
     if live:
@@ -227,7 +214,7 @@ def _o_stage(u, w_ptr, mo_ptr, ml_ptr, x_ptr, bar_ptr, target, spins, HID: tl.co
     BK: tl.constexpr = HG * D
     live = u < HID // RO
     n = tl.where(live, u, 0) * RO + tl.arange(0, RO)
-    w0 = _pin(_tile(w_ptr, n, 0, K, BK), SYNC)
+    w0 = _tile(w_ptr, n, 0, K, BK)
     xr = tl.load(x_ptr + n, cache_modifier=".cg")  # this program's own rows: the down stage's (RD == RO) or the embedding
     spins = _wait(bar_ptr, target, spins, SYNC)
     if live:
@@ -249,7 +236,7 @@ def _gate_up_stage(u, x_ptr, ln_ptr, w_ptr, h_ptr, eps, bar_ptr, target, spins, 
     live = u < INTER // RG
     j = tl.where(live, u, 0) * RG + tl.arange(0, RG)
     both = tl.reshape(j[:, None] + tl.arange(0, 2)[None, :] * INTER, [2 * RG])
-    w0 = _pin(_tile(w_ptr, both, 0, HID, BKG), SYNC)
+    w0 = _tile(w_ptr, both, 0, HID, BKG)
     spins = _wait(bar_ptr, target, spins, SYNC)
     if live:
         acc = _gemv(w0, w_ptr, both, x_ptr, ln_ptr, _inv_rms(x_ptr, eps, HID, HP), 2 * RG, HID, BKG, True)
@@ -267,7 +254,7 @@ def _down_stage(u, w_ptr, h_ptr, x_ptr, bar_ptr, target, spins, HID: tl.constexp
                 BKD: tl.constexpr, SYNC: tl.constexpr):
     live = u < HID // RD
     n = tl.where(live, u, 0) * RD + tl.arange(0, RD)
-    w0 = _pin(_tile(w_ptr, n, 0, INTER, BKD), SYNC)
+    w0 = _tile(w_ptr, n, 0, INTER, BKD)
     xr = tl.load(x_ptr + n, cache_modifier=".cg")  # this program's own rows, from the o stage (RO == RD)
     spins = _wait(bar_ptr, target, spins, SYNC)
     if live:
