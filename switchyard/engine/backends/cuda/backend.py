@@ -45,8 +45,8 @@ MAX_FUSED_ROWS = ck.MAX_ROWS
 # path's at 1, 4 and 16 rows: the wide model's projections are weight reads that cuBLAS streams as
 # well at a few rows, the narrow one's are launches. Between the two widths it is unmeasured.
 WIDE_HIDDEN = 4096
-PERSISTENT_OFF = ("slower than the five kernels a layer on an H200: SmolLM2 at one row 1,632-1,647 tok/s against "
-                  "1,673-1,975 (bench/results/gpu_persistent/)")
+PERSISTENT_OFF = ("slower than the five kernels a layer on an H200: a SmolLM2 one-row step kept the GPU busy "
+                  "0.574-0.600 ms with it, 0.473-0.478 ms without (bench/results/gpu_persistent/)")
 
 
 def fused_rows(hidden: int) -> int:

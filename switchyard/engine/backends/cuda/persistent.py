@@ -1,12 +1,15 @@
 """A batch-1 decode step's layers in one persistent launch, for a narrow model (SmolLM2's shape):
-NOT served by default: on an H200 it ran a SmolLM2 step's layers in 530-536 us, slower than the
-five PDL kernels a layer (1,632-1,647 tok/s against 1,673-1,975, bench/results/gpu_persistent/).
-Its barriers are not what costs (0.93 us each, bench/grid_barrier.py); each stage's own chain of
-L2 round trips after its barrier is (~2.5 us). `cuda-persistent` (bench/engine_cuda_variants.py)
-runs it; CudaBackend.persistent_off says why the served backend does not.
-
 one program per multiprocessor, every layer's five stages (kernels.py) run in turn, and a
-grid-wide barrier between two stages where the five launches had a kernel boundary.
+grid-wide barrier between two stages where the five launches have a kernel boundary.
+
+NOT served: on an H200 it runs a SmolLM2 step's 30 layers in 510-536 us; a step with it kept
+the GPU busy 0.574-0.600 ms against 0.473-0.478 ms for the five PDL kernels a layer, in every one
+of six calls that ran both (bench/results/gpu_persistent/). The barriers are not what costs: 0.93 us each alone
+(bench/grid_barrier.py). Program 0's clock (bench/persistent_stages.py) puts a layer at ~18 us:
+QKV 2.7, attention 4.4, o-proj 3.3, gate/up 4.8, down 2.7, each a barrier plus the stage's own
+latency, no shorter than the standalone kernels' (3.0, 5.6, 2.1, 3.6, 2.1 without PDL), which
+PDL already overlaps. `cuda-persistent` (bench/engine_cuda_variants.py) runs it; the served
+backend's persistent_off says why it does not.
 
 Why: at batch 1 a SmolLM2-135M step was ~150 dependent kernels of 2.5-3.5 us each even with
 programmatic dependent launch (bench/results/gpu_pdl/): the wait's release, an L2 read of the
