@@ -23,9 +23,9 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
 - `cuda-attention-unsplit`: the cuda backend with the paged attention never split (one kernel,
   no combine).
 - `cuda-persistent`: the cuda backend with a one-row step's layers in one persistent launch
-  (backends/cuda/persistent.py) where the model allows: slower than the served five kernels a
+  (bench/persistent_kernel.py) where the model allows: slower than the served five kernels a
   layer on an H200 (bench/results/gpu_persistent/). `cuda-persistent-2k`: the same with loads of
-  2,048 weight elements a warp (persistent.TILE 4,096: each stage's slice in one load, which
+  2,048 weight elements a warp (persistent_kernel.TILE 4,096: each stage's slice in one load, which
   spills registers at 8 warps).
 - `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
   top-k, gather, batched matmul, scatter), as before head_kernels.py.
@@ -36,6 +36,7 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -146,15 +147,36 @@ def _no_pdl() -> type:
 
 
 def _persistent(name: str, tile: int) -> type:
-    from switchyard.engine.backends.cuda import persistent
+    import persistent_kernel as pk
+
     from switchyard.engine.backends.cuda.backend import WIDE_HIDDEN, CudaBackend
 
     class PersistentBackend(CudaBackend):
+        """The cuda backend with a one-row step's layers in one launch (persistent_kernel.py) where
+        the model fits it (`persistent_reason` in status() where it does not)."""
+
         def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights]) -> None:
             super().__init__(dims, layers)
-            self.persistent_off = persistent.supported(dims, layers, WIDE_HIDDEN)
-            if not self.persistent_off:
-                self.shape = persistent.Shape.of(dims, layers, persistent.programs_for(dims.device), tile=tile)
+            self.unfit = pk.supported(dims, layers, WIDE_HIDDEN)
+            if not self.unfit:
+                self.shape = pk.Shape.of(dims, layers, pk.programs_for(dims.device), tile=tile)
+                self.offsets = pk.layer_offsets(layers, pk.cache_layer_stride(dims))
+                self.barrier = torch.zeros(3, dtype=torch.int32, device=dims.device)  # run_layers' counters
+
+        def status(self) -> dict[str, Any]:
+            st = {**super().status(), "persistent": not self.unfit}
+            if self.unfit:
+                st["persistent_reason"] = self.unfit
+            elif self.barrier[2].item():
+                st["persistent_reason"] = "a barrier timed out: its steps were wrong"  # persistent_kernel._wait
+            return st
+
+        def all_layers(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       p: TorchPlan) -> torch.Tensor | None:
+            if self.unfit or not p.decode or p.B != 1:
+                return None
+            return pk.run_layers(x, self.layers, self.offsets, k_cache, v_cache, self.d, p.pos, p.w_blocks, p.w_offs,
+                                 p.tables, p.ctx, p.L, self.barrier, self.shape, grid_sync=x.is_cuda)
 
     PersistentBackend.name = name
     return PersistentBackend

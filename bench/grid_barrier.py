@@ -1,5 +1,5 @@
 """What one grid-wide barrier of the persistent decode kernel costs on this GPU
-(backends/cuda/persistent.py's _arrive and _wait), alone and with a stage's L2 round trip:
+(persistent_kernel.py's _arrive and _wait), alone and with a stage's L2 round trip:
 
   python bench/grid_barrier.py --programs 132 --barriers 2000
 
@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from switchyard.engine.backends.cuda.persistent import _arrive, _wait  # noqa: E402
+from persistent_kernel import _arrive, _wait  # noqa: E402
 
 
 @triton.jit

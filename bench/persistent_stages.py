@@ -1,4 +1,4 @@
-"""Where the persistent one-row decode kernel's time goes (backends/cuda/persistent.py): one GPU,
+"""Where the persistent one-row decode kernel's time goes (persistent_kernel.py): one GPU,
 SmolLM2's shape with random bf16 weights, a one-row step after a --prompt-token context, and
 program 0's clock as it leaves each stage (its spin for the stage before plus its own work):
 
@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from switchyard.engine.backends.cuda import persistent  # noqa: E402
+import engine_cuda_variants  # noqa: E402, F401  (registers cuda-persistent)
+import persistent_kernel as persistent  # noqa: E402
+
 from switchyard.engine.model.common import embed_tokens  # noqa: E402
 from switchyard.engine.model.decoder import Decoder  # noqa: E402
 from switchyard.engine.model.random_weights import SHAPES, random_weights  # noqa: E402
@@ -39,7 +41,8 @@ def main() -> None:
     dev = torch.device("cuda")
     c = SHAPES[a.shape]
     m = Decoder(c, Shard(0, 1, c), random_weights(c, seed=0, device=dev, dtype=torch.bfloat16), SingleRank(),
-                max_slots=1, max_len=a.prompt + 64, device=dev, dtype=torch.bfloat16, backend="cuda", cuda_graphs=False)
+                max_slots=1, max_len=a.prompt + 64, device=dev, dtype=torch.bfloat16, backend="cuda-persistent",
+                cuda_graphs=False)
     be, d = m.backend, m.dims
     n, one = a.prompt, torch.ones(1, dtype=torch.int64)
     m.forward(Step(torch.arange(n).view(1, n) % 100, torch.arange(n).view(1, n), torch.zeros_like(one), one * n,

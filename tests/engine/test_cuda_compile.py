@@ -1,5 +1,5 @@
 """The GPU decode kernels compile for an H200 (sm90) with programmatic dependent launch, and the
-persistent one-row kernel with its barriers, on a machine without a GPU: Triton's own compiler and ptxas, no device. The CPU tests run the kernels
+persistent one-row kernel with its barriers (bench/persistent_kernel.py), on a machine without a GPU: Triton's own compiler and ptxas, no device. The CPU tests run the kernels
 in Triton's interpreter, which takes code the compiler refuses (a module constant read in a
 kernel, an instruction the interpreter skips); this catches that before a GPU run does."""
 
@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,8 @@ SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from switchyard.engine.backends.base import ModelDims
-    from switchyard.engine.backends.cuda import head_kernels as hk, kernels as ck, paged_attention as pa, persistent
+    from switchyard.engine.backends.cuda import head_kernels as hk, kernels as ck, paged_attention as pa
+    import persistent_kernel as persistent  # bench/: the persistent one-row kernel, a bench variant
 
 
     def compile(fn, sig, consts, **options):
@@ -71,7 +73,9 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_decode_kernels_compile_for_sm90_with_pdl() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
+    bench = str(Path(__file__).resolve().parents[2] / "bench")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": os.pathsep.join(p for p in (bench, os.environ.get("PYTHONPATH", "")) if p)}
     r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("compiled") == 12, r.stdout

@@ -1,5 +1,6 @@
-"""The persistent one-row decode kernel (backends/cuda/persistent.py) against the five kernels a
-layer it replaces, and through the decoder against the CPU engine.
+"""The persistent one-row decode kernel (bench/persistent_kernel.py, the bench's `cuda-persistent`
+backend: measured slower than the served five kernels a layer on an H200, so not served) against
+the five kernels a layer it stands for, and through the decoder against the CPU engine.
 
 Without a GPU the kernel runs in Triton's interpreter a stage a launch (a spin would never end
 there: programs run one after another); on a GPU it runs as one launch with its grid-wide
@@ -10,20 +11,24 @@ replays it, and that it computes what the five kernels do.
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="the fused decode kernels need triton (dev extra)")
 
-from switchyard.engine.backends.cuda import persistent  # noqa: E402
-from switchyard.engine.backends.cuda.backend import PERSISTENT_OFF  # noqa: E402
 from switchyard.engine.model.common import embed_tokens  # noqa: E402
 from switchyard.engine.model.decoder import Decoder  # noqa: E402
 from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights  # noqa: E402
 from switchyard.engine.model.step import Step  # noqa: E402
 from switchyard.engine.model.weights import Shard  # noqa: E402
 from switchyard.engine.runner.comm import SingleRank  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import engine_cuda_variants  # noqa: E402, F401  (registers cuda-persistent)
+import persistent_kernel as persistent  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # Narrow widths keep the interpreter to seconds; on a GPU, SmolLM2's own (the shape it is for).
@@ -34,16 +39,8 @@ CFG = dataclasses.replace(SMOLLM2_135M, num_layers=4, vocab_size=4096) if DEV ==
 
 def _model(dtype: torch.dtype, cfg=CFG) -> Decoder:  # type: ignore[no-untyped-def]
     w = random_weights(cfg, seed=3)
-    return Decoder(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=2, max_len=1024, dtype=dtype, backend="cuda",
-                   device=DEV)
-
-
-def _on(m: Decoder) -> Decoder:
-    """The persistent kernel on, as bench/engine_cuda_variants.py's cuda-persistent turns it on (the
-    served backend leaves it off: measured slower, backend.PERSISTENT_OFF)."""
-    assert m.backend.persistent_off == PERSISTENT_OFF  # off only because it is slower: the model fits
-    m.backend.persistent_off = ""
-    return m
+    return Decoder(cfg, Shard(0, 1, cfg), w, SingleRank(), max_slots=2, max_len=1024, dtype=dtype,
+                   backend="cuda-persistent", device=DEV)
 
 
 def _five_kernels(m: Decoder, x: torch.Tensor, p) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -59,7 +56,7 @@ def _five_kernels(m: Decoder, x: torch.Tensor, p) -> torch.Tensor:  # type: igno
 def test_persistent_layers_compute_what_the_five_kernels_do(dtype: torch.dtype, ctx: int, span: int) -> None:
     """One row at several contexts (one position; one split; splits, some past the context): the
     residual and the new keys and values as the five kernels a layer leave them."""
-    m = _on(_model(dtype))
+    m = _model(dtype)
     be, d = m.backend, m.dims
     g = torch.Generator().manual_seed(ctx)
     m.k_cache.copy_(torch.randn(m.k_cache.shape, generator=g).to(m.k_cache.dtype) * 0.5)
@@ -88,8 +85,8 @@ def test_one_row_decode_through_the_decoder_equals_the_cpu_engine() -> None:
     on a GPU in captured graphs too."""
     w = random_weights(NARROW, seed=4)
     ref = Decoder(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=512, dtype="float32")
-    m = _on(Decoder(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=512, dtype="float32",
-                    backend="cuda", device=DEV))
+    m = Decoder(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=2, max_len=512, dtype="float32",
+                backend="cuda-persistent", device=DEV)
     assert m.status()["persistent"] is True
     n, one = 30, torch.ones(1, dtype=torch.int64)
     prompt = Step(torch.arange(n).view(1, n) % 11, torch.arange(n).view(1, n), one, one * n, one * n)
@@ -109,8 +106,7 @@ def test_models_it_does_not_fit_keep_the_five_kernels() -> None:
     st = _model(torch.float32, qwen3).status()
     assert st["persistent"] is False and "q/k norm" in st["persistent_reason"]
     m = _model(torch.float32, NARROW)
-    assert m.status()["persistent"] is False and m.status()["persistent_reason"] == PERSISTENT_OFF  # served: off
-    assert _on(m).status()["persistent"] is True and "persistent_reason" not in m.status()
+    assert m.status()["persistent"] is True and "persistent_reason" not in m.status()
     wide = dataclasses.replace(m.dims, hidden=4096)
     assert "hidden 4096" in persistent.supported(wide, m.layers, 4096)
     assert "tensor parallel" in persistent.supported(dataclasses.replace(m.dims, tp=2), m.layers, 4096)

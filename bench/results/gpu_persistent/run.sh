@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue #32's SmolLM2 batch-1 goal (>= 2,500 tok/s, one H200): a one-row step's layers in one persistent
-# launch (switchyard/engine/backends/cuda/persistent.py), in one device call (carry .whl from
+# launch (bench/persistent_kernel.py, the cuda-persistent variant), in one device call (carry .whl from
 # `bash bench/wheelhouse.sh 3.12 .whl` and .cache/smollm2-tokenizer from `bash bench/gpu_check.sh prepare`):
 #
 #   STAGES="tests profile bench" bash bench/results/gpu_persistent/run.sh

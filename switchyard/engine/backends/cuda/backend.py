@@ -2,9 +2,6 @@
 an H200 (bench/results/engine_cuda_fused.md), on one rank (TP > 1 puts an all-reduce between a
 projection and its residual add):
 
-- (not served: `cuda-persistent` in bench/engine_cuda_variants.py) a decode step of one row on a
-  narrow model in one persistent launch, grid-wide barriers where the five kernels below have
-  launch boundaries (persistent.py): measured slower on an H200;
 - a decode step of up to 16 rows (of one row on a model 4096 or more wide: fused_rows): each layer in five kernels (kernels.py: norm + QKV + RoPE + KV
   write, paged attention, o-proj + residual, norm + gate/up + SiLU, down + residual), launched
   with programmatic dependent launch on Hopper and later (each loads its weights while the one
@@ -30,7 +27,7 @@ from typing import Any
 import torch
 
 from switchyard.engine.backends.base import LayerWeights, ModelDims
-from switchyard.engine.backends.cuda import fp8, persistent
+from switchyard.engine.backends.cuda import fp8
 from switchyard.engine.backends.cuda import head_kernels as hk
 from switchyard.engine.backends.cuda import kernels as ck
 from switchyard.engine.backends.cuda import prefill_kernels as pk
@@ -45,8 +42,6 @@ MAX_FUSED_ROWS = ck.MAX_ROWS
 # path's at 1, 4 and 16 rows: the wide model's projections are weight reads that cuBLAS streams as
 # well at a few rows, the narrow one's are launches. Between the two widths it is unmeasured.
 WIDE_HIDDEN = 4096
-PERSISTENT_OFF = ("slower than the five kernels a layer on an H200: a SmolLM2 one-row step kept the GPU busy "
-                  "0.574-0.600 ms with it, 0.473-0.478 ms without (bench/results/gpu_persistent/)")
 
 
 def fused_rows(hidden: int) -> int:
@@ -66,24 +61,11 @@ class CudaBackend(TorchBackend):
         # The split attention's counters (paged_attention): zeros it leaves at zero, one buffer for
         # every launch and every captured graph (a batch bucket's rows x kv heads at most).
         self.counters = torch.zeros(BATCH_BUCKETS[-1] * dims.kv_heads, dtype=torch.int32, device=dims.device)
-        # A one-row step's layers in one persistent launch: measured slower than the five kernels a
-        # layer (persistent.py), so off unless a variant turns it on where the model allows
-        unfit = persistent.supported(dims, layers, WIDE_HIDDEN)
-        self.persistent_off = unfit or PERSISTENT_OFF
-        if not unfit:
-            self.shape = persistent.Shape.of(dims, layers, persistent.programs_for(dims.device))
-            self.offsets = persistent.layer_offsets(layers, persistent.cache_layer_stride(dims))
-            self.barrier = torch.zeros(3, dtype=torch.int32, device=dims.device)  # persistent.run_layers' counters
 
     def status(self) -> dict[str, Any]:
         # one switch: the prefill's RoPE and SiLU kernels go with the decode kernels
         st = {**super().status(), "decode_kernels": "fused", "prefill_kernels": "fused",
-              "fused_rows": fused_rows(self.d.hidden), "pdl": self.pdl, "prefill_fp8": fp8.carried(self.layers),
-              "persistent": not self.persistent_off}
-        if self.persistent_off:
-            st["persistent_reason"] = self.persistent_off
-        elif self.barrier[2].item():
-            st["persistent_reason"] = "a barrier timed out: its steps were wrong"  # persistent._wait
+              "fused_rows": fused_rows(self.d.hidden), "pdl": self.pdl, "prefill_fp8": fp8.carried(self.layers)}
         if st["prefill_fp8"]:
             st["prefill_fp8_tokens"] = fp8.PREFILL_TOKENS
         return st
@@ -103,13 +85,6 @@ class CudaBackend(TorchBackend):
         # The decode kernels and the prefill's RoPE kernel read the whole tables at each row's
         # position, and the paged kernel takes no mask: nothing to gather once a step.
         p.ready = True
-
-    def all_layers(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   p: TorchPlan) -> torch.Tensor | None:
-        if self.persistent_off or not p.decode or p.B != 1:
-            return None
-        return persistent.run_layers(x, self.layers, self.offsets, k_cache, v_cache, self.d, p.pos, p.w_blocks, p.w_offs,
-                             p.tables, p.ctx, p.L, self.barrier, self.shape, grid_sync=x.is_cuda)
 
     def layer_in(self, layer: LayerWeights, kc: torch.Tensor, vc: torch.Tensor, x: torch.Tensor,
                  carry: torch.Tensor | None, p: TorchPlan) -> tuple[torch.Tensor, Any]:

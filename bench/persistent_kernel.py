@@ -2,14 +2,14 @@
 one program per multiprocessor, every layer's five stages (kernels.py) run in turn, and a
 grid-wide barrier between two stages where the five launches have a kernel boundary.
 
-NOT served: on an H200 it runs a SmolLM2 step's 30 layers in 510-536 us; a step with it kept
-the GPU busy 0.574-0.600 ms against 0.473-0.478 ms for the five PDL kernels a layer, in every one
-of six calls that ran both (bench/results/gpu_persistent/). The barriers are not what costs: 0.93 us each alone
-(bench/grid_barrier.py). Program 0's clock (bench/persistent_stages.py) puts a layer at ~18 us:
-QKV 2.7, attention 4.4, o-proj 3.3, gate/up 4.8, down 2.7, each a barrier plus the stage's own
-latency, no shorter than the standalone kernels' (3.0, 5.6, 2.1, 3.6, 2.1 without PDL), which
-PDL already overlaps. `cuda-persistent` (bench/engine_cuda_variants.py) runs it; the served
-backend's persistent_off says why it does not.
+A bench variant, not served (`cuda-persistent`, engine_cuda_variants.py): on an H200 it runs a
+SmolLM2 step's 30 layers in 510-536 us; a step with it kept the GPU busy 0.574-0.600 ms against
+0.473-0.478 ms for the five PDL kernels a layer, in each of six calls that ran both
+(results/gpu_persistent/). The barriers are not what costs: 0.93 us each alone (grid_barrier.py).
+Program 0's clock (persistent_stages.py) puts a layer at ~18 us: QKV 2.7, attention 4.4, o-proj
+3.3, gate/up 4.8, down 2.7, each a barrier plus the stage's own latency, no shorter than the
+standalone kernels' (3.0, 5.6, 2.1, 3.6, 2.1 without PDL), which PDL already overlaps. It lives
+with the benches, as what lost on the H200 does, not in the engine.
 
 Why: at batch 1 a SmolLM2-135M step was ~150 dependent kernels of 2.5-3.5 us each even with
 programmatic dependent launch (bench/results/gpu_pdl/): the wait's release, an L2 read of the
@@ -269,7 +269,7 @@ def _down_stage(u, w_ptr, h_ptr, x_ptr, bar_ptr, target, spins, HID: tl.constexp
 
 @triton.jit
 def _stamp(times_ptr, u, at, TIMED: tl.constexpr):
-    """With TIMED (bench/persistent_stages.py): program 0's clock (ns) as it leaves a stage, i.e.
+    """With TIMED (persistent_stages.py): program 0's clock (ns) as it leaves a stage, i.e.
     its spin for the stage before plus its own work in this one."""
     if TIMED:  # noqa: SIM102 (a constexpr branch, then a runtime one)
         if u == 0:
@@ -428,7 +428,7 @@ def run_layers(x: torch.Tensor, layers: Sequence[LayerWeights], offsets: torch.T
     and returned); k_cache/v_cache [layers, blocks, kv_heads, block_size, D]; counters int32 [3]
     zeros, left at zero. grid_sync: one launch with barriers (a GPU), else a launch a stage.
     times: int64 [layers * 5] on a GPU, where program 0 writes its clock as it leaves each stage
-    (bench/persistent_stages.py), else None."""
+    (persistent_stages.py), else None."""
     from switchyard.engine.backends.cuda.paged_attention import attention_shape
 
     d, l0 = dims, layers[0]
