@@ -53,14 +53,8 @@ for s in ${STAGES:-tests sweep profile}; do
           done
         done
       done ;;
-    regress) stage regress
-      OUT="$out/regress" PYTHON=$PY timeout "$(( $(left) - 5 ))" bash bench/gpu_check.sh tests >/dev/null 2>&1
-      echo "regress rc=$?" | tee -a "$log"; tail -n 3 "$out/regress/gpu_tests.log" | tee -a "$log" ;;
-    bench) stage bench
-      timeout "$(( $(left) - 5 ))" $PY bench/engine_cuda.py --shapes "${SHAPES:-llama-8b,smollm2-135m}" --batches "$BATCHES" \
-        --tokens "${TOKENS:-64}" --ttft= --grammar-batches "${GRAMMAR:-}" --grammar-rounds 3 --skip-transformers \
-        --peer-batches "$BATCHES" --budget-s "$(( $(left) - 30 ))" --out "$out" >/dev/null 2>&1
-      echo "bench rc=$?" | tee -a "$log"; grep -E "^\|" "$out/engine_cuda.md" | head -n 30 | tee -a "$log" ;;
+    regress) regress ;;
+    bench) engine_bench llama-8b,smollm2-135m "" ;;
   esac
 done
 stage done

@@ -36,14 +36,8 @@ for s in ${STAGES:-tests profile bench}; do
       timeout 170 $PY bench/engine_cuda_profile.py --shape smollm2-135m --batch 1 --tokens 64 --kernels 16 \
         --backends "${PROFILE_BACKENDS:-cuda,cuda-persistent}" --out "$out" >"$out/profile.log" 2>&1
       echo "profile rc=$?" | tee -a "$log"; grep -E "^## |steps:" "$out"/kernels_*.md | tee -a "$log" ;;
-    regress) stage regress
-      OUT="$out/regress" PYTHON=$PY timeout "$(( $(left) - 5 ))" bash bench/gpu_check.sh tests >/dev/null 2>&1
-      echo "regress rc=$?" | tee -a "$log"; tail -n 3 "$out/regress/gpu_tests.log" | tee -a "$log" ;;
-    bench) stage bench
-      timeout "$(( $(left) - 5 ))" $PY bench/engine_cuda.py --shapes "${SHAPES:-smollm2-135m}" --batches "$BATCHES" \
-        --tokens "${TOKENS:-64}" --ttft= --grammar-batches "${GRAMMAR:-1}" --grammar-rounds 3 --skip-transformers \
-        --peer-batches "$BATCHES" --budget-s "$(( $(left) - 30 ))" --out "$out" >/dev/null 2>&1
-      echo "bench rc=$?" | tee -a "$log"; grep -E "^\|" "$out/engine_cuda.md" | head -n 30 | tee -a "$log" ;;
+    regress) regress ;;
+    bench) engine_bench smollm2-135m "1" ;;
   esac
 done
 stage done
