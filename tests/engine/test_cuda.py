@@ -170,12 +170,25 @@ def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("no kernel image for this device")
 
+    good_gate_up = cuda_kernels.gate_up_silu
     monkeypatch.setattr(cuda_kernels, "gate_up_silu", broken)
     m = Decoder(NARROW, sh, w, SingleRank(), max_slots=2, max_len=64, device=FUSED_DEV, backend="cuda")
     m.warmup()
     st = m.status()
     assert st["decode_kernels"] == "torch" and "no kernel image" in st["decode_kernels_reason"]
     assert m.backend.name == "torch"
+    # A kernel wrong only past one row (the tl.dot variant): the check's two-row step catches it
+    good = cuda_kernels.gemv_residual
+
+    def wrong_past_one_row(a: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        out = good(a, *args, **kwargs)  # type: ignore[arg-type]
+        return out if a.shape[0] == 1 else out * 3
+
+    monkeypatch.setattr(cuda_kernels, "gate_up_silu", good_gate_up)
+    monkeypatch.setattr(cuda_kernels, "gemv_residual", wrong_past_one_row)
+    m = Decoder(NARROW, sh, w, SingleRank(), max_slots=2, max_len=64, device=FUSED_DEV, backend="cuda")
+    m.warmup()
+    assert "two-row decode check" in m.status()["decode_kernels_reason"] and m.backend.name == "torch"
     tp2 = Decoder(NARROW, Shard(0, 2, NARROW), w, SingleRank(), max_slots=2, max_len=64, device=FUSED_DEV,
                   backend="cuda")
     assert tp2.backend.name == "torch" and "one rank" in tp2.status()["decode_kernels_reason"]

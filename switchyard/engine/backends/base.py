@@ -11,7 +11,8 @@ runs every layer as the same three calls, and a backend says how each runs on it
                                                        all-reduce (carry: its output, added by the
                                                        next layer_in or by final)
 
-unless `all_layers` runs the whole stack in one call (the cuda backend's one-row steps).
+unless `all_layers` runs the whole stack in one call (none of the served backends does; the
+bench's `cuda-persistent` variant does at one row).
 
 `plan` is the backend's own value for one step (what every layer's attention shares: where the
 new keys go, masks, spans), made once by `plan` (an eager step) or `decode_plan` (a decode step
@@ -126,9 +127,8 @@ class Backend(Protocol):
 
     def all_layers(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    plan: Any) -> torch.Tensor | None:
-        """Every layer of the step in one call where the backend has one for it (the cuda
-        backend's persistent kernel, one row): the residual before the final norm, with no
-        carry; None: the decoder runs the layers one by one. k_cache/v_cache: every layer's,
+        """Every layer of the step in one call where the backend has one for it (the bench's
+        cuda-persistent variant, one row): the residual before the final norm, with no carry; None: the decoder runs the layers one by one. k_cache/v_cache: every layer's,
         [layers, ...]."""
         ...
 

@@ -82,8 +82,8 @@ def warmup(m: Decoder) -> float:
 
 def check_backend(m: Decoder, reference: str, n: int, tol: float = 0.5) -> str:
     """m's backend against `reference` over m's weights and cache, graphs off: a prefill of slot 0,
-    then a decode step of it, then one of it and slot 1's first position, through each. "" when they agree, else why not: a failure, or logits
-    further apart than `tol` x their std. It catches a kernel that computes something else (NaN,
+    a decode step of it, then one of it and slot 1's first position, through each. "" when they
+    agree, else why not: a failure, or logits further apart than `tol` x their std. It catches a kernel that computes something else (NaN,
     or logits a std or more apart), not rounding: two bfloat16 paths over a random 8B model's 32
     layers differ by 0.18-0.25 x std on an H200 (the accuracy bound against the float32 engine is
     the GPU tests' job)."""
@@ -91,7 +91,7 @@ def check_backend(m: Decoder, reference: str, n: int, tol: float = 0.5) -> str:
     prompt = Step(torch.arange(n).view(1, n) % 7, torch.arange(n).view(1, n), torch.zeros_like(one), one * n, one * n)
     decode = Step(torch.tensor([[3]]), (one * n).view(1, 1), torch.zeros_like(one), one, one * (n + 1), 1)
     steps = [("prefill", prompt), ("decode", decode)]
-    if m.max_slots > 1:  # a one-row step and a step of more rows run different kernels (cuda: persistent.py)
+    if m.max_slots > 1:  # one row and 2-16 rows run different kernels (cuda: kernels.py's M_P = 1 and 16)
         two = torch.ones(2, dtype=torch.int64)
         steps.append(("two-row decode", Step(torch.tensor([[3], [5]]), torch.tensor([[n + 1], [0]]),
                                              torch.tensor([0, 1]), two, torch.tensor([n + 2, 1]), 2)))
