@@ -291,7 +291,7 @@ def test_pdl_kernels_compute_what_serial_launches_do(M: int) -> None:
 
 
 @pytest.mark.parametrize("V,hid,N", [pytest.param(49152, 96, 1, marks=pytest.mark.skipif(
-    DEV.type != "cuda", reason="SmolLM2's vocabulary: 30 s in Triton's interpreter")), (5000, 80, 2), (1030, 40, 1)])
+    DEV.type != "cuda", reason="SmolLM2's vocabulary: 30 s in Triton's interpreter")), (2100, 80, 2), (1030, 40, 1)])
 def test_head_refine_equals_the_torch_path(V: int, hid: int, N: int) -> None:
     """head_kernels.refine: the low-precision logits as float32, each row's best 32 (found in
     chunks, then among the chunks' best) recomputed against the float32 head, as the torch
