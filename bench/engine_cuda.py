@@ -16,7 +16,9 @@ and finished while step n+1 runs) and, as a row of its own, without it (each ste
 read before the next is launched). Detokenising uses SmolLM2's tokenizer where `bash
 bench/gpu_check.sh prepare` wrote it (else a stand-in); HTTP is not included. With
 --grammar-batches, the same loop with every row under a JSON-schema grammar (llguidance over
-SmolLM2's tokenizer, masks padded to the 8B shape's vocabulary), beside the free figure.
+SmolLM2's tokenizer, masks padded to the 8B shape's vocabulary), beside the free figure; its
+strings are under patterns, the worst case for llguidance (bench/grammar_fill_threads.py), and
+--grammar-tools adds a tool call's grammar (plain strings) to the same rounds.
 
 Bandwidth limit at batch 1 = measured device-to-device copy bandwidth (bytes read + written
 per second) / bytes of weights one decode step reads.
@@ -174,14 +176,22 @@ def served_runner(m: Decoder) -> Runner:
     return r
 
 
-def grammar_factory(tok: Any) -> Any:
-    """A fresh matcher of GRAMMAR_SCHEMA's grammar (compiled once) per call."""
+def grammar_factory(tok: Any, tool_calls: bool = False) -> Any:
+    """A fresh matcher per call of GRAMMAR_SCHEMA's grammar, or with tool_calls of a `tool_choice:
+    required` call of bench/grammar.py's two tools (plain strings, where llguidance's slices
+    apply; a row whose call is complete stops early); compiled once."""
     from switchyard.engine.chat.grammar import Grammars
     from switchyard.engine.chat.structured import constraint
 
     g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
-    c = constraint({"response_format": {"type": "json_schema",
-                                        "json_schema": {"name": "items", "schema": GRAMMAR_SCHEMA}}}, None)
+    if tool_calls:
+        from grammar import BODIES, TOOLS
+
+        c = constraint(BODIES["required"], TOOLS)
+    else:
+        c = constraint({"response_format": {"type": "json_schema",
+                                            "json_schema": {"name": "items", "schema": GRAMMAR_SCHEMA}}}, None)
+    assert c is not None
     return lambda: g.compile(c)
 
 
@@ -232,23 +242,26 @@ GRAMMAR_VARIANTS = {"torch masking": {"FUSED": False}}
 
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
-                   add: Callable[..., None], log: Callable[[str], None]) -> None:
+                   add: Callable[..., None], log: Callable[[str], None], tool_calls: Any = None) -> None:
     """Free and grammar decoding (and with `ab` the variant: torch's masking ops instead of the
-    Triton kernel) alternated `rounds` times at batch b; each figure the median of its rounds, so a
-    ratio compares neighbours in time rather than two points minutes apart."""
+    Triton kernel; with `tool_calls`, a factory, the tool-call grammar) alternated `rounds` times at
+    batch b; each figure the median of its rounds, so a ratio compares neighbours in time rather
+    than two points minutes apart."""
     from switchyard.engine.chat.grammar import GrammarMasker
 
     runs: dict[str, list[dict[str, float]]] = {}
-    engines = [("ours (async)", {}, False), ("ours (async, grammar)", {}, True)]
+    engines: list[tuple[str, dict[str, Any], Any]] = [("ours (async)", {}, None), ("ours (async, grammar)", {}, make)]
     if ab:
-        engines += [(f"ours (async, grammar, {k})", v, True) for k, v in GRAMMAR_VARIANTS.items()]
+        engines += [(f"ours (async, grammar, {k})", v, make) for k, v in GRAMMAR_VARIANTS.items()]
+    if tool_calls is not None:
+        engines.append(("ours (async, grammar, tool calls)", {}, tool_calls))
     for i in range(rounds):
-        for engine, knobs, constrained in engines:
+        for engine, knobs, grammar in engines:
             saved = {k: getattr(GrammarMasker, k) for k in knobs}
             for k, v in knobs.items():
                 setattr(GrammarMasker, k, v)
             try:
-                r = decode_rate(m, b, tokens, vocab, tok=tok, grammar=make if constrained else None)
+                r = decode_rate(m, b, tokens, vocab, tok=tok, grammar=grammar)
             finally:
                 for k, v in saved.items():
                     setattr(GrammarMasker, k, v)
@@ -390,7 +403,8 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
                     log(f"  grammar batch {b}: skipped (time)")
                     break
                 if a.grammar_rounds > 1:
-                    grammar_rounds(m, b, make, a.grammar_rounds, a.grammar_ab, tokens, c.vocab_size, tok, add, log)
+                    grammar_rounds(m, b, make, a.grammar_rounds, a.grammar_ab, tokens, c.vocab_size, tok, add, log,
+                                   grammar_factory(gtok, tool_calls=True) if a.grammar_tools else None)
                     continue
                 if b not in batches:
                     decode("ours (async)", m, b)
@@ -566,6 +580,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="> 1: free and grammar decoding alternated this many times a batch, medians reported")
     ap.add_argument("--grammar-ab", action="store_true",
                     help="with --grammar-rounds: also the masks applied by torch's ops (not the Triton kernel)")
+    ap.add_argument("--grammar-tools", action="store_true",
+                    help="with --grammar-rounds: also a tool-call grammar (plain strings) in the same rounds")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")
     ap.add_argument("--sweep-batches", default="1,2,4,8,16", help="the backends sweep's batches")
     ap.add_argument("--sweep-backends", default="",

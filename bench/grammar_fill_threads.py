@@ -1,0 +1,166 @@
+"""What splitting a step's grammar masks over threads buys, by how the rows' matchers share state.
+
+The engine fills a step's masks row after row on its own thread (chat/grammar.GrammarMasker): every
+row's matcher is a copy of one compiled grammar, and the copies share its lexer. At SmolLM2 batch 16
+on the H200 that fill (1-1.3 ms) is the step's pace (bench/results/gpu_grammar2), and llguidance's
+pool of 8 did not shorten it. This asks why, on this machine's cores:
+
+  PYTHONPATH=. python bench/grammar_fill_threads.py                 # 16 rows, 1 and 2 threads, 5 rounds
+  PYTHONPATH=. python bench/grammar_fill_threads.py --threads 1,2,4,8 --rows 16 --rounds 5
+
+For each grammar (`items`: bench/engine_cuda.py's worst case, strings under patterns; `tools`: a
+`tool_choice: required` call of bench/grammar.py's two tools, plain strings), token streams are
+drawn once, as the GPU bench's random weights write them (each step the argmax of random logits
+under the mask), then replayed through each layout, the layouts alternated round by round:
+
+- `copies`: copies of one compiled grammar (the engine today), the rows split over T threads;
+- `own lexer`: each thread's rows copied from a grammar compiled for that thread alone;
+- `own tokenizer`: as `own lexer`, each thread's grammar also on a tokenizer of its own.
+
+T = 1 is the in-line fill. A step's time is from the first row's fill to the last's (the threads
+handed their rows and joined, as a masker would). Medians of the steps, then of the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import llguidance
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+LAYOUTS = ("copies", "own lexer", "own tokenizer")
+
+
+def tokenizer() -> Any:
+    """SmolLM2's tokenizer: where gpu_check.sh prepare wrote it (the device), else from the GGUF."""
+    from switchyard.engine.chat import tokenizer as chat_tokenizer
+
+    d = ROOT / ".cache" / "smollm2-tokenizer"
+    if (d / "tokenizer.json").exists():
+        return chat_tokenizer.from_hf_dir(d, set())
+    from switchyard.engine.model.gguf_file import GGUFFile
+    from switchyard.engine.serving import registry
+
+    return chat_tokenizer.from_gguf(GGUFFile(registry.pull("smollm2-135m")))
+
+
+def grammars() -> dict[str, str]:
+    from engine_cuda import GRAMMAR_SCHEMA
+    from grammar import BODIES, TOOLS
+
+    from switchyard.engine.chat.structured import constraint
+
+    items = constraint({"response_format": {"type": "json_schema",
+                                            "json_schema": {"name": "items", "schema": GRAMMAR_SCHEMA}}}, None)
+    tools = constraint(BODIES["required"], TOOLS)
+    assert items is not None and tools is not None
+    return {"items": items.grammar, "tools": tools.grammar}
+
+
+class Rows:
+    """One grammar's matchers for `rows` rows, laid out for `threads` threads."""
+
+    def __init__(self, toks: list[Any], lark: str, rows: int, threads: int, layout: str) -> None:
+        per = -(-rows // threads)
+        self.parts = [(lo, min(rows, lo + per)) for lo in range(0, rows, per)]
+        gram = llguidance.LLMatcher.grammar_from_lark(lark)
+        tmpl = [llguidance.LLMatcher(toks[k if layout == "own tokenizer" else 0], gram, log_level=0)
+                for k in range(1 if layout == "copies" else len(self.parts))]
+        self.m = [tmpl[0 if layout == "copies" else k].deep_copy() for k, (lo, hi) in enumerate(self.parts)
+                  for _ in range(lo, hi)]
+
+    def fill(self, bm: torch.Tensor, lo: int, hi: int) -> None:
+        row = bm.shape[1] * 4
+        for i in range(lo, hi):
+            self.m[i].unsafe_compute_mask_ptr(bm.data_ptr() + i * row, row)
+
+
+def streams(tok: Any, lark: str, rows: int, steps: int, seed: int) -> list[list[int]]:
+    """Each row's tokens: the argmax of random logits under its mask, step by step; a token that
+    ends the reply is stored as its complement (~t): the row's matcher is reset after it."""
+    V = tok.vocab_size
+    lt = llguidance.LLTokenizer(tok.tok.to_str(), n_vocab=V, eos_token=sorted(tok.eos_ids))
+    r = Rows([lt], lark, rows, 1, "copies")
+    bm = torch.full((rows, (V + 31) // 32), -1, dtype=torch.int32)
+    bits = 1 << torch.arange(32, dtype=torch.int64)
+    g = torch.Generator().manual_seed(seed)
+    out: list[list[int]] = [[] for _ in range(rows)]
+    for _ in range(steps):
+        r.fill(bm, 0, rows)
+        allowed = ((bm.to(torch.int64).unsqueeze(-1) & bits) != 0).reshape(rows, -1)[:, :V]
+        logits = torch.randn(rows, V, generator=g).masked_fill(~allowed, float("-inf"))
+        for i, t in enumerate(logits.argmax(-1).tolist()):
+            if not r.m[i].consume_token(t):
+                raise RuntimeError(f"row {i}: the mask allowed {t}, the matcher refused it")
+            if r.m[i].is_stopped():  # a finished reply: the row starts another, so it stays constrained
+                r.m[i].reset()
+                t = ~t
+            out[i].append(t)
+    return out
+
+
+def replay(rows: Rows, tokens: list[list[int]], words: int, pool: ThreadPoolExecutor | None) -> float:
+    """The median step's fill, ms."""
+    bm = torch.full((len(rows.m), words), -1, dtype=torch.int32)
+    times = []
+    for s in range(len(tokens[0])):
+        t0 = time.perf_counter()
+        if pool is None:
+            rows.fill(bm, 0, len(rows.m))
+        else:
+            futures = [pool.submit(rows.fill, bm, lo, hi) for lo, hi in rows.parts[1:]]
+            rows.fill(bm, *rows.parts[0])
+            for f in futures:
+                f.result()
+        times.append(time.perf_counter() - t0)
+        for m, row in zip(rows.m, tokens, strict=True):
+            m.consume_token(row[s] if row[s] >= 0 else ~row[s])
+            if row[s] < 0:
+                m.reset()
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (1: in line)")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    threads = [int(t) for t in a.threads.split(",")]
+    tok = tokenizer()
+    V, words = tok.vocab_size, (tok.vocab_size + 31) // 32
+    toks = [llguidance.LLTokenizer(tok.tok.to_str(), n_vocab=V, eos_token=sorted(tok.eos_ids))
+            for _ in range(max(threads))]
+    from switchyard.engine.backends.cpu.native import cpu_model
+
+    print(f"{cpu_model()}, llguidance {getattr(llguidance, '__version__', '?')}, {a.rows} rows, {a.steps} steps, "
+          f"{a.rounds} rounds; ms a step's fill (median of steps; median and range of rounds)")
+    for name, lark in grammars().items():
+        tokens = streams(tok, lark, a.rows, a.steps, seed=0)
+        res: dict[tuple[str, int], list[float]] = {}
+        for _ in range(a.rounds):
+            for t in threads:
+                pool = ThreadPoolExecutor(t - 1) if t > 1 else None
+                for layout in LAYOUTS if t > 1 else LAYOUTS[:1]:
+                    # a fresh grammar each round: every layout starts with its lexer as cold
+                    res.setdefault((layout, t), []).append(replay(Rows(toks, lark, a.rows, t, layout), tokens, words, pool))
+                if pool is not None:
+                    pool.shutdown()
+        base = statistics.median(res[("copies", 1)])
+        for (layout, t), v in res.items():
+            m = statistics.median(v)
+            print(f"  {name:5s} {'in line' if t == 1 else f'{t} threads, {layout}':28s} {m:6.3f} ms "
+                  f"({min(v):.3f}-{max(v):.3f})  {base / m:4.2f}x the in-line fill")
+
+
+if __name__ == "__main__":
+    main()
