@@ -176,14 +176,14 @@ def served_runner(m: Decoder) -> Runner:
     return r
 
 
-def grammar_factory(tok: Any, tool_calls: bool = False) -> Any:
+def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int = 1) -> Any:
     """A fresh matcher per call of GRAMMAR_SCHEMA's grammar, or with tool_calls of a `tool_choice:
     required` call of bench/grammar.py's two tools (plain strings, where llguidance's slices
-    apply; a row whose call is complete stops early); compiled once."""
+    apply; a row whose call is complete stops early); compiled once per lane (chat/grammar.Grammars)."""
     from switchyard.engine.chat.grammar import Grammars
     from switchyard.engine.chat.structured import constraint
 
-    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
+    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=lanes)
     if tool_calls:
         from grammar import BODIES, TOOLS
 
@@ -242,26 +242,31 @@ GRAMMAR_VARIANTS = {"torch masking": {"FUSED": False}}
 
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
-                   add: Callable[..., None], log: Callable[[str], None], tool_calls: Any = None) -> None:
+                   add: Callable[..., None], log: Callable[[str], None], tool_calls: Any = None,
+                   lanes: tuple[int, Any] | None = None) -> None:
     """Free and grammar decoding (and with `ab` the variant: torch's masking ops instead of the
-    Triton kernel; with `tool_calls`, a factory, the tool-call grammar) alternated `rounds` times at
-    batch b; each figure the median of its rounds, so a ratio compares neighbours in time rather
-    than two points minutes apart."""
+    Triton kernel; with `tool_calls`, a factory, the tool-call grammar; with `lanes`, (threads, a
+    factory of that many lanes), the masks filled by a pool of that many threads, a lane each)
+    alternated `rounds` times at batch b; each figure the median of its rounds, so a ratio compares
+    neighbours in time rather than two points minutes apart."""
     from switchyard.engine.chat.grammar import GrammarMasker
 
     runs: dict[str, list[dict[str, float]]] = {}
-    engines: list[tuple[str, dict[str, Any], Any]] = [("ours (async)", {}, None), ("ours (async, grammar)", {}, make)]
+    engines: list[tuple[str, dict[str, Any], Any, int | None]] = [
+        ("ours (async)", {}, None, None), ("ours (async, grammar)", {}, make, None)]
     if ab:
-        engines += [(f"ours (async, grammar, {k})", v, make) for k, v in GRAMMAR_VARIANTS.items()]
+        engines += [(f"ours (async, grammar, {k})", v, make, None) for k, v in GRAMMAR_VARIANTS.items()]
     if tool_calls is not None:
-        engines.append(("ours (async, grammar, tool calls)", {}, tool_calls))
+        engines.append(("ours (async, grammar, tool calls)", {}, tool_calls, None))
+    if lanes is not None:
+        engines.append((f"ours (async, grammar, {lanes[0]} threads, a lane each)", {}, lanes[1], lanes[0]))
     for i in range(rounds):
-        for engine, knobs, grammar in engines:
+        for engine, knobs, grammar, threads in engines:
             saved = {k: getattr(GrammarMasker, k) for k in knobs}
             for k, v in knobs.items():
                 setattr(GrammarMasker, k, v)
             try:
-                r = decode_rate(m, b, tokens, vocab, tok=tok, grammar=grammar)
+                r = decode_rate(m, b, tokens, vocab, tok=tok, grammar=grammar, mask_threads=threads)
             finally:
                 for k, v in saved.items():
                     setattr(GrammarMasker, k, v)
@@ -404,7 +409,9 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
                     break
                 if a.grammar_rounds > 1:
                     grammar_rounds(m, b, make, a.grammar_rounds, a.grammar_ab, tokens, c.vocab_size, tok, add, log,
-                                   grammar_factory(gtok, tool_calls=True) if a.grammar_tools else None)
+                                   grammar_factory(gtok, tool_calls=True) if a.grammar_tools else None,
+                                   (a.mask_threads_ab, grammar_factory(gtok, lanes=a.mask_threads_ab))
+                                   if a.mask_threads_ab and b >= 4 else None)
                     continue
                 if b not in batches:
                     decode("ours (async)", m, b)
@@ -575,7 +582,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--peer-batches", default="1,16", help="the compiled PyTorch peer's batches ('' for none)")
     ap.add_argument("--grammar-batches", default="", help="batches decoded under a grammar too (e.g. 1,16)")
     ap.add_argument("--mask-threads-ab", type=int, default=0, help="grammar batches >= 4 also with the masks filled "
-                                                                   "by llguidance's pool of this many threads")
+                                                                   "by llguidance's pool of this many threads (with "
+                                                                   "--grammar-rounds: as many grammar lanes too)")
     ap.add_argument("--grammar-rounds", type=int, default=1,
                     help="> 1: free and grammar decoding alternated this many times a batch, medians reported")
     ap.add_argument("--grammar-ab", action="store_true",

@@ -15,7 +15,9 @@ under the mask), then replayed through each layout, the layouts alternated round
 
 - `copies`: copies of one compiled grammar (the engine today), the rows split over T threads;
 - `own lexer`: each thread's rows copied from a grammar compiled for that thread alone;
-- `own tokenizer`: as `own lexer`, each thread's grammar also on a tokenizer of its own.
+- `own tokenizer`: as `own lexer`, each thread's grammar also on a tokenizer of its own;
+- `engine lanes`: the engine's own classes, chat/grammar.Grammars(lanes=T) and GrammarMasker(threads=T)
+  (llguidance's pool, the rows sorted into runs by lane); its fill time as the masker records it.
 
 T = 1 is the in-line fill. A step's time is from the first row's fill to the last's (the threads
 handed their rows and joined, as a masker would). Medians of the steps, then of the rounds.
@@ -36,7 +38,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-LAYOUTS = ("copies", "own lexer", "own tokenizer")
+LAYOUTS = ("copies", "own lexer", "own tokenizer", "engine lanes")
 
 
 def tokenizer() -> Any:
@@ -52,7 +54,8 @@ def tokenizer() -> Any:
     return chat_tokenizer.from_gguf(GGUFFile(registry.pull("smollm2-135m")))
 
 
-def grammars() -> dict[str, str]:
+def grammars() -> dict[str, Any]:
+    """The two grammars' constraints (chat/structured.Constraint), by name."""
     from engine_cuda import GRAMMAR_SCHEMA
     from grammar import BODIES, TOOLS
 
@@ -62,7 +65,7 @@ def grammars() -> dict[str, str]:
                                             "json_schema": {"name": "items", "schema": GRAMMAR_SCHEMA}}}, None)
     tools = constraint(BODIES["required"], TOOLS)
     assert items is not None and tools is not None
-    return {"items": items.grammar, "tools": tools.grammar}
+    return {"items": items, "tools": tools}
 
 
 class Rows:
@@ -128,6 +131,25 @@ def replay(rows: Rows, tokens: list[list[int]], words: int, pool: ThreadPoolExec
     return statistics.median(times) * 1000
 
 
+def replay_engine(tok: Any, c: Any, tokens: list[list[int]], threads: int) -> float:
+    """As replay, through Grammars(lanes=threads) and GrammarMasker(threads=threads)."""
+    from switchyard.engine.chat.grammar import GrammarMasker, Grammars
+
+    grammars = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=threads)
+    states = [grammars.compile(c) for _ in tokens]
+    masker = GrammarMasker(tok.vocab_size, threads=threads)
+    logits = torch.zeros(len(tokens), tok.vocab_size)
+    times = []
+    for s in range(len(tokens[0])):
+        masker.apply(logits, list(states))
+        times.append(masker.last_fill_s)
+        for st, row in zip(states, tokens, strict=True):
+            st.matcher.consume_token(row[s] if row[s] >= 0 else ~row[s])
+            if row[s] < 0:
+                st.matcher.reset()
+    return statistics.median(times) * 1000
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=16)
@@ -144,7 +166,8 @@ def main() -> None:
 
     print(f"{cpu_model()}, llguidance {getattr(llguidance, '__version__', '?')}, {a.rows} rows, {a.steps} steps, "
           f"{a.rounds} rounds; ms a step's fill (median of steps; median and range of rounds)")
-    for name, lark in grammars().items():
+    for name, c in grammars().items():
+        lark = c.grammar
         tokens = streams(tok, lark, a.rows, a.steps, seed=0)
         res: dict[tuple[str, int], list[float]] = {}
         for _ in range(a.rounds):
@@ -152,7 +175,9 @@ def main() -> None:
                 pool = ThreadPoolExecutor(t - 1) if t > 1 else None
                 for layout in LAYOUTS if t > 1 else LAYOUTS[:1]:
                     # a fresh grammar each round: every layout starts with its lexer as cold
-                    res.setdefault((layout, t), []).append(replay(Rows(toks, lark, a.rows, t, layout), tokens, words, pool))
+                    res.setdefault((layout, t), []).append(
+                        replay_engine(tok, c, tokens, t) if layout == "engine lanes"
+                        else replay(Rows(toks, lark, a.rows, t, layout), tokens, words, pool))
                 if pool is not None:
                     pool.shutdown()
         base = statistics.median(res[("copies", 1)])

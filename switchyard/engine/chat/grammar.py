@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -35,19 +36,29 @@ BACKEND = f"llguidance {llguidance.__version__}" if hasattr(llguidance, "__versi
 class Grammars:
     """Compiles constraints for one tokenizer and keeps the last `cache_size` of them.
 
-    A compiled grammar is a matcher in its start state; each request gets a copy (~10 us)."""
+    A compiled grammar is a matcher in its start state; each request gets a copy (~10 us). Copies
+    of one compiled grammar share its lexer, so a pool filling their masks contends on it (2
+    threads: 0.95x the in-line fill, bench/results/grammar_fill_threads.md). With `lanes` > 1 each
+    grammar is compiled once per lane and the requests are dealt to the lanes in turn, so that a
+    GrammarMasker pool of that many threads fills each lane's rows on a thread of its own (1.44x on
+    2 cores for the bench's worst-case grammar). The engine serves with one lane (in line); the
+    bench measures more (bench/engine_cuda.py --mask-threads-ab)."""
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int], cache_size: int = 256) -> None:
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int], cache_size: int = 256,
+                 lanes: int = 1) -> None:
         # ~0.7 s for a 49k vocabulary: once per server, at start-up.
         self.tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_ids)
         self.vocab_size = vocab_size
         self.cache_size = cache_size
-        self._cache: collections.OrderedDict[str, llguidance.LLMatcher] = collections.OrderedDict()
+        self.lanes = lanes
+        self._cache: collections.OrderedDict[tuple[str, int], llguidance.LLMatcher] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._dealt = itertools.count()
         self.compiled = 0  # cache misses, for /health
 
     def compile(self, c: Constraint) -> GrammarState:
-        key = c.key
+        lane = next(self._dealt) % self.lanes
+        key = (c.key, lane)
         with self._lock:
             tmpl = self._cache.get(key)
             if tmpl is not None:
@@ -59,9 +70,9 @@ class Grammars:
             with self._lock:
                 self.compiled += 1
                 self._cache[key] = tmpl
-                while len(self._cache) > self.cache_size:
+                while len(self._cache) > self.cache_size * self.lanes:
                     self._cache.popitem(last=False)
-        return GrammarState(tmpl.deep_copy(), vocab_size=self.vocab_size)
+        return GrammarState(tmpl.deep_copy(), vocab_size=self.vocab_size, lane=lane)
 
     def _blame(self, c: Constraint, error: str) -> GrammarError:
         """The error, with the parameter whose schema causes it (each is compiled alone)."""
@@ -88,6 +99,7 @@ class GrammarState:
     matcher: llguidance.LLMatcher
     failed: bool = False
     vocab_size: int = 0  # the tokenizer's vocabulary the matcher masks (0: the logits' width)
+    lane: int = 0  # which of its grammar's compilations it is a copy of (Grammars' lanes)
 
     def accept(self, token: int) -> None:
         if not self.failed and not self.matcher.consume_token(token):
@@ -113,7 +125,8 @@ class GrammarMasker:
     batch 16 on a busy 2-core machine the pool's hand-offs took 8-28 ms a step where the same rows
     one after the other took 0.25-0.6 ms, and on the H200's 16-core host a pool of 8 gave the same
     decode rate as one thread (1.00x on the 8B shape, 1.02x on SmolLM2's: bench/engine_cuda.py
-    --mask-threads-ab; bench/results/gpu_grammar). GPU logits get their masks without the host
+    --mask-threads-ab; bench/results/gpu_grammar: copies of one grammar, whose shared lexer the
+    threads contend on; Grammars' lanes are the way round that). GPU logits get their masks without the host
     waiting for the device: llguidance writes straight into pinned memory (two buffers, used in
     turn, so a step's fill never overwrites bits still being copied up) and the masking is queued
     (one Triton kernel, backends/cuda/token_mask.py; torch's ops where triton is missing); under
@@ -147,6 +160,10 @@ class GrammarMasker:
         todo = [(s.matcher, i) for i, s in enumerate(states) if s is not None]
         if not todo:
             return
+        if self.executor is not None and any(s is not None and s.lane for s in states):
+            # the pool hands each thread a run of rows: a lane's rows side by side share a thread
+            lane = {i: s.lane for i, s in enumerate(states) if s is not None}
+            todo.sort(key=lambda t: lane[t[1]])
         bm = self._buffer(len(states), logits.device.type == "cuda")
         t0 = time.perf_counter()
         if self.executor is not None and len(todo) >= self.PAR_ROWS:
