@@ -38,10 +38,10 @@ class Grammars:
 
     A compiled grammar is a matcher in its start state; each request gets a copy (~10 us). Copies
     of one compiled grammar share its lexer, so a pool filling their masks contends on it (2
-    threads: 0.95x the in-line fill, bench/results/grammar_fill_threads.md). With `lanes` > 1 each
-    grammar is compiled once per lane and the requests are dealt to the lanes in turn, so that a
-    GrammarMasker pool of that many threads fills each lane's rows on a thread of its own (1.44x on
-    2 cores for the bench's worst-case grammar). The engine serves with one lane (in line); the
+    threads: 0.95-1.06x the in-line fill, bench/results/grammar_fill_threads.md). With `lanes` > 1
+    each grammar is compiled once per lane and the requests are dealt to the lanes in turn, so that
+    a GrammarMasker pool of that many threads fills each lane's rows on a thread of its own (1.48x
+    on 2 cores for the bench's worst-case grammar). The engine serves with one lane (in line); the
     bench measures more (bench/engine_cuda.py --mask-threads-ab)."""
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int], cache_size: int = 256,
