@@ -110,6 +110,13 @@ def streams(tok: Any, lark: str, rows: int, steps: int, seed: int) -> list[list[
     return out
 
 
+def take(m: Any, t: int) -> None:
+    """A stream's token into its matcher (a complement: the reply's last, then a new reply)."""
+    m.consume_token(t if t >= 0 else ~t)
+    if t < 0:
+        m.reset()
+
+
 def replay(rows: Rows, tokens: list[list[int]], words: int, pool: ThreadPoolExecutor | None) -> float:
     """The median step's fill, ms."""
     bm = torch.full((len(rows.m), words), -1, dtype=torch.int32)
@@ -125,9 +132,7 @@ def replay(rows: Rows, tokens: list[list[int]], words: int, pool: ThreadPoolExec
                 f.result()
         times.append(time.perf_counter() - t0)
         for m, row in zip(rows.m, tokens, strict=True):
-            m.consume_token(row[s] if row[s] >= 0 else ~row[s])
-            if row[s] < 0:
-                m.reset()
+            take(m, row[s])
     return statistics.median(times) * 1000
 
 
@@ -144,9 +149,7 @@ def replay_engine(tok: Any, c: Any, tokens: list[list[int]], threads: int) -> fl
         masker.apply(logits, list(states))
         times.append(masker.last_fill_s)
         for st, row in zip(states, tokens, strict=True):
-            st.matcher.consume_token(row[s] if row[s] >= 0 else ~row[s])
-            if row[s] < 0:
-                st.matcher.reset()
+            take(st.matcher, row[s])
     return statistics.median(times) * 1000
 
 
