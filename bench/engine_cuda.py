@@ -176,14 +176,12 @@ def served_runner(m: Decoder) -> Runner:
     return r
 
 
-def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int = 1) -> Any:
-    """A fresh matcher per call of GRAMMAR_SCHEMA's grammar, or with tool_calls of a `tool_choice:
-    required` call of bench/grammar.py's two tools (plain strings, where llguidance's slices
-    apply; a row whose call is complete stops early); compiled once per lane (chat/grammar.Grammars)."""
-    from switchyard.engine.chat.grammar import Grammars
+def grammar_constraint(tool_calls: bool = False) -> Any:
+    """GRAMMAR_SCHEMA's constraint, or with tool_calls a `tool_choice: required` call of
+    bench/grammar.py's two tools (plain strings, where llguidance's slices apply; a row whose call
+    is complete stops early)."""
     from switchyard.engine.chat.structured import constraint
 
-    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=lanes)
     if tool_calls:
         from grammar import BODIES, TOOLS
 
@@ -192,6 +190,16 @@ def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int = 1) -> Any:
         c = constraint({"response_format": {"type": "json_schema",
                                             "json_schema": {"name": "items", "schema": GRAMMAR_SCHEMA}}}, None)
     assert c is not None
+    return c
+
+
+def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int = 1) -> Any:
+    """A fresh matcher per call of grammar_constraint(tool_calls)'s grammar, compiled once per lane
+    (chat/grammar.Grammars)."""
+    from switchyard.engine.chat.grammar import Grammars
+
+    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=lanes)
+    c = grammar_constraint(tool_calls)
     return lambda: g.compile(c)
 
 

@@ -43,29 +43,19 @@ LAYOUTS = ("copies", "own lexer", "own tokenizer", "engine lanes")
 
 def tokenizer() -> Any:
     """SmolLM2's tokenizer: where gpu_check.sh prepare wrote it (the device), else from the GGUF."""
-    from switchyard.engine.chat import tokenizer as chat_tokenizer
+    from engine_cuda import smollm2_tokenizer
+    from grammar import _tokenizer
 
-    d = ROOT / ".cache" / "smollm2-tokenizer"
-    if (d / "tokenizer.json").exists():
-        return chat_tokenizer.from_hf_dir(d, set())
-    from switchyard.engine.model.gguf_file import GGUFFile
     from switchyard.engine.serving import registry
 
-    return chat_tokenizer.from_gguf(GGUFFile(registry.pull("smollm2-135m")))
+    return smollm2_tokenizer() or _tokenizer(registry.pull("smollm2-135m"))
 
 
 def grammars() -> dict[str, Any]:
     """The two grammars' constraints (chat/structured.Constraint), by name."""
-    from engine_cuda import GRAMMAR_SCHEMA
-    from grammar import BODIES, TOOLS
+    from engine_cuda import grammar_constraint
 
-    from switchyard.engine.chat.structured import constraint
-
-    items = constraint({"response_format": {"type": "json_schema",
-                                            "json_schema": {"name": "items", "schema": GRAMMAR_SCHEMA}}}, None)
-    tools = constraint(BODIES["required"], TOOLS)
-    assert items is not None and tools is not None
-    return {"items": items, "tools": tools}
+    return {"items": grammar_constraint(), "tools": grammar_constraint(tool_calls=True)}
 
 
 class Rows:
@@ -86,11 +76,9 @@ class Rows:
             self.m[i].unsafe_compute_mask_ptr(bm.data_ptr() + i * row, row)
 
 
-def streams(tok: Any, lark: str, rows: int, steps: int, seed: int) -> list[list[int]]:
+def streams(lt: Any, V: int, lark: str, rows: int, steps: int, seed: int) -> list[list[int]]:
     """Each row's tokens: the argmax of random logits under its mask, step by step; a token that
     ends the reply is stored as its complement (~t): the row's matcher is reset after it."""
-    V = tok.vocab_size
-    lt = llguidance.LLTokenizer(tok.tok.to_str(), n_vocab=V, eos_token=sorted(tok.eos_ids))
     r = Rows([lt], lark, rows, 1, "copies")
     bm = torch.full((rows, (V + 31) // 32), -1, dtype=torch.int32)
     bits = 1 << torch.arange(32, dtype=torch.int64)
@@ -171,7 +159,7 @@ def main() -> None:
           f"{a.rounds} rounds; ms a step's fill (median of steps; median and range of rounds)")
     for name, c in grammars().items():
         lark = c.grammar
-        tokens = streams(tok, lark, a.rows, a.steps, seed=0)
+        tokens = streams(toks[0], V, lark, a.rows, a.steps, seed=0)
         res: dict[tuple[str, int], list[float]] = {}
         for _ in range(a.rounds):
             for t in threads:

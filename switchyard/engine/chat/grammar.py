@@ -160,13 +160,11 @@ class GrammarMasker:
         todo = [(s.matcher, i) for i, s in enumerate(states) if s is not None]
         if not todo:
             return
-        if self.executor is not None and any(s is not None and s.lane for s in states):
-            # the pool hands each thread a run of rows: a lane's rows side by side share a thread
-            lane = {i: s.lane for i, s in enumerate(states) if s is not None}
-            todo.sort(key=lambda t: lane[t[1]])
         bm = self._buffer(len(states), logits.device.type == "cuda")
         t0 = time.perf_counter()
         if self.executor is not None and len(todo) >= self.PAR_ROWS:
+            # the pool hands each thread a run of rows: a lane's rows side by side share a thread
+            todo.sort(key=lambda t: states[t[1]].lane)  # type: ignore[union-attr]  (todo's rows have a state)
             # What llguidance.torch.fill_next_token_bitmask_par does, without importing that module: its
             # @torch.compile decorator imports torch._dynamo, ~1.5 s of every engine process's start.
             self.executor.unsafe_compute_mask_ptr(todo, bm.data_ptr(), self.words * 4, bm.shape[0])
