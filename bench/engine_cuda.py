@@ -193,12 +193,12 @@ def grammar_constraint(tool_calls: bool = False) -> Any:
     return c
 
 
-def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int = 1) -> Any:
-    """A fresh matcher per call of grammar_constraint(tool_calls)'s grammar, compiled once per lane
+def grammar_factory(tok: Any, tool_calls: bool = False) -> Any:
+    """A fresh matcher per call of grammar_constraint(tool_calls)'s grammar, compiled once
     (chat/grammar.Grammars)."""
     from switchyard.engine.chat.grammar import Grammars
 
-    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=lanes)
+    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
     c = grammar_constraint(tool_calls)
     return lambda: g.compile(c)
 
@@ -245,39 +245,54 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     return r
 
 
-# --grammar-ab's variants of the grammar loop: GrammarMasker's class knobs, set for one decode.
-GRAMMAR_VARIANTS = {"torch masking": {"FUSED": False}}
+def _knob(module: str, owner: str | None, attr: str, value: Any) -> tuple[Any, str, Any]:
+    """(holder, attribute, value): a module's or a class's knob, set for one decode."""
+    import importlib
+
+    m = importlib.import_module(module)
+    return (getattr(m, owner) if owner else m, attr, value)
+
+
+def grammar_variants() -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
+    """--grammar-ab's variants of the loop, by name: (under the grammar or free, the knobs set for one
+    decode): the masks by torch's ops, and the sampling stage's host cuts of 2026-12-06 undone
+    (the masks copied up and launched through triton's JIT entry, the tokens downloaded into new
+    pinned buffers)."""
+    mask, out = "switchyard.engine.backends.cuda.token_mask", "switchyard.engine.core.output"
+    old_download = _knob(out, "OutputStage", "REUSE_DOWNLOADS", False)
+    return {"grammar, torch masking": (True, [_knob("switchyard.engine.chat.grammar", "GrammarMasker", "FUSED", False)]),
+            "grammar, before the host cuts": (True, [_knob(mask, None, "IN_PLACE", False),
+                                                     _knob(mask, None, "COMPILED", False), old_download]),
+            "free, before the host cuts": (False, [old_download])}
 
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
                    add: Callable[..., None], log: Callable[[str], None], tool_calls: Any = None,
-                   lanes: tuple[int, Any] | None = None) -> None:
-    """Free and grammar decoding (and with `ab` the variant: torch's masking ops instead of the
-    Triton kernel; with `tool_calls`, a factory, the tool-call grammar; with `lanes`, (threads, a
-    factory of that many lanes), the masks filled by a pool of that many threads, a lane each)
+                   pool: int = 0) -> None:
+    """Free and grammar decoding (and with `ab` grammar_variants(); with `tool_calls`, a factory,
+    the tool-call grammar; with `pool`, the masks filled by llguidance's pool of that many threads)
     alternated `rounds` times at batch b; each figure the median of its rounds, so a ratio compares
     neighbours in time rather than two points minutes apart."""
-    from switchyard.engine.chat.grammar import GrammarMasker
-
     runs: dict[str, list[dict[str, float]]] = {}
-    engines: list[tuple[str, dict[str, Any], Any, int | None]] = [
-        ("ours (async)", {}, None, None), ("ours (async, grammar)", {}, make, None)]
+    engines: list[tuple[str, list[tuple[Any, str, Any]], Any, int | None]] = [
+        ("ours (async)", [], None, None), ("ours (async, grammar)", [], make, None)]
     if ab:
-        engines += [(f"ours (async, grammar, {k})", v, make, None) for k, v in GRAMMAR_VARIANTS.items()]
+        engines += [(f"ours (async, {k})", knobs, make if constrained else None, None)
+                    for k, (constrained, knobs) in grammar_variants().items()]
     if tool_calls is not None:
-        engines.append(("ours (async, grammar, tool calls)", {}, tool_calls, None))
-    if lanes is not None:
-        engines.append((f"ours (async, grammar, {lanes[0]} threads, a lane each)", {}, lanes[1], lanes[0]))
+        engines.append(("ours (async, grammar, tool calls)", [], tool_calls, None))
+    if pool:
+        engines.append((f"ours (async, grammar, pool of {pool})", [], make, pool))
     for i in range(rounds):
         for engine, knobs, grammar, threads in engines:
-            saved = {k: getattr(GrammarMasker, k) for k in knobs}
-            for k, v in knobs.items():
-                setattr(GrammarMasker, k, v)
+            saved = [(h, k, getattr(h, k)) for h, k, _ in knobs]
+            for h, k, v in knobs:
+                setattr(h, k, v)
             try:
                 r = decode_rate(m, b, tokens, vocab, tok=tok, grammar=grammar, mask_threads=threads)
             finally:
-                for k, v in saved.items():
-                    setattr(GrammarMasker, k, v)
+                for h, k, v in saved:
+                    setattr(h, k, v)
             runs.setdefault(engine, []).append(r)
             log(f"    round {i} b={b} {engine:44} {r['tok_s']:10.1f} tok/s  step {r['step_ms']:.3f} ms"
                 + (f"  fill {r['mask_ms']:.3f} ms" if "mask_ms" in r else ""))
@@ -418,8 +433,7 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
                 if a.grammar_rounds > 1:
                     grammar_rounds(m, b, make, a.grammar_rounds, a.grammar_ab, tokens, c.vocab_size, tok, add, log,
                                    grammar_factory(gtok, tool_calls=True) if a.grammar_tools else None,
-                                   (a.mask_threads_ab, grammar_factory(gtok, lanes=a.mask_threads_ab))
-                                   if a.mask_threads_ab and b >= 4 else None)
+                                   a.mask_threads_ab if b >= 4 else 0)
                     continue
                 if b not in batches:
                     decode("ours (async)", m, b)
@@ -550,18 +564,20 @@ def summary(rows: list[dict[str, Any]], bw: float) -> str:
             fill = note.split("mask fill ")[-1] if "mask fill" in note else ""
             lines.append(f"| {shape} | {b} | {n(f)} | {n(g)} | {ratio(g, f)} | "
                          f"{n(val(shape, 'ours (sync, grammar)', 'decode_tok_s', b))} | {fill} |")
-        ab = [r for r in rows if r["engine"].startswith("ours (async, grammar, ") and "pool" not in r["engine"]]
-        if ab:  # --grammar-ab: the same rounds with the masks applied by torch's ops
+        ab = [r for r in rows if r["engine"].startswith("ours (async, ") and "pool" not in r["engine"]
+              and r["engine"] != "ours (async, grammar)" and r["metric"] == "decode_tok_s"]
+        if ab:  # --grammar-ab, --grammar-tools: other variants in the same rounds
             lines += ["", "The grammar's variants, alternated with the rows above (medians of the rounds):", "",
                       "| shape | batch | variant | tok/s | / free | / grammar (this tree) | step, fill |",
                       "| --- | --- | --- | --- | --- | --- | --- |"]
             for r in ab:
                 sh, b = r["shape"], r["batch"]
-                lines.append(f"| {sh} | {b} | {r['engine'][len('ours (async, grammar, '):-1]} | {n(r['value'])} | "
+                lines.append(f"| {sh} | {b} | {r['engine'][len('ours (async, '):-1]} | {n(r['value'])} | "
                              f"{ratio(r['value'], val(sh, 'ours (async)', 'decode_tok_s', b))} | "
                              f"{ratio(r['value'], val(sh, 'ours (async, grammar)', 'decode_tok_s', b))} | "
-                             f"{r['note'].split(' (')[0]}; {r['note'].split('), ')[-1]} |")
-        pool = [(r["shape"], r["batch"], r["value"]) for r in rows if r["engine"] == "ours (async, grammar, pool)"]
+                             f"{r['note'].split(' (')[0]}" + (f"; {r['note'].split('), ')[-1]}" if "), " in r["note"]
+                                                              else "") + " |")
+        pool = [(r["shape"], r["batch"], r["value"]) for r in rows if r["engine"].startswith("ours (async, grammar, pool")]
         if pool:
             lines += ["", "The masks filled by llguidance's pool (--mask-threads-ab), against the in-line fill above:", "",
                       "| shape | batch | grammar async tok/s, pool | pool / in line |", "| --- | --- | --- | --- |"]
@@ -590,12 +606,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--peer-batches", default="1,16", help="the compiled PyTorch peer's batches ('' for none)")
     ap.add_argument("--grammar-batches", default="", help="batches decoded under a grammar too (e.g. 1,16)")
     ap.add_argument("--mask-threads-ab", type=int, default=0, help="grammar batches >= 4 also with the masks filled "
-                                                                   "by llguidance's pool of this many threads (with "
-                                                                   "--grammar-rounds: as many grammar lanes too)")
+                                                                   "by llguidance's pool of this many threads")
     ap.add_argument("--grammar-rounds", type=int, default=1,
                     help="> 1: free and grammar decoding alternated this many times a batch, medians reported")
     ap.add_argument("--grammar-ab", action="store_true",
-                    help="with --grammar-rounds: also the masks applied by torch's ops (not the Triton kernel)")
+                    help="with --grammar-rounds: also engine_cuda.grammar_variants() (torch's masking ops, "
+                         "the sampling stage's host cuts undone)")
     ap.add_argument("--grammar-tools", action="store_true",
                     help="with --grammar-rounds: also a tool-call grammar (plain strings) in the same rounds")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")

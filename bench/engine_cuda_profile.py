@@ -9,6 +9,13 @@ turns on torch's CUDA sync debug mode for the measured run and prints where the 
 the device (each distinct Python stack, with its count): under async decode only the tokens' read
 (Download.get) should appear.
 
+--host-split times the parts of the host's turn a step (each wrapped in a timer: the step's launch,
+the wait for the step in flight's tokens, the output stage's host share, llguidance's accepts and fill,
+the masks' upload and kernel launch, the sampling's launches), means over the measured steps;
+--grammar tools uses the tool-call grammar (plain strings) instead of the JSON one:
+
+  python bench/engine_cuda_profile.py --batch 1 --tokens 1000 --grammar items --host-split
+
 --kernels N profiles N steady decode steps of the served loop with torch's profiler (CUDA
 activity only, so that the host runs as it does unprofiled) for each backend of --backends (the
 same weights and cache, each with its own graphs): the GPU's time a step (first kernel to last),
@@ -24,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
+import statistics
 import sys
 import traceback
 import warnings
@@ -83,12 +91,81 @@ def kernel_profile(m: Any, batch: int, steps: int, vocab: int, tok: Any, grammar
     return lines
 
 
+# The host's turn by part (--host-split): (label, module, owner, attribute), each wrapped in a timer.
+# Inclusive: "output: finish" holds "wait: step in flight's tokens" and "grammar: accept", "output: sample"
+# holds the masker, whose "masks: llguidance fill" and "masks: upload + kernel" are beside each other.
+SPLIT = [("scheduler: step (all)", "switchyard.engine.core.scheduler", "Scheduler", "step"),
+         ("runner: launch the step", "switchyard.engine.runner.model_runner", "Runner", "run"),
+         ("graph runner: stage + replay", "switchyard.engine.model.graph_runner", "GraphRunner", "run"),
+         ("graphs: replay the parts", "switchyard.engine.backends.cuda.graphs", "DecodeGraphs", "run"),
+         ("output: finish (host share)", "switchyard.engine.core.output", "OutputStage", "finish"),
+         ("wait: step in flight's tokens", "switchyard.engine.backends.transfer", "Download", "get"),
+         ("grammar: accept", "switchyard.engine.chat.grammar", "GrammarState", "accept"),
+         ("output: sample (queue)", "switchyard.engine.core.output", "OutputStage", "sample"),
+         ("masks: apply (fill + kernel)", "switchyard.engine.chat.grammar", "GrammarMasker", "apply"),
+         ("masks: upload + kernel", "switchyard.engine.backends.cuda.token_mask", None, "apply_token_bitmask_cuda"),
+         ("sampling: tokens (queue)", "switchyard.engine.core.output", None, "sample_tokens"),
+         ("download: start", "switchyard.engine.backends.transfer", "Download", "__init__")]
+
+
+def host_split(run: Any, repeat: int) -> list[str]:
+    """run() `repeat` times with each of SPLIT's parts timed: lines of ms a scheduler step, inclusive
+    (a tool call's rows finish after a few dozen tokens: the repeats make the count up)."""
+    import functools
+    import importlib
+    import time
+
+    spent: collections.Counter[str] = collections.Counter()
+    calls: collections.Counter[str] = collections.Counter()
+    undo = []
+    for label, mod, owner, attr in SPLIT:
+        try:
+            holder = getattr(importlib.import_module(mod), owner) if owner else importlib.import_module(mod)
+        except ImportError:
+            continue
+        fn = getattr(holder, attr)
+
+        def timed(*args: Any, _fn: Any = fn, _label: str = label, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _fn(*args, **kw)
+            finally:
+                spent[_label] += time.perf_counter() - t0
+                calls[_label] += 1
+        setattr(holder, attr, functools.wraps(fn)(timed))
+        undo.append((holder, attr, fn))
+    # grammar._fused_mask keeps the kernel's entry it found first: find the timed one now, the plain one after
+    fused = importlib.import_module("switchyard.engine.chat.grammar")._fused_mask
+    fused.cache_clear()
+    try:
+        rs = [run() for _ in range(repeat)]
+    finally:
+        for holder, attr, fn in undo:
+            setattr(holder, attr, fn)
+        fused.cache_clear()
+    steps = max(1, calls["scheduler: step (all)"])
+    rates = ", ".join(f"{r['tok_s']:.0f}" for r in rs)
+    fill = [r["mask_ms"] for r in rs if "mask_ms" in r]
+    lines = [f"{rates} tok/s, step {statistics.median(r['step_ms'] for r in rs):.3f} ms (timers on); {steps} "
+             f"scheduler steps" + (f"; llguidance's fill a step: median {statistics.median(fill):.3f} ms" if fill else ""),
+             "",
+             "| part (inclusive) | calls a step | ms a step |", "| --- | --- | --- |"]
+    for label, *_ in SPLIT:
+        if calls[label]:
+            lines.append(f"| {label} | {calls[label] / steps:.2f} | {spent[label] / steps * 1000:.4f} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="smollm2-135m", choices=sorted(ec.SHAPES))
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=3000)
-    ap.add_argument("--grammar", action="store_true", help="every row under bench/engine_cuda.py's JSON grammar")
+    ap.add_argument("--grammar", nargs="?", const="items", default="", choices=["", "items", "tools"],
+                    help="every row under bench/engine_cuda.py's JSON grammar (items) or its tool call's (tools)")
+    ap.add_argument("--host-split", default="", help="comma-separated free|items|tools: the host's turn by part "
+                    "for each, alternated --rounds times (see above)")
+    ap.add_argument("--rounds", type=int, default=2, help="--host-split: rounds")
     ap.add_argument("--sync", action="store_true", help="no async decode")
     ap.add_argument("--sync-debug", action="store_true", help="print where the host waits for the device")
     ap.add_argument("--kernels", type=int, default=0, help="profile this many decode steps' kernels (see above)")
@@ -102,7 +179,19 @@ def main() -> None:
                    max_len=ec.PROMPT + ec.WARM + max(a.tokens, a.kernels + 16) + 16, device=dev, dtype=torch.bfloat16,
                    cuda_graphs=True, backend="auto" if dev.type == "cuda" else "torch")
     tok = ec.shape_tokenizer(c)
-    make = ec.grammar_factory(tok) if a.grammar else None
+    make = ec.grammar_factory(tok, tool_calls=a.grammar == "tools") if a.grammar else None
+    if a.host_split:
+        makes = {"free": None, "items": ec.grammar_factory(tok), "tools": ec.grammar_factory(tok, tool_calls=True)}
+        for g in makes.values():
+            ec.decode_rate(m, a.batch, 8, c.vocab_size, tok=tok, grammar=g)  # compiles, captures the graphs
+        print(f"# The host's turn by part: {a.shape}, batch {a.batch}, "
+              f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}", flush=True)
+        for i in range(a.rounds):
+            for name in a.host_split.split(","):
+                lines = host_split(lambda g=makes[name]: ec.decode_rate(m, a.batch, a.tokens, c.vocab_size, tok=tok,
+                                                                          grammar=g), 1 if name != "tools" else 8)
+                print("\n".join(["", f"## round {i}: {name}", "", *lines]), flush=True)
+        return
     if a.kernels:
         lines = [f"# Kernels of a decode step: {a.shape}, batch {a.batch}, {'sync' if a.sync else 'async decode'}"
                  f"{', grammar' if a.grammar else ''}", "",

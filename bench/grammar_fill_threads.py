@@ -16,8 +16,10 @@ under the mask), then replayed through each layout, the layouts alternated round
 - `copies`: copies of one compiled grammar (the engine today), the rows split over T threads;
 - `own lexer`: each thread's rows copied from a grammar compiled for that thread alone;
 - `own tokenizer`: as `own lexer`, each thread's grammar also on a tokenizer of its own;
-- `engine lanes`: the engine's own classes, chat/grammar.Grammars(lanes=T) and GrammarMasker(threads=T)
-  (llguidance's pool, the rows sorted into runs by lane); its fill time as the masker records it.
+- `engine pool`: the engine's own classes, copies from chat/grammar.Grammars filled by GrammarMasker(threads=T)
+  (llguidance's pool); its fill time as the masker records it. (Until 2026-12-06 this was the engine's
+  "lanes", a compilation per thread: 1.87x here with 8 threads on the GPU host, and a loss in the served
+  loop, bench/results/gpu_grammar_lanes; taken out.)
 
 T = 1 is the in-line fill. A step's time is from the first row's fill to the last's (the threads
 handed their rows and joined, as a masker would). Medians of the steps, then of the rounds.
@@ -38,7 +40,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-LAYOUTS = ("copies", "own lexer", "own tokenizer", "engine lanes")
+LAYOUTS = ("copies", "own lexer", "own tokenizer", "engine pool")
 
 
 def tokenizer() -> Any:
@@ -125,10 +127,10 @@ def replay(rows: Rows, tokens: list[list[int]], words: int, pool: ThreadPoolExec
 
 
 def replay_engine(tok: Any, c: Any, tokens: list[list[int]], threads: int) -> float:
-    """As replay, through Grammars(lanes=threads) and GrammarMasker(threads=threads)."""
+    """As replay, through Grammars' copies and GrammarMasker(threads=threads)."""
     from switchyard.engine.chat.grammar import GrammarMasker, Grammars
 
-    grammars = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=threads)
+    grammars = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
     states = [grammars.compile(c) for _ in tokens]
     masker = GrammarMasker(tok.vocab_size, threads=threads)
     logits = torch.zeros(len(tokens), tok.vocab_size)
@@ -167,7 +169,7 @@ def main() -> None:
                 for layout in LAYOUTS if t > 1 else LAYOUTS[:1]:
                     # a fresh grammar each round: every layout starts with its lexer as cold
                     res.setdefault((layout, t), []).append(
-                        replay_engine(tok, c, tokens, t) if layout == "engine lanes"
+                        replay_engine(tok, c, tokens, t) if layout == "engine pool"
                         else replay(Rows(toks, lark, a.rows, t, layout), tokens, words, pool))
                 if pool is not None:
                     pool.shutdown()

@@ -202,31 +202,62 @@ def test_tile_for_fits_shared_memory_and_takes_the_sweeps_shapes() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_grammar_mask_kernel_equals_the_torch_path(dtype: torch.dtype) -> None:
+def test_grammar_mask_kernel_equals_the_torch_path(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """One Triton kernel masks a step's grammar rows as torch's four or five ops do
     (token_mask.apply_token_bitmask_torch): every row or some, a vocabulary as wide as the mask,
-    narrower than its last word, and padded past it (never allowed); the free rows untouched."""
+    narrower than its last word, and padded past it (never allowed); the free rows untouched. On a
+    GPU in each of its launch forms: the pinned bitmask read in place or copied up first (and an
+    unpinned one, always copied), the kernel launched through triton's JIT entry or, once compiled,
+    through its handle (which the repeated shapes here reach)."""
     from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask_torch
-    from switchyard.engine.backends.cuda.token_mask import apply_token_bitmask_cuda
+    from switchyard.engine.backends.cuda import token_mask as tm
 
-    g = torch.Generator().manual_seed(7)
-    for V, W in ((49152, 1536), (1000, 32), (1030, 32), (5000, 100)):
-        bitmask = torch.randint(-2**31, 2**31 - 1, (5, W), dtype=torch.int32, generator=g)
-        bitmask[1] = -1  # every token allowed
-        bitmask[3] = 0
-        bitmask[3, 0] = 1 << 2  # only token 2
-        if DEV.type == "cuda":
-            bitmask = bitmask.pin_memory()
-        logits = _rand(5, V, dtype=dtype, g=g)
-        for rows in ([0, 1, 2, 3, 4], [0, 2, 3], [4]):
-            fused, ref = logits.clone(), logits.clone()
-            apply_token_bitmask_cuda(fused, bitmask, rows)
-            apply_token_bitmask_torch(ref, bitmask, rows)
-            assert torch.equal(fused, ref), (V, W, rows)
-            free = [i for i in range(5) if i not in rows]
-            assert torch.equal(fused[free], logits[free])
-            if 3 in rows:
-                assert torch.isfinite(fused[3]).sum() == 1 and torch.isfinite(fused[3, 2])
+    forms = [(True, True, True), (False, False, True), (True, True, False)] if DEV.type == "cuda" else [(True,) * 3]
+    for in_place, compiled, pinned in forms:
+        monkeypatch.setattr(tm, "IN_PLACE", in_place)
+        monkeypatch.setattr(tm, "COMPILED", compiled)
+        g = torch.Generator().manual_seed(7)
+        for V, W in ((49152, 1536), (1000, 32), (1030, 32), (5000, 100)):
+            bitmask = torch.randint(-2**31, 2**31 - 1, (5, W), dtype=torch.int32, generator=g)
+            bitmask[1] = -1  # every token allowed
+            bitmask[3] = 0
+            bitmask[3, 0] = 1 << 2  # only token 2
+            if pinned and DEV.type == "cuda":
+                bitmask = bitmask.pin_memory()
+            logits = _rand(5, V, dtype=dtype, g=g)
+            for rows in ([0, 1, 2, 3, 4], [0, 2, 3], [4], [0, 2, 3]):
+                fused, ref = logits.clone(), logits.clone()
+                tm.apply_token_bitmask_cuda(fused, bitmask, rows)
+                apply_token_bitmask_torch(ref, bitmask, rows)
+                assert torch.equal(fused, ref), (V, W, rows, in_place, compiled, pinned)
+                free = [i for i in range(5) if i not in rows]
+                assert torch.equal(fused[free], logits[free])
+                if 3 in rows:
+                    assert torch.isfinite(fused[3]).sum() == 1 and torch.isfinite(fused[3, 2])
+    # compiled on a GPU: the handles were kept (and used by the repeats above); interpreted: none
+    assert (len(tm._compiled) > 0) == (DEV.type == "cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+def test_download_pool_reuses_its_buffers_and_brings_each_download_back() -> None:
+    """Downloads from a DownloadPool bring back what the device holds, each read before the next
+    is started (the engine's order), in its shapes and dtypes, the buffers taken in turn: the
+    same buffer `depth` downloads of a shape later, and no new pinned tensor in between."""
+    from switchyard.engine.backends.transfer import Download, DownloadPool
+
+    pool = DownloadPool(depth=3)
+    seen: list[int] = []
+    for i in range(8):
+        toks = torch.arange(i, i + 5, device=DEV)
+        lps = torch.full((2, 4), float(i), device=DEV)
+        d = Download([toks, lps], pool)
+        toks.add_(100)  # queued after the copy: the download holds the values from before
+        got = d.get()
+        assert got[0].tolist() == list(range(i, i + 5)) and got[1].eq(float(i)).all()
+        assert got[0].is_pinned() and got[1].dtype == torch.float32
+        seen.append(got[0].data_ptr())
+    assert seen[:3] == seen[3:6] and len(set(seen)) == 3
+    assert Download([torch.ones(1, device=DEV)]).get()[0].data_ptr() not in seen  # no pool: its own buffer
 
 
 def _layer_chain(pdl: bool, layers: int, M: int, graph: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -186,33 +186,6 @@ def test_masks_filled_by_the_pool_equal_those_filled_in_line() -> None:
             assert a.matcher.consume_token(t) and b.matcher.consume_token(t)
 
 
-def test_grammar_lanes_deal_compilations_in_turn_and_mask_as_one() -> None:
-    """Grammars(lanes=2) compiles each grammar once per lane and deals the requests to the lanes
-    in turn; a pool of 2 filling the lanes' rows (sorted into runs by lane) masks as the in-line
-    fill of copies of one compilation does, step after step."""
-    from switchyard.engine.chat.grammar import GrammarMasker, Grammars
-    from switchyard.engine.chat.structured import constraint
-
-    tok, grammars = _smollm2_grammars()
-    laned = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=2)
-    c = constraint({"tool_choice": "required"}, TOOLS)
-    lane_states = [laned.compile(c) for _ in range(5)]
-    assert [s.lane for s in lane_states] == [0, 1, 0, 1, 0] and laned.compiled == 2
-    assert lane_states[0].matcher is not lane_states[2].matcher
-    line_states = [grammars.compile(c) for _ in range(5)]
-    pool, line = GrammarMasker(tok.vocab_size, threads=2), GrammarMasker(tok.vocab_size, threads=1)
-    g = torch.Generator().manual_seed(3)
-    for _ in range(6):
-        x = torch.randn(6, tok.vocab_size, generator=g)
-        y = x.clone()
-        pool.apply(x, [lane_states[0], None, *lane_states[1:]])
-        line.apply(y, [line_states[0], None, *line_states[1:]])
-        assert torch.equal(x, y) and torch.isfinite(x[1]).all()
-        for a, b, row in zip(lane_states, line_states, (0, 2, 3, 4, 5), strict=True):
-            t = int(x[row].argmax())
-            assert a.matcher.consume_token(t) and b.matcher.consume_token(t)
-
-
 def test_call_parser_streams_what_the_whole_text_gives() -> None:
     from switchyard.engine.chat.tool_stream import ToolCallStream
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue #32's SmolLM2 batch-16 grammar goal on one H200: do grammar lanes (chat/grammar.Grammars(lanes=N),
 # GrammarMasker(threads=N)) shorten the host's fill on its 16 cores, and what do they do to a decode step?
-# Written on 2026-12-06 (no device time that session; bench/results/grammar_fill_threads.md has the CPU
-# figures that motivate it); not yet run.
+# Run on 2026-12-06 (README.md has the figures; the lanes lost in the served loop and were taken out, so
+# --mask-threads-ab 8 now measures llguidance's pool over copies of one compilation instead).
 #
 #   STAGES="fill rounds regress" bash bench/results/gpu_grammar_lanes/run.sh   # carry .whl, .cache/smollm2-tokenizer
 #

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -38,27 +37,23 @@ class Grammars:
 
     A compiled grammar is a matcher in its start state; each request gets a copy (~10 us). Copies
     of one compiled grammar share its lexer, so a pool filling their masks contends on it (2
-    threads: 0.95-1.06x the in-line fill, bench/results/grammar_fill_threads.md). With `lanes` > 1
-    each grammar is compiled once per lane and the requests are dealt to the lanes in turn, so that
-    a GrammarMasker pool of that many threads fills each lane's rows on a thread of its own (1.48x
-    on 2 cores for the bench's worst-case grammar). The engine serves with one lane (in line); the
-    bench measures more (bench/engine_cuda.py --mask-threads-ab)."""
+    threads: 0.95-1.06x the in-line fill, bench/results/grammar_fill_threads.md). Compiling each
+    grammar once per thread ("lanes") took that contention away in isolation (1.87x with 8 threads
+    on the GPU host) but lost in the served loop, where a pool of 8 ran SmolLM2 batch 16 at 0.57x of
+    the in-line fill and the 8B at 0.60x (bench/results/gpu_grammar_lanes): one compilation it is.
+    """
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int], cache_size: int = 256,
-                 lanes: int = 1) -> None:
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int], cache_size: int = 256) -> None:
         # ~0.7 s for a 49k vocabulary: once per server, at start-up.
         self.tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_ids)
         self.vocab_size = vocab_size
         self.cache_size = cache_size
-        self.lanes = lanes
-        self._cache: collections.OrderedDict[tuple[str, int], llguidance.LLMatcher] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[str, llguidance.LLMatcher] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self._dealt = itertools.count()
         self.compiled = 0  # cache misses, for /health
 
     def compile(self, c: Constraint) -> GrammarState:
-        lane = next(self._dealt) % self.lanes
-        key = (c.key, lane)
+        key = c.key
         with self._lock:
             tmpl = self._cache.get(key)
             if tmpl is not None:
@@ -70,9 +65,9 @@ class Grammars:
             with self._lock:
                 self.compiled += 1
                 self._cache[key] = tmpl
-                while len(self._cache) > self.cache_size * self.lanes:
+                while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
-        return GrammarState(tmpl.deep_copy(), vocab_size=self.vocab_size, lane=lane)
+        return GrammarState(tmpl.deep_copy(), vocab_size=self.vocab_size)
 
     def _blame(self, c: Constraint, error: str) -> GrammarError:
         """The error, with the parameter whose schema causes it (each is compiled alone)."""
@@ -99,7 +94,6 @@ class GrammarState:
     matcher: llguidance.LLMatcher
     failed: bool = False
     vocab_size: int = 0  # the tokenizer's vocabulary the matcher masks (0: the logits' width)
-    lane: int = 0  # which of its grammar's compilations it is a copy of (Grammars' lanes)
 
     def accept(self, token: int) -> None:
         if not self.failed and not self.matcher.consume_token(token):
@@ -126,8 +120,8 @@ class GrammarMasker:
     one after the other took 0.25-0.6 ms, and on the H200's 16-core host a pool of 8 gave the same
     decode rate as one thread (1.00x on the 8B shape, 1.02x on SmolLM2's: bench/engine_cuda.py
     --mask-threads-ab; bench/results/gpu_grammar: copies of one grammar, whose shared lexer the
-    threads contend on; Grammars' lanes are the way round that). GPU logits get their masks without the host
-    waiting for the device: llguidance writes straight into pinned memory (two buffers, used in
+    threads contend on; a compilation per thread lost too, see Grammars). GPU logits get their masks
+    without the host waiting for the device: llguidance writes straight into pinned memory (two buffers, used in
     turn, so a step's fill never overwrites bits still being copied up) and the masking is queued
     (one Triton kernel, backends/cuda/token_mask.py; torch's ops where triton is missing); under
     async decoding, step n+1's masks are filled while step n+1 runs. Filling them on a thread of
@@ -163,8 +157,6 @@ class GrammarMasker:
         bm = self._buffer(len(states), logits.device.type == "cuda")
         t0 = time.perf_counter()
         if self.executor is not None and len(todo) >= self.PAR_ROWS:
-            # the pool hands each thread a run of rows: a lane's rows side by side share a thread
-            todo.sort(key=lambda t: states[t[1]].lane)  # type: ignore[union-attr]  (todo's rows have a state)
             # What llguidance.torch.fill_next_token_bitmask_par does, without importing that module: its
             # @torch.compile decorator imports torch._dynamo, ~1.5 s of every engine process's start.
             self.executor.unsafe_compute_mask_ptr(todo, bm.data_ptr(), self.words * 4, bm.shape[0])

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from switchyard.engine.backends.transfer import Download, upload
+from switchyard.engine.backends.transfer import Download, DownloadPool, upload
 from switchyard.engine.chat.grammar import GrammarMasker
 from switchyard.engine.chat.tokenizer import ChatTokenizer
 from switchyard.engine.core.sampling import row_logprobs, sample_tokens
@@ -35,6 +35,8 @@ class Sampled:
 
 
 class OutputStage:
+    REUSE_DOWNLOADS = True  # GPU steps' tokens come down into reused pinned buffers (False: new ones a step)
+
     def __init__(self, tokenizer: ChatTokenizer, max_model_len: int) -> None:
         self.tok = tokenizer
         self.max_model_len = max_model_len
@@ -42,6 +44,7 @@ class OutputStage:
         self.finished_by_reason: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
         self.ttft: list[float] = []
         self.masker: GrammarMasker | None = None  # made on the first constrained step
+        self.downloads: DownloadPool | None = None  # made on the first GPU step; finish() reads each in turn
 
     def advance(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Sequence]:
         """Sample one token per sequence and stream it; returns the sequences that finished."""
@@ -65,7 +68,9 @@ class OutputStage:
         back = [tokens]
         if lp_rows:
             back += row_logprobs(logits, tokens, lp_rows, [seqs[i].params.top_logprobs for i in lp_rows])
-        return Sampled(list(seqs), tokens, lp_rows, Download(back))
+        if self.downloads is None and tokens.device.type == "cuda" and self.REUSE_DOWNLOADS:
+            self.downloads = DownloadPool()
+        return Sampled(list(seqs), tokens, lp_rows, Download(back, self.downloads if self.REUSE_DOWNLOADS else None))
 
     def finish(self, sampled: Sampled) -> list[Sequence]:
         """The host's share: wait for the step's tokens, then stream them; returns the sequences

@@ -65,7 +65,10 @@ class GraphRunner:
         self._host_np = [h.numpy() for h in self._host]
         self._host_tables_np = [h.numpy() for h in self._host_tables]
         self._iota_np = np.arange(max(max_slots, bps), dtype=np.int64)  # slot and block ids
-        self._staged: list[torch.cuda.Event | None] = [None, None]  # each buffer's copies, queued
+        # Each buffer's copies, queued: an event a buffer, recorded again each time it is used (a new
+        # event a step cost the host ~8-11 us, bench/host_launch_costs.py).
+        self._staged = [torch.cuda.Event() for _ in range(2)] if pin else []
+        self._recorded = [False, False]
         self._turn = 0
 
     def status(self) -> dict[str, Any]:
@@ -91,9 +94,8 @@ class GraphRunner:
         nb = L // d.block_size
         k = self._turn
         self._turn ^= 1
-        staged_ev = self._staged[k]
-        if staged_ev is not None:
-            staged_ev.synchronize()  # this buffer's copies (two steps back) have left it
+        if self._recorded[k]:
+            self._staged[k].synchronize()  # this buffer's copies (two steps back) have left it
         staged = self._host_np[k][:, :S]
         staged[:] = 0  # slots outside this step: token 0 at position 0 of the spare block
         if not on_device:
@@ -111,10 +113,9 @@ class GraphRunner:
             staged_tables[slot_np, :w] = tables[:, :w]
         self.step_in[:, :S].copy_(self._host[k][:, :S], non_blocking=True)
         self.step_tables[: S * nb].copy_(self._host_tables[k][: S * nb], non_blocking=True)
-        if d.device.type == "cuda":
-            ev = torch.cuda.Event()
-            ev.record()
-            self._staged[k] = ev
+        if self._staged:
+            self._staged[k].record()
+            self._recorded[k] = True
         in_order = bool((slot_np == self._iota_np[:B]).all())  # slots 0..B-1: no scatter, no gather
         if on_device:
             if in_order:

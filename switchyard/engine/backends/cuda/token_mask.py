@@ -4,11 +4,22 @@ The torch path (backends/cpu/token_mask.apply_token_bitmask_torch) takes four or
 (the bits ANDed with the powers of two, compared with zero, the masked fill, the padding past the
 mask, and for some rows an index_select and index_copy); at SmolLM2's 0.65 ms step the host's
 launches are the step's pace, so one kernel reads each masked row's bitmask words and writes -inf
-where a token's bit is clear, in place, into the masked rows only. The bitmask goes up as in the
-torch path: from pinned memory, queued, the host never waiting.
+where a token's bit is clear, in place, into the masked rows only.
+
+The host's cost of that launch is on the step's path at batch 1 (an H100's host: 49-52 us a step
+served, bench/host_launch_costs.py), so two things are cut from it:
+- the bitmask is read where llguidance wrote it: pinned host memory is mapped into the GPU's
+  address space (UVA), so the kernel reads each masked row's words over the bus, and no copy (an
+  allocation, a queued transfer: ~11-15 us) goes before it. The masker's two buffers, used in
+  turn, keep a step's bits in place until its kernel has run (its caller's promise, as for the
+  copy it replaces). A CPU tensor that is not pinned still goes up first.
+- after the first launch of a specialization, the compiled kernel is launched through its
+  handle, without triton's argument binding and cache lookup (~16-20 us to ~10-12).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -17,6 +28,10 @@ from switchyard.engine.backends.cuda.triton_common import tl, triton
 from switchyard.engine.backends.transfer import upload
 
 BLOCK = 2048  # tokens a program: 49k-128k vocabularies give 24-63 programs a row
+IN_PLACE = True  # pinned bitmasks read where they are (False: copied to the device first)
+COMPILED = True  # launches after the first through the compiled kernel's handle (False: triton's JIT entry)
+# Compiled kernels by specialization (_key): one per dtype and alignment seen, a handful at most.
+_compiled: dict[tuple[Any, ...], Any] = {}
 
 
 @triton.jit
@@ -26,7 +41,7 @@ def _bitmask_kernel(logits_ptr, stride_l, bm_ptr, words, rows_ptr, V, n_bits,
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(rows_ptr + r).to(tl.int64) if ROWS else r.to(tl.int64)
     # Bits past the mask (a vocabulary padded past the grammar's tokenizer) read as 0: never allowed.
-    w = tl.load(bm_ptr + r * words + cols // 32, mask=cols < n_bits, other=0)
+    w = tl.load(bm_ptr + row * words + cols // 32, mask=cols < n_bits, other=0)
     blocked = ((w >> (cols % 32)) & 1) == 0
     neg = tl.full((BLOCK,), float("-inf"), tl.float32).to(logits_ptr.dtype.element_ty)
     tl.store(logits_ptr + row * stride_l + cols, neg, mask=(cols < V) & blocked)
@@ -34,8 +49,8 @@ def _bitmask_kernel(logits_ptr, stride_l, bm_ptr, words, rows_ptr, V, n_bits,
 
 def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     """logits [B, V] in place (rows contiguous: a row's tokens side by side); bitmask int32
-    [>= B, W] on the host, pinned for a copy without a wait; rows: the masked rows. The same
-    -inf's as apply_token_bitmask_torch (tests/engine/test_cuda_kernels.py)."""
+    [>= B, W] on the host, row i masking logits row i, pinned (read in place); rows: the masked
+    rows. The same -inf's as apply_token_bitmask_torch (tests/engine/test_cuda_kernels.py)."""
     if not rows:
         return
     if logits.stride(1) != 1:
@@ -45,8 +60,37 @@ def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: 
     dev = logits.device
     B, V = logits.shape
     every = len(rows) == B and rows == list(range(B))
-    bm = upload(bitmask[:B] if every else bitmask[rows], torch.int32, dev)
+    bm = bitmask[:B]
+    if dev.type != "cpu" and not (IN_PLACE and bm.is_pinned()):
+        bm = upload(bm, torch.int32, dev)
     idx = bm if every else upload(rows, torch.int64, dev)  # not read when every row is masked
     W = bm.shape[1]
-    _bitmask_kernel[(len(rows), triton.cdiv(V, BLOCK))](logits, logits.stride(0), bm, W, idx, V, min(V, W * 32),
-                                                        BLOCK=BLOCK, ROWS=not every)
+    _launch((len(rows), triton.cdiv(V, BLOCK)), (logits, logits.stride(0), bm, W, idx, V, min(V, W * 32), BLOCK,
+                                                 not every))
+
+
+def _key(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What triton specializes a kernel on, of each argument: a tensor's dtype and 16-byte alignment,
+    an int's being 1, a multiple of 16 or past 32 bits, a constexpr's value (and the device)."""
+    key: list[Any] = [args[0].device]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif isinstance(a, bool):
+            key.append(a)
+        else:
+            key.append((a == 1, a % 16 == 0, a >= 2**31))
+    return tuple(key)
+
+
+def _launch(grid: tuple[int, int], args: tuple[Any, ...]) -> None:
+    """The kernel over grid: the first time for a specialization through triton's JIT entry (which
+    compiles it), then through the compiled kernel's handle (COMPILED). Interpreted, always the JIT's."""
+    key = _key(args) if COMPILED else None
+    k = _compiled.get(key) if key is not None else None
+    if k is not None:
+        k[(grid[0], grid[1], 1)](*args)
+        return
+    k = _bitmask_kernel[grid](*args)
+    if key is not None and hasattr(k, "run") and hasattr(k, "__getitem__"):  # a compiled kernel (not interpreted)
+        _compiled[key] = k

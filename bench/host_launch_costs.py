@@ -1,0 +1,121 @@
+"""The host's cost of each launch in a decode step's sampling stage, one at a time, on a GPU.
+
+At SmolLM2's batch 1 the host's turn is the step's pace (bench/results/gpu_grammar_host: the turn
+~0.6-0.8 ms against a GPU step of ~0.5 ms), and under a grammar the masks' upload and kernel
+launch took 0.085-0.11 ms of it. This times, per call on the host (the GPU kept ahead of nothing:
+a sync every 32 calls), each piece and its cheaper forms:
+
+  python bench/host_launch_costs.py --batches 1,16 --calls 2000
+
+- mask upload: the masks' pinned rows to the device (transfer.upload, as the masker does);
+- mask kernel, JIT launch: backends/cuda/token_mask's kernel through triton's JIT entry;
+- mask kernel, compiled launch: the same compiled kernel launched through its handle;
+- mask kernel, pinned masks read in place: no upload, the kernel reads the pinned rows (UVA);
+- mask, whole: apply_token_bitmask_cuda as served; mask, torch ops: the torch path;
+- argmax: the greedy sampler's choice (sampling.sample_tokens);
+- download: transfer.Download of the tokens (a pinned tensor, a copy, an event), and a reused
+  pinned buffer and event instead;
+- event: torch.cuda.Event() and its record alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def per_call(fn: Callable[[], object], calls: int, rounds: int = 5) -> float:
+    """Median over rounds of the host's microseconds a call."""
+    out = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t = 0.0
+        for i in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            t += time.perf_counter() - t0
+            if i % 32 == 31:
+                torch.cuda.synchronize()
+        out.append(t / calls * 1e6)
+    return statistics.median(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--vocab", type=int, default=49152)
+    ap.add_argument("--calls", type=int, default=2000)
+    a = ap.parse_args()
+    print(f"{torch.cuda.get_device_name()}; host us a call (median of 5 rounds of {a.calls})")
+    for B in (int(b) for b in a.batches.split(",")):
+        bench_batch(B, a.vocab, a.calls)
+
+
+def bench_batch(B: int, V: int, calls: int) -> None:
+    """Each case's host cost at batch B over a vocabulary of V."""
+    from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask_torch
+    from switchyard.engine.backends.cuda import token_mask as tm
+    from switchyard.engine.backends.transfer import Download, upload
+    from switchyard.engine.core.sampling import SamplingParams, sample_tokens
+
+    dev = torch.device("cuda")
+    W = (V + 31) // 32
+    g = torch.Generator().manual_seed(B)
+    bm_host = torch.randint(-2**31, 2**31 - 1, (B, W), generator=g, dtype=torch.int64).to(torch.int32).pin_memory()
+    logits = torch.randn(B, V, device=dev, dtype=torch.float32)
+    bm_dev = upload(bm_host, torch.int32, dev)
+    grid = (B, triton_cdiv(V, tm.BLOCK))
+    args = (logits, logits.stride(0), bm_dev, W, bm_dev, V, min(V, W * 32))
+    compiled = tm._bitmask_kernel[grid](*args, BLOCK=tm.BLOCK, ROWS=False)
+    fast = compiled[(grid[0], grid[1], 1)]
+    # in place from pinned memory: the same masks as from the device copy?
+    x, y = logits.clone(), logits.clone()
+    tm._bitmask_kernel[grid](x, x.stride(0), bm_dev, W, bm_dev, V, min(V, W * 32), BLOCK=tm.BLOCK, ROWS=False)
+    try:
+        tm._bitmask_kernel[grid](y, y.stride(0), bm_host, W, bm_host, V, min(V, W * 32), BLOCK=tm.BLOCK,
+                                 ROWS=False)
+        torch.cuda.synchronize()
+        in_place = bool(torch.equal(x, y))
+    except Exception as e:  # triton may refuse a host pointer
+        in_place = False
+        print(f"  b={B} pinned masks read in place: refused ({type(e).__name__}: {str(e)[:120]})")
+    params = [SamplingParams(temperature=0.0)] * B
+    tokens = sample_tokens(logits, params, [None] * B)
+    buf = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+    ev = torch.cuda.Event()
+
+    def reused() -> None:
+        buf.copy_(tokens, non_blocking=True)
+        ev.record()
+
+    cases: dict[str, Callable[[], object]] = {
+        "mask upload": lambda: upload(bm_host, torch.int32, dev),
+        "mask kernel, JIT launch": lambda: tm._bitmask_kernel[grid](*args, BLOCK=tm.BLOCK, ROWS=False),
+        "mask kernel, compiled launch": lambda: fast(*args, tm.BLOCK, False),
+        "mask, whole (served)": lambda: tm.apply_token_bitmask_cuda(logits, bm_host, list(range(B))),
+        "mask, torch ops": lambda: apply_token_bitmask_torch(logits, bm_host, list(range(B))),
+        "argmax (sample_tokens)": lambda: sample_tokens(logits, params, [None] * B),
+        "download (served)": lambda: Download([tokens]),
+        "download, reused buffer and event": reused,
+        "event: new + record": lambda: torch.cuda.Event().record(),
+    }
+    if in_place:
+        cases["mask kernel, pinned read in place, JIT"] = lambda: tm._bitmask_kernel[grid](
+            logits, logits.stride(0), bm_host, W, bm_host, V, min(V, W * 32), BLOCK=tm.BLOCK, ROWS=False)
+    for name, fn in cases.items():
+        print(f"  b={B:<3d} {name:40s} {per_call(fn, calls):8.1f} us", flush=True)
+    print(f"  b={B} pinned masks read in place equal the device copy's: {in_place}")
+
+
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+if __name__ == "__main__":
+    main()
