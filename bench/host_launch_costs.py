@@ -13,8 +13,8 @@ a sync every 32 calls), each piece and its cheaper forms:
 - mask kernel, pinned masks read in place: no upload, the kernel reads the pinned rows (UVA);
 - mask, whole: apply_token_bitmask_cuda as served; mask, torch ops: the torch path;
 - argmax: the greedy sampler's choice (sampling.sample_tokens);
-- download: transfer.Download of the tokens (a pinned tensor, a copy, an event), and a reused
-  pinned buffer and event instead;
+- download: transfer.Download of the tokens from a DownloadPool (served), with a new pinned tensor
+  and event each (served before 2026-12-06), and a bare reused buffer and event (the floor);
 - event: torch.cuda.Event() and its record alone.
 """
 
@@ -59,7 +59,7 @@ def bench_batch(B: int, V: int, calls: int) -> None:
     """Each case's host cost at batch B over a vocabulary of V."""
     from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask_torch
     from switchyard.engine.backends.cuda import token_mask as tm
-    from switchyard.engine.backends.transfer import Download, upload
+    from switchyard.engine.backends.transfer import Download, DownloadPool, upload
     from switchyard.engine.core.sampling import SamplingParams, sample_tokens
 
     dev = torch.device("cuda")
@@ -87,6 +87,7 @@ def bench_batch(B: int, V: int, calls: int) -> None:
     tokens = sample_tokens(logits, params, [None] * B)
     buf = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
     ev = torch.cuda.Event()
+    pool = DownloadPool()
 
     def reused() -> None:
         buf.copy_(tokens, non_blocking=True)
@@ -99,8 +100,9 @@ def bench_batch(B: int, V: int, calls: int) -> None:
         "mask, whole (served)": lambda: tm.apply_token_bitmask_cuda(logits, bm_host, list(range(B))),
         "mask, torch ops": lambda: apply_token_bitmask_torch(logits, bm_host, list(range(B))),
         "argmax (sample_tokens)": lambda: sample_tokens(logits, params, [None] * B),
-        "download (served)": lambda: Download([tokens]),
-        "download, reused buffer and event": reused,
+        "download, a DownloadPool's (served)": lambda: Download([tokens], pool),
+        "download, new pinned tensor and event": lambda: Download([tokens]),
+        "download, bare reused buffer and event": reused,
         "event: new + record": lambda: torch.cuda.Event().record(),
     }
     if in_place:
