@@ -6,6 +6,7 @@
 #
 #   STAGES="ab costs split1" bash bench/results/gpu_host_cuts/run.sh    # carry .whl, .cache/smollm2-tokenizer
 #   STAGES=regress bash bench/results/gpu_host_cuts/run.sh              # every GPU test
+#   DEADLINE=450 STAGES=full bash bench/results/gpu_host_cuts/run.sh    # ours and the compiled peer, one run
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_host_cuts  # out, PY, log, left, stage, regress
 for s in ${STAGES:-ab costs split1}; do
@@ -23,6 +24,8 @@ for s in ${STAGES:-ab costs split1}; do
         >"$out/split_b1.md" 2>"$out/split_b1.err"
       echo "split1 rc=$?" | tee -a "$log" ;;
     regress) regress ;;
+    full) { echo "cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null)"; nproc; } | tee -a "$log"
+      BATCHES=1,16,64 engine_bench smollm2-135m,llama-8b 1,16 ;;
   esac
 done
 stage done
