@@ -16,7 +16,8 @@ the masks' upload and kernel launch, the sampling's launches), means over the me
 
   python bench/engine_cuda_profile.py --batch 1 --tokens 1000 --grammar items --host-split
 
---kernels N profiles N steady decode steps of the served loop with torch's profiler (CUDA
+--kernels N profiles N steady decode steps of the served loop (and, as the backend `peer`, of the
+compiled PyTorch peer's loop) with torch's profiler (CUDA
 activity only, so that the host runs as it does unprofiled) for each backend of --backends (the
 same weights and cache, each with its own graphs): the GPU's time a step (first kernel to last),
 its busy time (the union of its kernels and copies) and idle time, and the kernels by total time
@@ -54,7 +55,6 @@ def _short(name: str) -> str:
 def kernel_profile(m: Any, batch: int, steps: int, vocab: int, tok: Any, grammar: Any, overlap: bool) -> list[str]:
     """Markdown lines: the GPU's time, busy and idle time a step over `steps` steady decode steps
     (after the prefill and the first async turns), and the kernels by time a step."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, schedule
 
     skip = ec.WARM + 4
@@ -63,6 +63,33 @@ def kernel_profile(m: Any, batch: int, steps: int, vocab: int, tok: Any, grammar
                  schedule=schedule(skip_first=skip, wait=0, warmup=1, active=steps, repeat=1)) as prof:
         ec.decode_rate(m, batch, skip + steps + 4, vocab, tok=tok, grammar=grammar, overlap=overlap,
                        on_step=prof.step)
+    return kernel_table(prof, steps, gpu)
+
+
+def peer_profile(c: Any, dev: torch.device, batch: int, steps: int) -> list[str]:
+    """As kernel_profile, for the compiled PyTorch peer's decode step (bench/peer_compiled.py), after
+    its compile, warm-up and capture."""
+    from peer_compiled import PROMPT, PeerLlama
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    m = PeerLlama(c, dev, batch, PROMPT + steps + 16)
+    nxt = m.prefill(torch.randint(0, c.vocab_size, (batch, PROMPT)))
+    pos = PROMPT
+    gpu = dev.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU],
+                 schedule=schedule(skip_first=4, wait=0, warmup=1, active=steps, repeat=1)) as prof:
+        for _ in range(4 + 1 + steps + 1):
+            nxt = torch.tensor(m.decode(nxt, pos), device=dev)
+            pos += 1
+            prof.step()
+    return kernel_table(prof, steps, gpu)
+
+
+def kernel_table(prof: Any, steps: int, gpu: bool) -> list[str]:
+    """Markdown lines of a profile of `steps` steps: the GPU's time, busy and idle time a step and
+    its kernels by time a step."""
+    from torch.autograd import DeviceType
+
     evs = sorted((e for e in prof.events() if e.device_type == (DeviceType.CUDA if gpu else DeviceType.CPU)),
                  key=lambda e: e.time_range.start)
     if not evs:
@@ -169,7 +196,8 @@ def main() -> None:
     ap.add_argument("--sync", action="store_true", help="no async decode")
     ap.add_argument("--sync-debug", action="store_true", help="print where the host waits for the device")
     ap.add_argument("--kernels", type=int, default=0, help="profile this many decode steps' kernels (see above)")
-    ap.add_argument("--backends", default="auto", help="--kernels: the decode backends profiled (registry names)")
+    ap.add_argument("--backends", default="auto", help="--kernels: the decode backends profiled (registry names; "
+                    "'peer': the compiled PyTorch peer, bench/peer_compiled.py)")
     ap.add_argument("--out", default="", help="--kernels: the folder its table goes to")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -199,11 +227,16 @@ def main() -> None:
                  f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}"]
         for name in a.backends.split(","):
             try:
-                v = m if name == "auto" else m.view(name, cuda_graphs=True, max_slots=a.batch)
-                ec.decode_rate(v, a.batch, 8, c.vocab_size, tok=tok, grammar=make)  # compiles, captures the graphs
-                r = ec.decode_rate(v, a.batch, 32, c.vocab_size, tok=tok, grammar=make, overlap=not a.sync)
-                lines += ["", f"## {v.backend_name}: {r['tok_s']:.0f} tok/s unprofiled, step {r['step_ms']:.3f} ms", ""]
-                lines += kernel_profile(v, a.batch, a.kernels, c.vocab_size, tok, make, not a.sync)
+                if name == "peer":
+                    lines += ["", "## the compiled PyTorch peer (bench/peer_compiled.py)", ""]
+                    lines += peer_profile(c, dev, a.batch, a.kernels)
+                else:
+                    v = m if name == "auto" else m.view(name, cuda_graphs=True, max_slots=a.batch)
+                    ec.decode_rate(v, a.batch, 8, c.vocab_size, tok=tok, grammar=make)  # compiles, captures graphs
+                    r = ec.decode_rate(v, a.batch, 32, c.vocab_size, tok=tok, grammar=make, overlap=not a.sync)
+                    lines += ["", f"## {v.backend_name}: {r['tok_s']:.0f} tok/s unprofiled, step {r['step_ms']:.3f} ms",
+                              ""]
+                    lines += kernel_profile(v, a.batch, a.kernels, c.vocab_size, tok, make, not a.sync)
             except Exception as e:  # one backend failing must not lose the others' tables
                 lines += ["", f"## {name}: FAILED {type(e).__name__}: {str(e)[:300]}"]
             print("\n".join(lines[-12:]), flush=True)
