@@ -188,6 +188,24 @@ def test_prefill_rope_split_and_silu_mul_as_the_torch_ops(qk_norm: bool) -> None
     torch.testing.assert_close(pk.silu_mul(gu).float(), silu_mul(gu).float(), **_tol(torch.bfloat16))
 
 
+def test_add_rms_kernel_as_the_torch_op() -> None:
+    """The residual add + RMSNorm of a decode step past the fused rows (prefill_kernels.add_rms) as
+    torch_ops.add_rms computes it: the float32 stream and the normed rows, for a hidden size that is
+    a power of two or not, a bf16 or float32 addend, and bf16 or float32 out (the final norm's)."""
+    from switchyard.engine.backends.torch_ops import add_rms
+
+    g = torch.Generator().manual_seed(8)
+    for shape, ydt, out in (((11, 576), torch.bfloat16, torch.bfloat16), ((3, 1, 1000), torch.float32, torch.float32),
+                            ((24, 4096), torch.bfloat16, torch.float32)):
+        x, y = _rand(*shape, g=g, std=3.0), _rand(*shape, dtype=ydt, g=g)
+        w = 1 + 0.1 * _rand(shape[-1], g=g)
+        rx, rh = add_rms(x, y, w, 1e-5, out)
+        gx, gh = pk.add_rms(x, y, w, 1e-5, out)
+        assert gx.dtype == torch.float32 and gh.dtype == out and gh.shape == rh.shape == shape
+        torch.testing.assert_close(gx, rx, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(gh.float(), rh.float(), **_tol(out))
+
+
 def test_tile_for_fits_shared_memory_and_takes_the_sweeps_shapes() -> None:
     """tl.dot tiles (16 rows) of float32 weights shrink to fit an H200's shared memory (4 stages of
     the bf16 shapes asked ~260 KB there); one-row tiles are the sweep's."""

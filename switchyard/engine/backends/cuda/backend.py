@@ -21,6 +21,7 @@ the torch backend computes is checked at start-up (model/warmup.py).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ from switchyard.engine.backends.cuda import prefill_kernels as pk
 from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, batch_bucket, len_bucket
 from switchyard.engine.backends.cuda.triton_common import pdl_supported
 from switchyard.engine.backends.torch_backend import TorchBackend, TorchPlan
+from switchyard.engine.backends.torch_ops import Ops
 
 MAX_FUSED_ROWS = ck.MAX_ROWS
 # A model this wide runs the fused layers at one row only. On an H200 (bench/results/gpu_b64/call4)
@@ -51,6 +53,7 @@ def fused_rows(hidden: int) -> int:
 
 class CudaBackend(TorchBackend):
     name = "cuda"
+    TRITON_GLUE = True  # a decode step past the fused rows: norms and SiLU by Triton (False: torch's compiled ops)
 
     def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights], compile_ops: bool | None = None) -> None:
         super().__init__(dims, layers, compile_ops)
@@ -61,6 +64,7 @@ class CudaBackend(TorchBackend):
         # The split attention's counters (paged_attention): zeros it leaves at zero, one buffer for
         # every launch and every captured graph (a batch bucket's rows x kv heads at most).
         self.counters = torch.zeros(BATCH_BUCKETS[-1] * dims.kv_heads, dtype=torch.int32, device=dims.device)
+        self._glued: dict[int, Ops] = {}  # _glue's copies of the ops, by the id of the ops they copy
 
     def status(self) -> dict[str, Any]:
         # one switch: the prefill's RoPE and SiLU kernels go with the decode kernels
@@ -79,7 +83,18 @@ class CudaBackend(TorchBackend):
                     graphs: bool) -> TorchPlan:
         p = super().decode_plan(ids, pos, ctx, tables, span, graphs)
         p.fused = fused_rows(self.d.hidden) >= p.B
+        if not p.fused and self.TRITON_GLUE:
+            p.ops = self._glue(p.ops)
         return p
+
+    def _glue(self, ops: Ops) -> Ops:
+        """`ops` with the residual add + RMSNorm and SiLU * up as prefill_kernels' Triton kernels (a
+        decode step past the fused rows): a copy per ops object, made once."""
+        glue = self._glued.get(id(ops))
+        if glue is None:
+            glue = self._glued[id(ops)] = copy.copy(ops)
+            glue.add_rms, glue.silu_mul = pk.add_rms, pk.silu_mul  # type: ignore[assignment]
+        return glue
 
     def _shared(self, p: TorchPlan) -> None:
         # The decode kernels and the prefill's RoPE kernel read the whole tables at each row's
@@ -133,7 +148,7 @@ class CudaBackend(TorchBackend):
         return hk.refine(raw, w, h, k, pdl=self.pdl)
 
     def silu_mul(self, gu: torch.Tensor, p: TorchPlan) -> torch.Tensor:
-        return super().silu_mul(gu, p) if p.decode else pk.silu_mul(gu)
+        return super().silu_mul(gu, p) if p.decode else pk.silu_mul(gu)  # decode: p.ops's (see _glue)
 
     def warm(self, kc: torch.Tensor, vc: torch.Tensor, max_rows: int) -> None:
         """The attention kernel is compiled once per launch shape (its split count and chunk are

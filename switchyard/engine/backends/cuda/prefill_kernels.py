@@ -1,5 +1,8 @@
-"""Triton kernels of a GPU prefill step, used with the fused decode kernels: RoPE (with
-Qwen3's q/k norm) splitting the QKV projection into q, k, v, and SiLU(gate) * up."""
+"""Triton kernels of the GPU steps whose projections run through cuBLAS (a prefill, and a decode
+step past the fused rows): RoPE (with Qwen3's q/k norm) splitting the QKV projection into q, k, v
+(prefill), SiLU(gate) * up, and the residual add with the next RMSNorm (both, at decode: torch's
+compiled dynamic-shape kernels for these two took 4-4.7 us where these take about half, on an
+8B step of 16-64 rows on an H100, bench/results/gpu_peer_8b)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,32 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     block = min(2048, triton.next_power_of_2(inter))
     _silu_mul_kernel[(n, triton.cdiv(inter, block))](gu, out, inter, BLOCK=block, num_warps=4)
     return out
+
+
+@triton.jit
+def _add_rms_kernel(x_ptr, y_ptr, w_ptr, xo_ptr, h_ptr, N, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    m = c < N
+    x = tl.load(x_ptr + row * N + c, mask=m, other=0.0).to(tl.float32)
+    x += tl.load(y_ptr + row * N + c, mask=m, other=0.0).to(tl.float32)
+    tl.store(xo_ptr + row * N + c, x, mask=m)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+    w = tl.load(w_ptr + c, mask=m, other=0.0).to(tl.float32)
+    tl.store(h_ptr + row * N + c, (w * (x * r)).to(h_ptr.dtype.element_ty), mask=m)
+
+
+def add_rms(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float,
+            out: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch_ops.add_rms in one kernel, a program a row: (x + y in float32, RMSNorm of it cast to
+    `out`). x float32, y any float dtype, both contiguous and of one shape [..., N]."""
+    n = x.shape[-1]
+    rows = x.numel() // n
+    xo = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    h = torch.empty(x.shape, dtype=out, device=x.device)
+    block = triton.next_power_of_2(n)
+    _add_rms_kernel[(rows,)](x, y, w, xo, h, n, eps, BLOCK=block, num_warps=8 if block >= 4096 else 4)
+    return xo, h
 
 
 @triton.jit
