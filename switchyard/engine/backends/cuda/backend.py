@@ -6,8 +6,9 @@ projection and its residual add):
   write, paged attention, o-proj + residual, norm + gate/up + SiLU, down + residual), launched
   with programmatic dependent launch on Hopper and later (each loads its weights while the one
   before it finishes);
-- a larger decode step: cuBLAS for the projections and torch's compiled ops for the norms and
-  SiLU, with RoPE and the KV write in one kernel after the QKV projection (kernels.rope_write:
+- a larger decode step: cuBLAS for the projections and Triton kernels for the residual add + norm
+  and SiLU (prefill_kernels: torch's compiled dynamic-shape ops took twice as long, 3.7-4.3% of an
+  8B step at 16-64 rows on an H100, bench/results/gpu_peer_8b/), with RoPE and the KV write in one kernel after the QKV projection (kernels.rope_write:
   torch's RoPE, the rows' cache indices and two index copies took ~20 us a layer of an 8B step at
   64 rows, bench/results/gpu_b64/), and attention reading the cache in place with the paged
   kernel (gathering each row's blocks first cost an 8B step at batch 256 ~17 GB of copies);
