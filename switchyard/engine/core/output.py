@@ -35,7 +35,7 @@ class Sampled:
 
 
 class OutputStage:
-    REUSE_DOWNLOADS = True  # GPU steps' tokens come down into reused pinned buffers (False: new ones a step)
+    REUSE_DOWNLOADS = True  # GPU steps' tokens come down into reused pinned buffers (False, at construction: new ones)
 
     def __init__(self, tokenizer: ChatTokenizer, max_model_len: int) -> None:
         self.tok = tokenizer
@@ -70,7 +70,7 @@ class OutputStage:
             back += row_logprobs(logits, tokens, lp_rows, [seqs[i].params.top_logprobs for i in lp_rows])
         if self.downloads is None and tokens.device.type == "cuda" and self.REUSE_DOWNLOADS:
             self.downloads = DownloadPool()
-        return Sampled(list(seqs), tokens, lp_rows, Download(back, self.downloads if self.REUSE_DOWNLOADS else None))
+        return Sampled(list(seqs), tokens, lp_rows, Download(back, self.downloads))
 
     def finish(self, sampled: Sampled) -> list[Sequence]:
         """The host's share: wait for the step's tokens, then stream them; returns the sequences

@@ -66,9 +66,9 @@ class GraphRunner:
         self._host_tables_np = [h.numpy() for h in self._host_tables]
         self._iota_np = np.arange(max(max_slots, bps), dtype=np.int64)  # slot and block ids
         # Each buffer's copies, queued: an event a buffer, recorded again each time it is used (a new
-        # event a step cost the host ~8-11 us, bench/host_launch_costs.py).
+        # event a step cost the host ~8-11 us, bench/host_launch_costs.py). One not yet recorded
+        # has nothing to wait for: torch makes the CUDA event at its first record.
         self._staged = [torch.cuda.Event() for _ in range(2)] if pin else []
-        self._recorded = [False, False]
         self._turn = 0
 
     def status(self) -> dict[str, Any]:
@@ -94,7 +94,7 @@ class GraphRunner:
         nb = L // d.block_size
         k = self._turn
         self._turn ^= 1
-        if self._recorded[k]:
+        if self._staged:
             self._staged[k].synchronize()  # this buffer's copies (two steps back) have left it
         staged = self._host_np[k][:, :S]
         staged[:] = 0  # slots outside this step: token 0 at position 0 of the spare block
@@ -115,7 +115,6 @@ class GraphRunner:
         self.step_tables[: S * nb].copy_(self._host_tables[k][: S * nb], non_blocking=True)
         if self._staged:
             self._staged[k].record()
-            self._recorded[k] = True
         in_order = bool((slot_np == self._iota_np[:B]).all())  # slots 0..B-1: no scatter, no gather
         if on_device:
             if in_order:

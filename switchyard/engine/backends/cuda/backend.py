@@ -8,7 +8,8 @@ projection and its residual add):
   before it finishes);
 - a larger decode step: cuBLAS for the projections and Triton kernels for the residual add + norm
   and SiLU (prefill_kernels: torch's compiled dynamic-shape ops took twice as long, 3.7-4.3% of an
-  8B step at 16-64 rows on an H100, bench/results/gpu_peer_8b/), with RoPE and the KV write in one kernel after the QKV projection (kernels.rope_write:
+  8B step at 16-64 rows on an H100, bench/results/gpu_peer_8b/), with RoPE and the KV write in one
+  kernel after the QKV projection (kernels.rope_write:
   torch's RoPE, the rows' cache indices and two index copies took ~20 us a layer of an 8B step at
   64 rows, bench/results/gpu_b64/), and attention reading the cache in place with the paged
   kernel (gathering each row's blocks first cost an 8B step at batch 256 ~17 GB of copies);
@@ -36,7 +37,6 @@ from switchyard.engine.backends.cuda import prefill_kernels as pk
 from switchyard.engine.backends.cuda.graphs import BATCH_BUCKETS, batch_bucket, len_bucket
 from switchyard.engine.backends.cuda.triton_common import pdl_supported
 from switchyard.engine.backends.torch_backend import TorchBackend, TorchPlan
-from switchyard.engine.backends.torch_ops import Ops
 
 MAX_FUSED_ROWS = ck.MAX_ROWS
 # A model this wide runs the fused layers at one row only. On an H200 (bench/results/gpu_b64/call4)
@@ -65,7 +65,10 @@ class CudaBackend(TorchBackend):
         # The split attention's counters (paged_attention): zeros it leaves at zero, one buffer for
         # every launch and every captured graph (a batch bucket's rows x kv heads at most).
         self.counters = torch.zeros(BATCH_BUCKETS[-1] * dims.kv_heads, dtype=torch.int32, device=dims.device)
-        self._glued: dict[int, Ops] = {}  # _glue's copies of the ops, by the id of the ops they copy
+        # A decode step past the fused rows uses two of its ops, the residual add + RMSNorm and SiLU * up
+        # (RoPE is rope_write's, attention the paged kernel's): those as prefill_kernels' Triton kernels.
+        self.glue_ops = copy.copy(self.ops)
+        self.glue_ops.add_rms, self.glue_ops.silu_mul = pk.add_rms, pk.silu_mul  # type: ignore[assignment]
 
     def status(self) -> dict[str, Any]:
         # one switch: the prefill's RoPE and SiLU kernels go with the decode kernels
@@ -85,17 +88,8 @@ class CudaBackend(TorchBackend):
         p = super().decode_plan(ids, pos, ctx, tables, span, graphs)
         p.fused = fused_rows(self.d.hidden) >= p.B
         if not p.fused and self.TRITON_GLUE:
-            p.ops = self._glue(p.ops)
+            p.ops = self.glue_ops
         return p
-
-    def _glue(self, ops: Ops) -> Ops:
-        """`ops` with the residual add + RMSNorm and SiLU * up as prefill_kernels' Triton kernels (a
-        decode step past the fused rows): a copy per ops object, made once."""
-        glue = self._glued.get(id(ops))
-        if glue is None:
-            glue = self._glued[id(ops)] = copy.copy(ops)
-            glue.add_rms, glue.silu_mul = pk.add_rms, pk.silu_mul  # type: ignore[assignment]
-        return glue
 
     def _shared(self, p: TorchPlan) -> None:
         # The decode kernels and the prefill's RoPE kernel read the whole tables at each row's
@@ -149,7 +143,7 @@ class CudaBackend(TorchBackend):
         return hk.refine(raw, w, h, k, pdl=self.pdl)
 
     def silu_mul(self, gu: torch.Tensor, p: TorchPlan) -> torch.Tensor:
-        return super().silu_mul(gu, p) if p.decode else pk.silu_mul(gu)  # decode: p.ops's (see _glue)
+        return super().silu_mul(gu, p) if p.decode else pk.silu_mul(gu)  # decode: p.ops's (glue_ops)
 
     def warm(self, kc: torch.Tensor, vc: torch.Tensor, max_rows: int) -> None:
         """The attention kernel is compiled once per launch shape (its split count and chunk are
