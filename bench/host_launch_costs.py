@@ -68,7 +68,7 @@ def bench_batch(B: int, V: int, calls: int) -> None:
     bm_host = torch.randint(-2**31, 2**31 - 1, (B, W), generator=g, dtype=torch.int64).to(torch.int32).pin_memory()
     logits = torch.randn(B, V, device=dev, dtype=torch.float32)
     bm_dev = upload(bm_host, torch.int32, dev)
-    grid = (B, triton_cdiv(V, tm.BLOCK))
+    grid = (B, tm.triton.cdiv(V, tm.BLOCK))
     args = (logits, logits.stride(0), bm_dev, W, bm_dev, V, min(V, W * 32))
     compiled = tm._bitmask_kernel[grid](*args, BLOCK=tm.BLOCK, ROWS=False)
     fast = compiled[(grid[0], grid[1], 1)]
@@ -113,10 +113,6 @@ def bench_batch(B: int, V: int, calls: int) -> None:
     print(f"  b={B} pinned masks read in place equal the device copy's: {in_place}")
 
 
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 if __name__ == "__main__":
