@@ -113,7 +113,5 @@ def bench_batch(B: int, V: int, calls: int) -> None:
     print(f"  b={B} pinned masks read in place equal the device copy's: {in_place}")
 
 
-
-
 if __name__ == "__main__":
     main()
