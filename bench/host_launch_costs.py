@@ -15,7 +15,12 @@ a sync every 32 calls), each piece and its cheaper forms:
 - argmax: the greedy sampler's choice (sampling.sample_tokens);
 - download: transfer.Download of the tokens from a DownloadPool (served), with a new pinned tensor
   and event each (served before 2026-12-06), and a bare reused buffer and event (the floor);
-- event: torch.cuda.Event() and its record alone.
+- event: torch.cuda.Event() and its record alone;
+- inputs up: a step's staged inputs to the device, as a strided [4, S] view of a pinned [4, 64]
+  buffer (the graph runner before 2026-12-06: torch copies it through a pageable temporary and a
+  copy kernel) and as one contiguous run (now);
+- graph runner: model/graph_runner.GraphRunner.run of a step whose graph is one small kernel (the
+  inputs staged and copied up, the device ids copied in, the graph replayed, the logits gathered).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -105,12 +111,49 @@ def bench_batch(B: int, V: int, calls: int) -> None:
         "download, bare reused buffer and event": reused,
         "event: new + record": lambda: torch.cuda.Event().record(),
     }
+    cases.update(staging_cases(B, V, tokens))
     if in_place:
         cases["mask kernel, pinned read in place, JIT"] = lambda: tm._bitmask_kernel[grid](
             logits, logits.stride(0), bm_host, W, bm_host, V, min(V, W * 32), BLOCK=tm.BLOCK, ROWS=False)
     for name, fn in cases.items():
         print(f"  b={B:<3d} {name:40s} {per_call(fn, calls):8.1f} us", flush=True)
     print(f"  b={B} pinned masks read in place equal the device copy's: {in_place}")
+
+
+def staging_cases(B: int, V: int, tokens: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """A decode step's input staging on the host, and the graph runner's whole launch."""
+    from types import SimpleNamespace
+
+    from switchyard.engine.model.graph_runner import GraphRunner
+    from switchyard.engine.model.step import Step
+    from switchyard.engine.runner.comm import SingleRank
+
+    dev = torch.device("cuda")
+    slots, span = 64, 512
+    strided_host = torch.zeros(4, slots, dtype=torch.int64, pin_memory=True)
+    strided_dev = torch.zeros(4, slots, dtype=torch.int64, device=dev)
+    flat_host = torch.zeros((4 + span // 16) * slots, dtype=torch.int64, pin_memory=True)
+    flat_dev = torch.zeros_like(flat_host, device=dev)
+    n = (4 + span // 16) * B
+    dims = SimpleNamespace(device=dev, block_size=16, max_len=span, num_blocks=1000, comm=SingleRank(), hidden=576)
+
+    def decode(ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor, tables: torch.Tensor, span: int, graphs: bool,
+               per: int) -> Any:
+        if False:
+            yield
+        return (pos + ctx + tables[:, 0] + ids).float()[:, None].expand(-1, V)
+
+    runner = GraphRunner(dims, decode, slots, V, 1, True)  # type: ignore[arg-type]
+    ctx = torch.full((B,), 100, dtype=torch.int64)
+    step = Step.of(tokens.view(B, 1), (ctx - 1).view(B, 1), torch.arange(B), torch.ones(B, dtype=torch.int64), ctx,
+                   B, torch.arange(B * 8, dtype=torch.int64).view(B, 8))
+    runner.run(step)  # captures its graph
+    return {
+        f"inputs up, strided [4, {B}] view (before)": lambda: strided_dev[:, :B].copy_(strided_host[:, :B],
+                                                                                          non_blocking=True),
+        f"inputs up, contiguous {n} entries": lambda: flat_dev[:n].copy_(flat_host[:n], non_blocking=True),
+        "graph runner: stage, copy, replay, gather": lambda: runner.run(step),
+    }
 
 
 if __name__ == "__main__":

@@ -5,11 +5,14 @@ a backend with slot_decode (torch, cuda).
   its shapes depend only on (S, span bucket) and it can be captured once per bucket. Slots not in
   the step write their keys and values into the cache's spare block (index num_blocks), which no
   live row attends to, and their logits are dropped.
-- The step reads token ids, positions, context lengths and block tables from static device
-  buffers and writes logits into a static buffer: no host synchronisation inside a step, two
-  small host-to-device copies before it and one gather after it. The host stages those inputs in
-  one of two pinned buffers, in turn, so that staging a step never waits for the copies of the
-  step before it.
+- The step reads token ids, positions, context lengths and block tables from one static device
+  buffer and writes logits into a static buffer: no host synchronisation inside a step, one
+  host-to-device copy before it and one gather after it. The inputs of a step over S slots and
+  nb blocks a row lie in the buffer's first (4 + nb) * S entries (ids, positions, ctx lens, each
+  row's slot, then the tables), so that the copy is of one contiguous run: torch copies a
+  strided host view through a pageable temporary and a copy kernel. The host stages those
+  inputs in one of two pinned buffers, in turn, so that staging a step never waits for the copy
+  of the step before it.
 - Token ids that already live on the device (async decode: the previous step's sampled tokens,
   which the host has not read) are copied into the ids buffer there, row by row into their
   slots, after the staged inputs; host ids are staged with the rest. On a CPU device every
@@ -52,20 +55,17 @@ class GraphRunner:
         # A decode step's largest all-reduce: the embedding rows, float32, per batch slot.
         self.graphs = DecodeGraphs(self._step, dev, cuda_graphs,
                                    capturable=lambda batch: comm.graph_safe(batch * dims.hidden * 4))
-        # ids, positions, ctx lens by slot; row 3: each row's slot (the device copy's and the
-        # logits gather's index)
-        self.step_in = torch.zeros(4, max_slots, dtype=torch.int64, device=dev)
-        # Block tables of a decode step: the first S * (span / block_size) entries, viewed [S, span / block_size].
-        self.step_tables = torch.zeros(max_slots * bps, dtype=torch.int64, device=dev)
+        # A step's inputs, laid out by its shape (views): ids, positions, ctx lens by slot, each
+        # row's slot (the device copy's and the logits gather's index), block tables [S, nb].
+        size = (4 + bps) * max_slots
+        self.inputs = torch.zeros(size, dtype=torch.int64, device=dev)
         self.step_out = torch.zeros(max_slots, vocab, dtype=torch.float32, device=dev)
         pin = dev.type == "cuda"
-        # Two staging buffers for step_in and step_tables, used in turn; numpy views of the same memory.
-        self._host = [torch.zeros(4, max_slots, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
-        self._host_tables = [torch.zeros(max_slots * bps, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        # Two staging buffers, used in turn; numpy views of the same memory.
+        self._host = [torch.zeros(size, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self._host_np = [h.numpy() for h in self._host]
-        self._host_tables_np = [h.numpy() for h in self._host_tables]
         self._iota_np = np.arange(max(max_slots, bps), dtype=np.int64)  # slot and block ids
-        # Each buffer's copies, queued: an event a buffer, recorded again each time it is used (a new
+        # Each buffer's copy, queued: an event a buffer, recorded again each time it is used (a new
         # event a step cost the host ~8-11 us, bench/host_launch_costs.py). One not yet recorded
         # has nothing to wait for: torch makes the CUDA event at its first record.
         self._staged = [torch.cuda.Event() for _ in range(2)] if pin else []
@@ -95,15 +95,17 @@ class GraphRunner:
         k = self._turn
         self._turn ^= 1
         if self._staged:
-            self._staged[k].synchronize()  # this buffer's copies (two steps back) have left it
-        staged = self._host_np[k][:, :S]
+            self._staged[k].synchronize()  # this buffer's copy (two steps back) has left it
+        n = (4 + nb) * S
+        host = self._host_np[k]
+        staged = host[: 4 * S].reshape(4, S)
         staged[:] = 0  # slots outside this step: token 0 at position 0 of the spare block
         if not on_device:
             staged[0, slot_np] = ids.numpy()[:, 0]
         staged[1, slot_np] = positions.cpu().numpy()[:, 0]
         staged[2, slot_np] = ctx_np
         staged[3, :B] = slot_np
-        staged_tables = self._host_tables_np[k][: S * nb].reshape(S, nb)
+        staged_tables = host[4 * S: n].reshape(S, nb)
         staged_tables.fill(d.num_blocks)
         if block_tables is None:  # slot s owns blocks s * blocks_per_seq onwards
             staged_tables[slot_np] = slot_np[:, None] * self.blocks_per_seq + self._iota_np[:nb]
@@ -111,26 +113,32 @@ class GraphRunner:
             tables = block_tables.cpu().numpy()
             w = min(nb, tables.shape[1])
             staged_tables[slot_np, :w] = tables[:, :w]
-        self.step_in[:, :S].copy_(self._host[k][:, :S], non_blocking=True)
-        self.step_tables[: S * nb].copy_(self._host_tables[k][: S * nb], non_blocking=True)
+        self.inputs[:n].copy_(self._host[k][:n], non_blocking=True)
         if self._staged:
             self._staged[k].record()
         in_order = bool((slot_np == self._iota_np[:B]).all())  # slots 0..B-1: no scatter, no gather
-        if on_device:
+        row_slots = self.inputs[3 * S: 3 * S + B]
+        if on_device:  # the step's ids lead the buffer: slot s's at entry s
             if in_order:
-                self.step_in[0, :B].copy_(ids.view(-1))
+                self.inputs[:B].copy_(ids.view(-1))
             else:
-                self.step_in[0].index_copy_(0, self.step_in[3, :B], ids.view(-1))
+                self.inputs[:S].index_copy_(0, row_slots, ids.view(-1))
         self.graphs.run(S, L)
         if in_order:
             return self.step_out[:B].clone()
-        return self.step_out.index_select(0, self.step_in[3, :B])
+        return self.step_out.index_select(0, row_slots)
+
+    def _views(self, S: int, nb: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The inputs of a step over S slots and nb blocks a row: ids, positions, ctx lens, each
+        row's slot (each [S]) and the block tables [S, nb], views of `inputs` at fixed offsets (what
+        the step's graphs read)."""
+        x = self.inputs
+        return x[:S], x[S: 2 * S], x[2 * S: 3 * S], x[3 * S: 4 * S], x[4 * S: (4 + nb) * S].view(S, nb)
 
     def _step(self, S: int, L: int) -> Iterator[None]:
-        """One decode step over slots 0..S-1 attending over positions 0..L-1, from step_in to
+        """One decode step over slots 0..S-1 attending over positions 0..L-1, from inputs to
         step_out, with no host synchronisation: what a CUDA graph records, in parts."""
         per = max(1, -(-self.layers // max(1, self.parts)))
-        nb = L // self.d.block_size
-        logits = yield from self.decode(self.step_in[0, :S], self.step_in[1, :S], self.step_in[2, :S],
-                                        self.step_tables[: S * nb].view(S, nb), L, self.graphs.enabled, per)
+        ids, pos, ctx, _, tables = self._views(S, L // self.d.block_size)
+        logits = yield from self.decode(ids, pos, ctx, tables, L, self.graphs.enabled, per)
         self.step_out[:S].copy_(logits)
