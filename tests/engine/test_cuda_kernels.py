@@ -170,9 +170,12 @@ def test_one_launch_mlp_as_the_two_launches(dtype: torch.dtype, hid: int) -> Non
     h = ck.gemv_residual(a, wo, x, out2=acc)
     assert torch.equal(acc, h)
     want = ck.gemv_residual(ck.gate_up_silu(h, ln, wgu, 1e-5), wd, h)
-    got = ck.mlp(h, ln, wgu, wd, acc, 1e-5)
-    assert got is acc
+    got = ck.mlp(h, ln, wgu, wd, acc.clone(), 1e-5)
     torch.testing.assert_close(got, want, **_tol(dtype))
+    # its other launch shapes: the down weight transposed, loads of 256 down rows, 4 rows a program
+    got = ck.mlp(h, ln, wgu, wd.t().contiguous(), acc.clone(), 1e-5, rows=4, warps=4, block_n=256, transposed=True)
+    torch.testing.assert_close(got, want, **_tol(dtype))
+    assert ck.mlp(h, ln, wgu, wd, acc, 1e-5) is acc  # in place
 
 
 def test_attention_splits_a_span_until_the_launch_fills_the_gpu() -> None:

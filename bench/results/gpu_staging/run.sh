@@ -7,6 +7,7 @@
 # ccbe11b, its tests, docs and results removed), each in its own process, alternated.
 #
 #   STAGES="costs mlp regress ab" bash bench/results/gpu_staging/run.sh   # carry .whl, .cache/smollm2-tokenizer, .before
+#   STAGES="sweep ab" OUT=... bash bench/results/gpu_staging/run.sh       # the one-launch MLP's shapes; the staging alone
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_staging  # out, PY, log, left, stage, regress
 for s in ${STAGES:-costs mlp regress ab}; do
@@ -22,6 +23,9 @@ for s in ${STAGES:-costs mlp regress ab}; do
       timeout 150 $PY bench/engine_cuda_profile.py --shape smollm2-135m --batch 1 --kernels 24 \
         --backends cuda,cuda-two-launch-mlp,cuda,cuda-two-launch-mlp --out "$out" >"$out/mlp.log" 2>&1
       echo "mlp rc=$?" | tee -a "$log"; grep -E "^## |steps:" "$out/kernels_smollm2-135m_b1.md" | tee -a "$log" ;;
+    sweep) stage sweep  # the one-launch MLP's launch shapes against the two launches (bench/mlp_one_launch.py)
+      timeout 200 $PY bench/mlp_one_launch.py --shapes 576x1536,1024x3072 --rounds 3 >"$out/mlp_sweep.md" 2>&1
+      echo "sweep rc=$?" | tee -a "$log"; tee -a "$log" <"$out/mlp_sweep.md" ;;
     ab) stage ab  # SmolLM2 free and under both grammars at batches 1 and 16, each tree in its own process
       for r in $(seq "${AB_ROUNDS:-2}"); do
         for tree in . .before; do

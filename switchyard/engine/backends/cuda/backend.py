@@ -58,7 +58,7 @@ class CudaBackend(TorchBackend):
     name = "cuda"
     TRITON_GLUE = True  # a decode step past the fused rows: norms and SiLU by Triton (False: torch's compiled ops)
     # A one-row step of a narrow model: gate/up, SiLU and down in one launch (kernels.mlp), not two.
-    ONE_LAUNCH_MLP = True
+    ONE_LAUNCH_MLP = False  # (off while its launch shape is swept: bench/mlp_one_launch.py)
 
     def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights], compile_ops: bool | None = None) -> None:
         super().__init__(dims, layers, compile_ops)

@@ -270,27 +270,41 @@ def _gate_up_silu_kernel(x_ptr, ln_ptr, w_ptr, out_ptr, M, INTER, K, eps,
 
 @triton.jit
 def _mlp_kernel(x_ptr, ln_ptr, w_ptr, down_ptr, out_ptr, INTER, K, eps, R: tl.constexpr, BLOCK_K: tl.constexpr,
-                BLOCK_N: tl.constexpr, NORM_BLOCK: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+                BLOCK_N: tl.constexpr, NORM_BLOCK: tl.constexpr, TRANSPOSED: tl.constexpr, UPCAST: tl.constexpr,
+                PDL: tl.constexpr):
     # One row's MLP in one launch: this program's R rows J of the intermediate, a = SiLU(g) * u as
     # _gate_up_silu_kernel makes them, then their share of the down projection, down[:, J] @ a[J],
-    # added to out (float32 atomics). down's slice is a weight: its first tile is loaded before the
-    # wait for the kernel before.
+    # added to out (float32 atomics). down [K, INTER], or TRANSPOSED [INTER, K] (each program's slice
+    # contiguous). Its first tile is a weight, loaded before the wait for the kernel before.
     j = tl.program_id(0) * R + tl.arange(0, R)
     jmask = j < INTER
     jr = tl.where(jmask, j, 0)
     ns = tl.arange(0, BLOCK_N)
-    d = tl.load(down_ptr + ns[:, None] * INTER + jr[None, :], mask=(ns < K)[:, None] & jmask[None, :], other=0.0)
+    if TRANSPOSED:
+        d0 = tl.load(down_ptr + jr[:, None] * K + ns[None, :], mask=jmask[:, None] & (ns < K)[None, :], other=0.0)
+    else:
+        d0 = tl.load(down_ptr + ns[:, None] * INTER + jr[None, :], mask=(ns < K)[:, None] & jmask[None, :], other=0.0)
     g, u = _matvec_pair(x_ptr, K, ln_ptr, eps, w_ptr, K, jr, INTER, 1, K, True, 1, R, BLOCK_K, NORM_BLOCK,
                         True, UPCAST, PDL)
     odt = down_ptr.dtype.element_ty
     g = g.to(odt).to(tl.float32)
     u = u.to(odt).to(tl.float32)
     a = (g / (1.0 + tl.exp(-g)) * u).to(odt).to(tl.float32)  # [1, R]
-    for n0 in range(0, K, BLOCK_N):
-        if n0 > 0:
+    if TRANSPOSED:
+        a_col = tl.reshape(a, [R, 1])
+        tl.atomic_add(out_ptr + ns, tl.sum(d0.to(tl.float32) * a_col, axis=0), mask=ns < K, sem="relaxed")
+        for n0 in range(BLOCK_N, K, BLOCK_N):
+            d = tl.load(down_ptr + jr[:, None] * K + (n0 + ns)[None, :],
+                        mask=jmask[:, None] & (n0 + ns < K)[None, :], other=0.0)
+            tl.atomic_add(out_ptr + n0 + ns, tl.sum(d.to(tl.float32) * a_col, axis=0), mask=n0 + ns < K,
+                          sem="relaxed")
+    else:
+        tl.atomic_add(out_ptr + ns, tl.sum(d0.to(tl.float32) * a, axis=1), mask=ns < K, sem="relaxed")
+        for n0 in range(BLOCK_N, K, BLOCK_N):
             d = tl.load(down_ptr + (n0 + ns)[:, None] * INTER + jr[None, :],
                         mask=(n0 + ns < K)[:, None] & jmask[None, :], other=0.0)
-        tl.atomic_add(out_ptr + n0 + ns, tl.sum(d.to(tl.float32) * a, axis=1), mask=n0 + ns < K, sem="relaxed")
+            tl.atomic_add(out_ptr + n0 + ns, tl.sum(d.to(tl.float32) * a, axis=1), mask=n0 + ns < K,
+                          sem="relaxed")
 
 
 # -- launchers --------------------------------------------------------------------------------
@@ -421,20 +435,22 @@ MLP_MAX_HIDDEN = 2048  # its gate/up rows are read in one load each, as tile_for
 
 
 def mlp(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, down: torch.Tensor, out: torch.Tensor, eps: float,
-        pdl: bool = False) -> torch.Tensor:
+        pdl: bool = False, rows: int = MLP_ROWS, warps: int = MLP_WARPS, block_n: int = 1024,
+        transposed: bool = False) -> torch.Tensor:
     """One row's MLP in one launch: out += down(SiLU(gate) * up of RMSNorm(x) * ln), x float32
-    [1, hidden] (hidden <= MLP_MAX_HIDDEN), w [2 I, hidden], down [hidden, I], out float32 [1, hidden]
-    holding the residual (gemv_residual's out2) and not read by this launch otherwise. Each program
-    adds its rows' share of the down projection in float32, so the projection is not rounded to the
-    model dtype before the residual add as the two-launch path's is, and the order of the adds is the
-    atomics' (the last bits may differ run to run)."""
+    [1, hidden] (hidden <= MLP_MAX_HIDDEN), w [2 I, hidden], down [hidden, I] (transposed: [I, hidden]),
+    out float32 [1, hidden] holding the residual (gemv_residual's out2) and not read by this launch
+    otherwise. Each program adds its rows' share of the down projection in float32, so the
+    projection is not rounded to the model dtype before the residual add as the two-launch path's
+    is, and the order of the adds is the atomics' (the last bits may differ run to run)."""
     M, K = x.shape
     assert M == 1 and K <= MLP_MAX_HIDDEN, f"the one-launch MLP takes one row of <= {MLP_MAX_HIDDEN}, got {M} x {K}"
     inter = w.shape[0] // 2
     block = triton.next_power_of_2(K)
-    _mlp_kernel[(triton.cdiv(inter, MLP_ROWS),)](x, ln, w, down, out, inter, K, eps, R=MLP_ROWS, BLOCK_K=block,
-                                                 BLOCK_N=min(block, 1024), NORM_BLOCK=_norm_block(1, K),
-                                                 UPCAST=_UPCAST, PDL=pdl, num_warps=MLP_WARPS, launch_pdl=pdl)
+    _mlp_kernel[(triton.cdiv(inter, rows),)](x, ln, w, down, out, inter, K, eps, R=rows, BLOCK_K=block,
+                                             BLOCK_N=min(block, block_n), NORM_BLOCK=_norm_block(1, K),
+                                             TRANSPOSED=transposed, UPCAST=_UPCAST, PDL=pdl, num_warps=warps,
+                                             launch_pdl=pdl)
     return out
 
 
