@@ -29,8 +29,6 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   spills registers at 8 warps).
 - `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
   top-k, gather, batched matmul, scatter), as before head_kernels.py.
-- `cuda-two-launch-mlp`: the cuda backend with a one-row step's MLP in two launches (gate/up + SiLU,
-  then down + residual), as before kernels.mlp.
 - `cuda-compiled-glue`: the cuda backend with a decode step past the fused rows taking its residual
   add + RMSNorm and SiLU * up from torch's compiled ops (as before 2026-12-06), not Triton's.
 
@@ -129,16 +127,6 @@ def _compiled_glue() -> type:
     return CompiledGlueBackend
 
 
-def _two_launch_mlp() -> type:
-    from switchyard.engine.backends.cuda.backend import CudaBackend
-
-    class TwoLaunchMlpBackend(CudaBackend):
-        name = "cuda-two-launch-mlp"
-        ONE_LAUNCH_MLP = False
-
-    return TwoLaunchMlpBackend
-
-
 def _attention_shaped(name: str, unsplit: bool) -> type:
     """The cuda backend with the decode attention's (splits, positions a load) set otherwise: by
     the span alone (as before the launch's rows counted), or never split."""
@@ -234,7 +222,6 @@ registry.register("cuda-no-pdl", _lazy(_no_pdl))  # type: ignore[arg-type]
 registry.register("cuda-attention-unsplit", _lazy(_attention_shaped, "cuda-attention-unsplit", True))  # type: ignore[arg-type]
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]
 registry.register("cuda-compiled-glue", _lazy(_compiled_glue))  # type: ignore[arg-type]
-registry.register("cuda-two-launch-mlp", _lazy(_two_launch_mlp))  # type: ignore[arg-type]
 registry.register("cuda-persistent", _lazy(_persistent, "cuda-persistent", 4096))  # type: ignore[arg-type]
 registry.register("cuda-persistent-2k", _lazy(_persistent, "cuda-persistent-2k", 2048))  # type: ignore[arg-type]
 for _n in (0, 1, 2, 4, 8, 16):

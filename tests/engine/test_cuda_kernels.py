@@ -152,32 +152,6 @@ def test_gemv_residual_and_gate_up_silu(M: int, dtype: torch.dtype, tile: ck.Til
     torch.testing.assert_close(ck.gate_up_silu(x, ln, wgu, 1e-5, tile).float(), ref_a, **_tol(dtype))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("hid", [80, 1100], ids=["one-tile", "down-in-two-tiles"])
-def test_one_launch_mlp_as_the_two_launches(dtype: torch.dtype, hid: int) -> None:
-    """kernels.mlp (one row: gate/up, SiLU and each program's share of down, added by atomics) gives
-    the residual of gate_up_silu then gemv_residual, within the down projection's rounding (the two
-    launches round it to the model dtype first); gemv_residual's out2 takes a copy of its out."""
-    g = torch.Generator().manual_seed(hid)
-    inter = 40
-    x = _rand(1, hid, g=g)
-    ln = 1 + 0.1 * _rand(hid, g=g)
-    wgu = _rand(2 * inter, hid, dtype=dtype, g=g, std=0.1)
-    wd = _rand(hid, inter, dtype=dtype, g=g, std=0.1)
-    a = _rand(1, hid, dtype=dtype, g=g)
-    wo = _rand(hid, hid, dtype=dtype, g=g, std=0.05)
-    acc = torch.full_like(x, float("nan"))
-    h = ck.gemv_residual(a, wo, x, out2=acc)
-    assert torch.equal(acc, h)
-    want = ck.gemv_residual(ck.gate_up_silu(h, ln, wgu, 1e-5), wd, h)
-    got = ck.mlp(h, ln, wgu, wd, acc.clone(), 1e-5)
-    torch.testing.assert_close(got, want, **_tol(dtype))
-    # its other launch shapes: the down weight transposed, loads of 256 down rows, 4 rows a program
-    got = ck.mlp(h, ln, wgu, wd.t().contiguous(), acc.clone(), 1e-5, rows=4, warps=4, block_n=256, transposed=True)
-    torch.testing.assert_close(got, want, **_tol(dtype))
-    assert ck.mlp(h, ln, wgu, wd, acc, 1e-5) is acc  # in place
-
-
 def test_attention_splits_a_span_until_the_launch_fills_the_gpu() -> None:
     """One row of the 8B shape (8 kv heads) splits a 256 span 8 ways (the span's own bound), as
     before; 16 rows twice; 64 rows fill the GPU unsplit (one launch, no combine)."""
@@ -304,11 +278,9 @@ def test_download_pool_reuses_its_buffers_and_brings_each_download_back() -> Non
     assert Download([torch.ones(1, device=DEV)]).get()[0].data_ptr() not in seen  # no pool: its own buffer
 
 
-def _layer_chain(pdl: bool, layers: int, M: int, graph: bool, one_launch_mlp: bool = False,
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def _layer_chain(pdl: bool, layers: int, M: int, graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """`layers` decode layers of the fused kernels on fixed random weights (each kernel reading
-    the one before's output, the KV cache written and read back): the residual out and the cache.
-    one_launch_mlp: the MLP as kernels.mlp (one row)."""
+    the one before's output, the KV cache written and read back): the residual out and the cache."""
     from switchyard.engine.backends.cuda.triton_common import pdl_supported
 
     assert not pdl or pdl_supported(DEV)
@@ -337,10 +309,6 @@ def _layer_chain(pdl: bool, layers: int, M: int, graph: bool, one_launch_mlp: bo
         for i, (wqkv, wo, wgu, wd) in enumerate(ws):
             q = ck.qkv_rope(x, ln, wqkv, None, None, cos, sin, pos, blocks, offs, kc[i], vc[i], H, HKV, 1e-5, pdl=pdl)
             o = ck.paged_attention(q, kc[i], vc[i], tables, ctx, span, pdl=pdl)
-            if one_launch_mlp:
-                acc = torch.empty_like(x)
-                x = ck.mlp(ck.gemv_residual(o, wo, x, pdl=pdl, out2=acc), ln, wgu, wd, acc, 1e-5, pdl=pdl)
-                continue
             x = ck.gemv_residual(o, wo, x, pdl=pdl)
             x = ck.gemv_residual(ck.gate_up_silu(x, ln, wgu, 1e-5, pdl=pdl), wd, x, pdl=pdl)
         return x
@@ -369,12 +337,6 @@ def test_pdl_kernels_compute_what_serial_launches_do(M: int) -> None:
         got, kc = _layer_chain(True, 12, M, graph=graph)
         assert torch.equal(got, ref), graph
         assert torch.equal(kc, kc_ref), graph
-    if M == 1:  # the one-launch MLP's atomics add in any order: close, not equal (a race would be far off)
-        ref, kc_ref = _layer_chain(False, 12, M, graph=False, one_launch_mlp=True)
-        for graph in (False, True):
-            got, kc = _layer_chain(True, 12, M, graph=graph, one_launch_mlp=True)
-            torch.testing.assert_close(got, ref, **_tol(torch.bfloat16))
-            torch.testing.assert_close(kc.float(), kc_ref.float(), **_tol(torch.bfloat16))
 
 
 @pytest.mark.parametrize("V,hid,N", [pytest.param(49152, 96, 1, marks=pytest.mark.skipif(

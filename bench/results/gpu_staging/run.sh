@@ -8,6 +8,9 @@
 #
 #   STAGES="costs mlp regress ab" bash bench/results/gpu_staging/run.sh   # carry .whl, .cache/smollm2-tokenizer, .before
 #   STAGES="sweep ab" OUT=... bash bench/results/gpu_staging/run.sh       # the one-launch MLP's shapes; the staging alone
+#   STAGES="regress full" OUT=... bash bench/results/gpu_staging/run.sh   # every GPU test; SmolLM2, ours and the peer
+#
+# The mlp and sweep stages ran at 6446586 and 9caeed3 (kernels.mlp and bench/mlp_one_launch.py, removed after).
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_staging  # out, PY, log, left, stage, regress
 for s in ${STAGES:-costs mlp regress ab}; do
@@ -38,6 +41,7 @@ for s in ${STAGES:-costs mlp regress ab}; do
         done
       done ;;
     regress) regress ;;
+    full) BATCHES=1,16,64 engine_bench smollm2-135m 1,16 ;;
   esac
 done
 stage done

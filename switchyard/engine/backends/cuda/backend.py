@@ -5,9 +5,7 @@ projection and its residual add):
 - a decode step of up to 16 rows (of one row on a model 4096 or more wide: fused_rows): each layer in five kernels (kernels.py: norm + QKV + RoPE + KV
   write, paged attention, o-proj + residual, norm + gate/up + SiLU, down + residual), launched
   with programmatic dependent launch on Hopper and later (each loads its weights while the one
-  before it finishes); at one row of a model up to kernels.MLP_MAX_HIDDEN wide, four: the MLP
-  in one launch (kernels.mlp: each program's intermediate rows and their share of down, added
-  with float32 atomics), one kernel boundary fewer a layer where boundaries set the pace;
+  before it finishes);
 - a larger decode step: cuBLAS for the projections and Triton kernels for the residual add + norm
   and SiLU (prefill_kernels: torch's compiled dynamic-shape ops took twice as long, 3.7-4.3% of an
   8B step at 16-64 rows on an H100, bench/results/gpu_peer_8b/), with RoPE and the KV write in one
@@ -57,8 +55,6 @@ def fused_rows(hidden: int) -> int:
 class CudaBackend(TorchBackend):
     name = "cuda"
     TRITON_GLUE = True  # a decode step past the fused rows: norms and SiLU by Triton (False: torch's compiled ops)
-    # A one-row step of a narrow model: gate/up, SiLU and down in one launch (kernels.mlp), not two.
-    ONE_LAUNCH_MLP = False  # (off while its launch shape is swept: bench/mlp_one_launch.py)
 
     def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights], compile_ops: bool | None = None) -> None:
         super().__init__(dims, layers, compile_ops)
@@ -77,8 +73,7 @@ class CudaBackend(TorchBackend):
     def status(self) -> dict[str, Any]:
         # one switch: the prefill's RoPE and SiLU kernels go with the decode kernels
         st = {**super().status(), "decode_kernels": "fused", "prefill_kernels": "fused",
-              "fused_rows": fused_rows(self.d.hidden), "pdl": self.pdl, "prefill_fp8": fp8.carried(self.layers),
-              "one_launch_mlp": self.ONE_LAUNCH_MLP and self.d.hidden <= ck.MLP_MAX_HIDDEN}
+              "fused_rows": fused_rows(self.d.hidden), "pdl": self.pdl, "prefill_fp8": fp8.carried(self.layers)}
         if st["prefill_fp8"]:
             st["prefill_fp8_tokens"] = fp8.PREFILL_TOKENS
         return st
@@ -131,10 +126,6 @@ class CudaBackend(TorchBackend):
     def layer_out(self, layer: LayerWeights, x: torch.Tensor, o: torch.Tensor,
                   p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
         if p.fused:
-            if self.ONE_LAUNCH_MLP and x.shape[0] == 1 and self.d.hidden <= ck.MLP_MAX_HIDDEN:
-                acc = torch.empty_like(x)  # the residual after o_proj, which the MLP's programs add to
-                x = ck.gemv_residual(o, layer.o.w, x, pdl=self.pdl, out2=acc)
-                return ck.mlp(x, layer.ln2, layer.gate_up.w, layer.down.w, acc, self.d.eps, pdl=self.pdl), None
             x = ck.gemv_residual(o, layer.o.w, x, pdl=self.pdl)
             h = ck.gate_up_silu(x, layer.ln2, layer.gate_up.w, self.d.eps, pdl=self.pdl)
             return ck.gemv_residual(h, layer.down.w, x, pdl=self.pdl), None

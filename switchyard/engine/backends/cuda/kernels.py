@@ -229,12 +229,11 @@ def _rope_write_kernel(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off
 
 
 @triton.jit
-def _gemv_residual_kernel(a_ptr, w_ptr, x_ptr, out_ptr, out2_ptr, M, N, K,
+def _gemv_residual_kernel(a_ptr, w_ptr, x_ptr, out_ptr, M, N, K,
                           R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
-                          UPCAST: tl.constexpr, PDL: tl.constexpr, TWICE: tl.constexpr):
+                          UPCAST: tl.constexpr, PDL: tl.constexpr):
     # out[m, n] = x[m, n] + round(W[n] . a[m]): the projection rounded to the model dtype (as the
-    # cuBLAS path's output is), added to the float32 residual stream. TWICE: also into out2 (what
-    # the one-launch MLP adds its share to while its programs read out).
+    # cuBLAS path's output is), added to the float32 residual stream.
     n = tl.program_id(0) * R + tl.arange(0, R)
     nmask = n < N
     nr = tl.where(nmask, n, 0)
@@ -245,8 +244,6 @@ def _gemv_residual_kernel(a_ptr, w_ptr, x_ptr, out_ptr, out2_ptr, M, N, K,
     x = tl.load(x_ptr + at, mask=mask, other=0.0)
     y = acc.to(w_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + at, x + y, mask=mask)
-    if TWICE:
-        tl.store(out2_ptr + at, x + y, mask=mask)
 
 
 @triton.jit
@@ -266,45 +263,6 @@ def _gate_up_silu_kernel(x_ptr, ln_ptr, w_ptr, out_ptr, M, INTER, K, eps,
     a = g / (1.0 + tl.exp(-g)) * u
     rows = tl.arange(0, M_P)
     tl.store(out_ptr + rows[:, None] * INTER + j[None, :], a.to(odt), mask=(rows[:, None] < M) & jmask[None, :])
-
-
-@triton.jit
-def _mlp_kernel(x_ptr, ln_ptr, w_ptr, down_ptr, out_ptr, INTER, K, eps, R: tl.constexpr, BLOCK_K: tl.constexpr,
-                BLOCK_N: tl.constexpr, NORM_BLOCK: tl.constexpr, TRANSPOSED: tl.constexpr, UPCAST: tl.constexpr,
-                PDL: tl.constexpr):
-    # One row's MLP in one launch: this program's R rows J of the intermediate, a = SiLU(g) * u as
-    # _gate_up_silu_kernel makes them, then their share of the down projection, down[:, J] @ a[J],
-    # added to out (float32 atomics). down [K, INTER], or TRANSPOSED [INTER, K] (each program's slice
-    # contiguous). Its first tile is a weight, loaded before the wait for the kernel before.
-    j = tl.program_id(0) * R + tl.arange(0, R)
-    jmask = j < INTER
-    jr = tl.where(jmask, j, 0)
-    ns = tl.arange(0, BLOCK_N)
-    if TRANSPOSED:
-        d0 = tl.load(down_ptr + jr[:, None] * K + ns[None, :], mask=jmask[:, None] & (ns < K)[None, :], other=0.0)
-    else:
-        d0 = tl.load(down_ptr + ns[:, None] * INTER + jr[None, :], mask=(ns < K)[:, None] & jmask[None, :], other=0.0)
-    g, u = _matvec_pair(x_ptr, K, ln_ptr, eps, w_ptr, K, jr, INTER, 1, K, True, 1, R, BLOCK_K, NORM_BLOCK,
-                        True, UPCAST, PDL)
-    odt = down_ptr.dtype.element_ty
-    g = g.to(odt).to(tl.float32)
-    u = u.to(odt).to(tl.float32)
-    a = (g / (1.0 + tl.exp(-g)) * u).to(odt).to(tl.float32)  # [1, R]
-    if TRANSPOSED:
-        a_col = tl.reshape(a, [R, 1])
-        tl.atomic_add(out_ptr + ns, tl.sum(d0.to(tl.float32) * a_col, axis=0), mask=ns < K, sem="relaxed")
-        for n0 in range(BLOCK_N, K, BLOCK_N):
-            d = tl.load(down_ptr + jr[:, None] * K + (n0 + ns)[None, :],
-                        mask=jmask[:, None] & (n0 + ns < K)[None, :], other=0.0)
-            tl.atomic_add(out_ptr + n0 + ns, tl.sum(d.to(tl.float32) * a_col, axis=0), mask=n0 + ns < K,
-                          sem="relaxed")
-    else:
-        tl.atomic_add(out_ptr + ns, tl.sum(d0.to(tl.float32) * a, axis=1), mask=ns < K, sem="relaxed")
-        for n0 in range(BLOCK_N, K, BLOCK_N):
-            d = tl.load(down_ptr + (n0 + ns)[:, None] * INTER + jr[None, :],
-                        mask=(n0 + ns < K)[:, None] & jmask[None, :], other=0.0)
-            tl.atomic_add(out_ptr + n0 + ns, tl.sum(d.to(tl.float32) * a, axis=1), mask=n0 + ns < K,
-                          sem="relaxed")
 
 
 # -- launchers --------------------------------------------------------------------------------
@@ -400,17 +358,15 @@ def rope_write(qkv: torch.Tensor, qk_norm: torch.Tensor | None, cos: torch.Tenso
 
 
 def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, tile: Tile | None = None,
-                  pdl: bool = False, out2: torch.Tensor | None = None) -> torch.Tensor:
-    """x + (a @ w.T) rounded to w's dtype; a [M, K] model dtype, w [N, K], x float32 [M, N]. out2:
-    a float32 [M, N] buffer that takes a copy of the result (the one-launch MLP's)."""
+                  pdl: bool = False) -> torch.Tensor:
+    """x + (a @ w.T) rounded to w's dtype; a [M, K] model dtype, w [N, K], x float32 [M, N]."""
     M, K = a.shape
     N = w.shape[0]
     out = torch.empty(M, N, dtype=torch.float32, device=a.device)
     M_P = _rows_pad(M)
     t = tile or tile_for("gemv", M_P, N, K, w.element_size())
-    _gemv_residual_kernel[(triton.cdiv(N, t.rows),)](a, w, x, out, out if out2 is None else out2, M, N, K, R=t.rows,
-                                                     M_P=M_P, BLOCK_K=t.block_k, PREFETCH=t.prefetch, UPCAST=_UPCAST,
-                                                     PDL=pdl, TWICE=out2 is not None, num_warps=t.warps,
+    _gemv_residual_kernel[(triton.cdiv(N, t.rows),)](a, w, x, out, M, N, K, R=t.rows, M_P=M_P, BLOCK_K=t.block_k,
+                                                     PREFETCH=t.prefetch, UPCAST=_UPCAST, PDL=pdl, num_warps=t.warps,
                                                      num_stages=t.stages, launch_pdl=pdl)
     return out
 
@@ -430,30 +386,6 @@ def gate_up_silu(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float,
     return out
 
 
-MLP_ROWS, MLP_WARPS = 16, 8  # the one-launch MLP: intermediate rows a program (32 bytes of each down row), warps
-MLP_MAX_HIDDEN = 2048  # its gate/up rows are read in one load each, as tile_for's at one row up to 2K elements
-
-
-def mlp(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, down: torch.Tensor, out: torch.Tensor, eps: float,
-        pdl: bool = False, rows: int = MLP_ROWS, warps: int = MLP_WARPS, block_n: int = 1024,
-        transposed: bool = False) -> torch.Tensor:
-    """One row's MLP in one launch: out += down(SiLU(gate) * up of RMSNorm(x) * ln), x float32
-    [1, hidden] (hidden <= MLP_MAX_HIDDEN), w [2 I, hidden], down [hidden, I] (transposed: [I, hidden]),
-    out float32 [1, hidden] holding the residual (gemv_residual's out2) and not read by this launch
-    otherwise. Each program adds its rows' share of the down projection in float32, so the
-    projection is not rounded to the model dtype before the residual add as the two-launch path's
-    is, and the order of the adds is the atomics' (the last bits may differ run to run)."""
-    M, K = x.shape
-    assert M == 1 and K <= MLP_MAX_HIDDEN, f"the one-launch MLP takes one row of <= {MLP_MAX_HIDDEN}, got {M} x {K}"
-    inter = w.shape[0] // 2
-    block = triton.next_power_of_2(K)
-    _mlp_kernel[(triton.cdiv(inter, rows),)](x, ln, w, down, out, inter, K, eps, R=rows, BLOCK_K=block,
-                                             BLOCK_N=min(block, block_n), NORM_BLOCK=_norm_block(1, K),
-                                             TRANSPOSED=transposed, UPCAST=_UPCAST, PDL=pdl, num_warps=warps,
-                                             launch_pdl=pdl)
-    return out
-
-
 # -- prefill's elementwise parts ---------------------------------------------------------------
 # torch.compile's dynamic-shape kernels for these ran at 0.5-1.1 TB/s on an 8k-token prefill of an
 # 8B model (25 ms of its 240); rows of contiguous loads run them near the copy bandwidth.
@@ -462,5 +394,5 @@ def mlp(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, down: torch.Tensor, 
 # Kernel 2 of the five, in its own file.
 from switchyard.engine.backends.cuda.paged_attention import attention_shape, paged_attention  # noqa: E402
 
-__all__ = ["MAX_ROWS", "MLP_MAX_HIDDEN", "Tile", "attention_shape", "gate_up_silu", "gemv_residual", "mlp",
-           "paged_attention", "qkv_rope", "rope_write", "tile_for"]
+__all__ = ["MAX_ROWS", "Tile", "attention_shape", "gate_up_silu", "gemv_residual", "paged_attention", "qkv_rope",
+           "rope_write", "tile_for"]
