@@ -117,7 +117,7 @@ class GraphRunner:
         if self._staged:
             self._staged[k].record()
         in_order = bool((slot_np == self._iota_np[:B]).all())  # slots 0..B-1: no scatter, no gather
-        row_slots = self.inputs[3 * S: 3 * S + B]
+        row_slots = self.inputs[3 * S: 3 * S + B]  # _views' slots, without the other four views
         if on_device:  # the step's ids lead the buffer: slot s's at entry s
             if in_order:
                 self.inputs[:B].copy_(ids.view(-1))
