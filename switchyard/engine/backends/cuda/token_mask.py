@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 # triton_common sets TRITON_INTERPRET before triton loads (no GPU: the kernel is interpreted).
-from switchyard.engine.backends.cuda.triton_common import tl, triton
+from switchyard.engine.backends.cuda.triton_common import INTERPRETED, tl, triton
 from switchyard.engine.backends.transfer import upload
 
 BLOCK = 2048  # tokens a program: 49k-128k vocabularies give 24-63 programs a row
@@ -86,11 +86,11 @@ def _key(args: tuple[Any, ...]) -> tuple[Any, ...]:
 def _launch(grid: tuple[int, int], args: tuple[Any, ...]) -> None:
     """The kernel over grid: the first time for a specialization through triton's JIT entry (which
     compiles it), then through the compiled kernel's handle (COMPILED). Interpreted, always the JIT's."""
-    key = _key(args) if COMPILED else None
+    key = _key(args) if COMPILED and not INTERPRETED else None
     k = _compiled.get(key) if key is not None else None
     if k is not None:
         k[(grid[0], grid[1], 1)](*args)
         return
     k = _bitmask_kernel[grid](*args)
-    if key is not None and hasattr(k, "run") and hasattr(k, "__getitem__"):  # a compiled kernel (not interpreted)
+    if key is not None:
         _compiled[key] = k

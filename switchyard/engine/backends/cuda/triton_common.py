@@ -14,10 +14,11 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "") == "1"  # kernels run in Triton's interpreter
 # Triton's interpreter multiplies bfloat16 tiles wrongly in tl.dot (numpy has no bfloat16), so
 # interpreted kernels upcast both operands first: the same products (a bfloat16 product is exact
 # in float32), summed in float32 as the tensor cores do.
-_UPCAST = os.environ.get("TRITON_INTERPRET", "") == "1"
+_UPCAST = INTERPRETED
 
 
 def pdl_supported(device: torch.device) -> bool:
@@ -26,7 +27,7 @@ def pdl_supported(device: torch.device) -> bool:
     the kernel before it still runs, loads what does not depend on it (its weight tile), then
     waits at gdc_wait for it to finish: at batch 1 a small model's step is ~180 such kernels of
     2-4 us, where the gap between two is most of the time."""
-    return not _UPCAST and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return not INTERPRETED and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 @triton.jit
