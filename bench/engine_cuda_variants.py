@@ -27,6 +27,9 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   layer on an H200 (bench/results/gpu_persistent/). `cuda-persistent-2k`: the same with loads of
   2,048 weight elements a warp (persistent_kernel.TILE 4,096: each stage's slice in one load, which
   spills registers at 8 warps).
+- `cuda-attention-SxN` (1x128, 1x256, 2x128, 4x64, 8x32): the cuda backend with the paged attention in
+  S splits of N-position loads at every span and batch (a sweep of the one-row step's shapes; the served
+  pick at a 256 span and one row of SmolLM2 is 8x32).
 - `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
   top-k, gather, batched matmul, scatter), as before head_kernels.py.
 - `cuda-compiled-glue`: the cuda backend with a decode step past the fused rows taking its residual
@@ -127,9 +130,9 @@ def _compiled_glue() -> type:
     return CompiledGlueBackend
 
 
-def _attention_shaped(name: str, unsplit: bool) -> type:
+def _attention_shaped(name: str, unsplit: bool, fixed: tuple[int, int] | None = None) -> type:
     """The cuda backend with the decode attention's (splits, positions a load) set otherwise: by
-    the span alone (as before the launch's rows counted), or never split."""
+    the span alone (as before the launch's rows counted), never split, or `fixed` at every span."""
     from switchyard.engine.backends.cuda import kernels as ck
     from switchyard.engine.backends.cuda.backend import CudaBackend
 
@@ -138,6 +141,8 @@ def _attention_shaped(name: str, unsplit: bool) -> type:
             if not p.decode:
                 return super().attention(q, kc, vc, p)
             splits, block_n = ck.attention_shape(p.L, p.B * self.d.kv_heads) if unsplit else ck.attention_shape(p.L)
+            if fixed:
+                splits, block_n = fixed
             return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, block_n, 1 if unsplit else splits,
                                       pdl=self.pdl, counters=self.counters)
 
@@ -220,6 +225,9 @@ registry.register("cuda-torch-glue", _lazy(_torch_glue))  # type: ignore[arg-typ
 registry.register("cuda-attention-by-span", _lazy(_attention_shaped, "cuda-attention-by-span", False))  # type: ignore[arg-type]
 registry.register("cuda-no-pdl", _lazy(_no_pdl))  # type: ignore[arg-type]
 registry.register("cuda-attention-unsplit", _lazy(_attention_shaped, "cuda-attention-unsplit", True))  # type: ignore[arg-type]
+for _sp, _bn in ((1, 128), (1, 256), (2, 128), (4, 64), (8, 32)):
+    _name = f"cuda-attention-{_sp}x{_bn}"
+    registry.register(_name, _lazy(_attention_shaped, _name, False, (_sp, _bn)))  # type: ignore[arg-type]
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]
 registry.register("cuda-compiled-glue", _lazy(_compiled_glue))  # type: ignore[arg-type]
 registry.register("cuda-persistent", _lazy(_persistent, "cuda-persistent", 4096))  # type: ignore[arg-type]

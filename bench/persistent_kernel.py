@@ -59,7 +59,7 @@ import triton.language as tl
 
 from switchyard.engine.backends.base import LayerWeights, ModelDims
 from switchyard.engine.backends.cuda.kernels import _rope_inputs, _rope_store
-from switchyard.engine.backends.cuda.paged_attention import _attend, _first_blocks
+from switchyard.engine.backends.cuda.paged_attention import _attend, _first_blocks, _kv_tile
 
 STAGES = 5
 MAX_SPLITS = 8  # attention's span splits at most (the o stage combines them in registers)
@@ -177,8 +177,9 @@ def _attention_stage(u, q_ptr, kc_ptr, vc_ptr, table_ptr, ctx_ptr, mo_ptr, ml_pt
         d = tl.arange(0, D)
         heads = kvh * G + g
         q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=(g < G)[:, None], other=0.0, cache_modifier=".cg")
-        acc, m_i, l_i = _attend(q, kc_ptr, vc_ptr, table_ptr, kvh, start, end, blk0, sm_scale, HKV, D, BS, GP, BLOCK_N,
-                                UPCAST, ".cg")
+        k0, v0 = _kv_tile(kc_ptr, vc_ptr, blk0, start + tl.arange(0, BLOCK_N), end, kvh, HKV, D, BS, ".cg")
+        acc, m_i, l_i = _attend(q, kc_ptr, vc_ptr, table_ptr, kvh, start, end, k0, v0, sm_scale, HKV, D, BS, GP,
+                                BLOCK_N, UPCAST, ".cg")
         part = heads * SPLITS + split
         tl.store(mo_ptr + part[:, None] * D + d[None, :], acc, mask=(g < G)[:, None])
         tl.store(ml_ptr + part * 2, m_i, mask=g < G)

@@ -31,13 +31,19 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_pt
     start = split * CHUNK
     end = tl.minimum(start + CHUNK, n_ctx)
     blk0 = _first_blocks(tables_ptr + row * stride_t, start, end, BS, BLOCK_N)  # step inputs: before the wait
+    # The first tile's keys and values too, but for the newest position's: a decode step writes
+    # only position n_ctx - 1 of each row (the kernel before does), every earlier one was written
+    # by an earlier step, which finished before the kernel before passed its own wait.
+    t0 = start + tl.arange(0, BLOCK_N)
+    k0, v0 = _kv_tile(kc_ptr, vc_ptr, blk0, t0, tl.minimum(end, n_ctx - 1), kvh, HKV, D, BS, "")
     _pdl_wait(PDL)  # q and this step's keys and values are the kernel before's
+    k0, v0 = _newest_kv(k0, v0, kc_ptr, vc_ptr, blk0, t0, n_ctx - 1, kvh, HKV, D, BS)
     G: tl.constexpr = H // HKV
     g = tl.arange(0, GP)
     d = tl.arange(0, D)
     heads = kvh * G + g
     q = tl.load(q_ptr + row * (H * D) + heads[:, None] * D + d[None, :], mask=(g < G)[:, None], other=0.0)
-    acc, m_i, l_i = _attend(q, kc_ptr, vc_ptr, tables_ptr + row * stride_t, kvh, start, end, blk0, sm_scale, HKV, D,
+    acc, m_i, l_i = _attend(q, kc_ptr, vc_ptr, tables_ptr + row * stride_t, kvh, start, end, k0, v0, sm_scale, HKV, D,
                             BS, GP, BLOCK_N, UPCAST, "")
     live = (g < G)[:, None]
     if SPLITS == 1:
@@ -60,23 +66,44 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_pt
 
 @triton.jit
 def _first_blocks(table_ptr, start, end, BS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The block ids of positions [start, start + BLOCK_N) below end: _attend's first tile, which
-    a caller loads before its wait (the table is the step's input, not a kernel's output)."""
+    """The block ids of positions [start, start + BLOCK_N) below end (0 past it): a tile's. A
+    caller loads the first tile's before its wait (the table is the step's input, not a kernel's
+    output)."""
     t = start + tl.arange(0, BLOCK_N)
     return tl.load(table_ptr + t // BS, mask=t < end, other=0)
 
 
 @triton.jit
-def _attend_tile(q, kc_ptr, vc_ptr, blk, t, end, kvh, sm_scale, acc, m_i, l_i, HKV: tl.constexpr, D: tl.constexpr,
-                 BS: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
-                 CACHE: tl.constexpr):
+def _kv_tile(kc_ptr, vc_ptr, blk, t, end, kvh, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+             CACHE: tl.constexpr):
+    """Keys and values [len(t), D] of positions t below end (zeros past it), read through their
+    blocks blk (_first_blocks)."""
     d = tl.arange(0, D)
-    valid = t < end
     at = ((blk * HKV + kvh) * BS + t % BS)[:, None] * D + d[None, :]
-    k = tl.load(kc_ptr + at, mask=valid[:, None], other=0.0, cache_modifier=CACHE)
-    v = tl.load(vc_ptr + at, mask=valid[:, None], other=0.0, cache_modifier=CACHE)
-    s = _dot(q, tl.trans(k), tl.zeros([GP, BLOCK_N], dtype=tl.float32), UPCAST) * sm_scale
-    s = tl.where(valid[None, :], s, float("-inf"))
+    valid = (t < end)[:, None]
+    k = tl.load(kc_ptr + at, mask=valid, other=0.0, cache_modifier=CACHE)
+    v = tl.load(vc_ptr + at, mask=valid, other=0.0, cache_modifier=CACHE)
+    return k, v
+
+
+@triton.jit
+def _newest_kv(k, v, kc_ptr, vc_ptr, blk, t, newest, kvh, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
+    """The tile (k, v) of positions t with position `newest` read now, after the wait: the one
+    this step wrote."""
+    d = tl.arange(0, D)
+    at = ((blk * HKV + kvh) * BS + t % BS)[:, None] * D + d[None, :]
+    here = (t == newest)[:, None]
+    k = tl.where(here, tl.load(kc_ptr + at, mask=here, other=0.0), k)
+    v = tl.where(here, tl.load(vc_ptr + at, mask=here, other=0.0), v)
+    return k, v
+
+
+@triton.jit
+def _attend_tile(q, k, v, t, end, sm_scale, acc, m_i, l_i, UPCAST: tl.constexpr):
+    """One tile of the online softmax: keys and values k, v [BLOCK_N, D] of positions t, those
+    at end or past it masked out."""
+    s = _dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), UPCAST) * sm_scale
+    s = tl.where((t < end)[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new[:, None])
@@ -86,22 +113,21 @@ def _attend_tile(q, kc_ptr, vc_ptr, blk, t, end, kvh, sm_scale, acc, m_i, l_i, H
 
 
 @triton.jit
-def _attend(q, kc_ptr, vc_ptr, table_ptr, kvh, start, end, blk0, sm_scale, HKV: tl.constexpr, D: tl.constexpr,
+def _attend(q, kc_ptr, vc_ptr, table_ptr, kvh, start, end, k0, v0, sm_scale, HKV: tl.constexpr, D: tl.constexpr,
             BS: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, CACHE: tl.constexpr):
     """Online softmax of q [GP, D] (one kv head's query heads) over the row's positions
-    [start, end), read through its block table (blk0: the first tile's blocks, _first_blocks):
-    (acc [GP, D], max [GP], sum [GP]), float32, the sum of exp(s - max) * v not yet divided.
-    CACHE: the cache modifier of the key and value loads ('.cg' where this launch wrote some of
-    them itself, the persistent kernel)."""
+    [start, end), read through its block table (k0, v0: the first tile's keys and values, which
+    a caller loads itself, _kv_tile): (acc [GP, D], max [GP], sum [GP]), float32, the sum of
+    exp(s - max) * v not yet divided. CACHE: the cache modifier of the later tiles' loads ('.cg'
+    where this launch wrote some of them itself, the persistent kernel)."""
     m_i = tl.full([GP], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile keeps alpha at 1, not NaN
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, D], dtype=tl.float32)
-    acc, m_i, l_i = _attend_tile(q, kc_ptr, vc_ptr, blk0, start + tl.arange(0, BLOCK_N), end, kvh, sm_scale, acc,
-                                 m_i, l_i, HKV, D, BS, GP, BLOCK_N, UPCAST, CACHE)
+    acc, m_i, l_i = _attend_tile(q, k0, v0, start + tl.arange(0, BLOCK_N), end, sm_scale, acc, m_i, l_i, UPCAST)
     for t0 in range(start + BLOCK_N, end, BLOCK_N):
-        blk = _first_blocks(table_ptr, t0, end, BS, BLOCK_N)
-        acc, m_i, l_i = _attend_tile(q, kc_ptr, vc_ptr, blk, t0 + tl.arange(0, BLOCK_N), end, kvh, sm_scale, acc,
-                                     m_i, l_i, HKV, D, BS, GP, BLOCK_N, UPCAST, CACHE)
+        t = t0 + tl.arange(0, BLOCK_N)
+        k, v = _kv_tile(kc_ptr, vc_ptr, _first_blocks(table_ptr, t0, end, BS, BLOCK_N), t, end, kvh, HKV, D, BS, CACHE)
+        acc, m_i, l_i = _attend_tile(q, k, v, t, end, sm_scale, acc, m_i, l_i, UPCAST)
     return acc, m_i, l_i
 
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue #32: the paged decode attention loads its first tile's keys and values before its PDL wait (all but the
+# newest position's, which the kernel before writes and which is read after the wait). shapes: SmolLM2's one-row
+# step with the attention's (splits, positions a load) at the served pick and four others, kernels profiled, one
+# process; ab: this tree's profile and tok/s against .before (a worktree of a18de7b, its tests, docs and results
+# removed), each in its own process, alternated.
+#
+#   STAGES="shapes ab" bash bench/results/gpu_attention_early/run.sh   # carry .whl, .cache/smollm2-tokenizer, .before
+#   STAGES="regress full" OUT=... bash bench/results/gpu_attention_early/run.sh
+cd "$(dirname "$0")/../../.."
+. bench/device_env.sh gpu_attention_early  # out, PY, log, left, stage, regress
+profile() {  # profile TREE NAME BATCH BACKENDS
+  (cd "$1" && PYTHONPATH="$PWD" timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/engine_cuda_profile.py \
+    --shape "${SHAPE:-smollm2-135m}" --batch "$3" --kernels 24 --backends "$4" --out "$out/prof_$2" >"$out/prof_$2.log" 2>&1)
+  echo "profile $2 rc=$?" | tee -a "$log"; grep -E "^## |steps:|attention" "$out/prof_$2"/kernels_*.md | head -n 40 | tee -a "$log"
+}
+for s in ${STAGES:-shapes ab}; do
+  case $s in
+    shapes) stage shapes
+      profile . shapes 1 cuda,cuda-attention-4x64,cuda-attention-2x128,cuda-attention-1x128,cuda-attention-1x256,cuda ;;
+    ab) stage ab
+      for r in $(seq "${AB_ROUNDS:-2}"); do
+        for tree in . .before; do
+          name=$([ "$tree" = . ] && echo this || echo before)
+          [ "$(left)" -lt 60 ] && { echo "ab round $r $name: skipped (time)" | tee -a "$log"; continue; }
+          profile "$tree" "${name}_$r" 1 cuda
+          (cd "$tree" && PYTHONPATH="$PWD" timeout "$(( $(left) < 100 ? $(left) - 5 : 100 ))" $PY bench/engine_cuda.py \
+            --shapes smollm2-135m --batches 1,16 --tokens 64 --skip-transformers --peer-batches= --ttft= --budget-s 90 \
+            --out "$out/ab_${name}_$r" >"$out/ab_${name}_$r.log" 2>&1)
+          echo "ab round $r $name rc=$?" | tee -a "$log"; grep -E "^\|" "$out/ab_${name}_$r/engine_cuda.md" | tail -n 6 | tee -a "$log"
+        done
+      done ;;
+    regress) regress ;;
+    full) BATCHES=1,16,64 engine_bench smollm2-135m,llama-8b 1,16 ;;
+  esac
+done
+stage done
