@@ -188,6 +188,7 @@ def main() -> None:
     ap.add_argument("--shape", default="smollm2-135m", choices=sorted(ec.SHAPES))
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=3000)
+    ap.add_argument("--prompt", type=int, default=ec.PROMPT, help="prompt tokens a row (the decode steps' span bucket)")
     ap.add_argument("--grammar", nargs="?", const="items", default="", choices=["", "items", "tools"],
                     help="every row under bench/engine_cuda.py's JSON grammar (items) or its tool call's (tools)")
     ap.add_argument("--host-split", default="", help="comma-separated free|items|tools: the host's turn by part "
@@ -200,6 +201,7 @@ def main() -> None:
                     "'peer': the compiled PyTorch peer, bench/peer_compiled.py)")
     ap.add_argument("--out", default="", help="--kernels: the folder its table goes to")
     a = ap.parse_args()
+    ec.PROMPT = a.prompt  # decode_rate's prompts
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     c = ec.SHAPES[a.shape]
     w = ec.random_weights(c, seed=0, device=dev, dtype=torch.bfloat16)

@@ -27,9 +27,10 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   layer on an H200 (bench/results/gpu_persistent/). `cuda-persistent-2k`: the same with loads of
   2,048 weight elements a warp (persistent_kernel.TILE 4,096: each stage's slice in one load, which
   spills registers at 8 warps).
-- `cuda-attention-SxN` (1x128, 1x256, 2x128, 4x64, 8x32): the cuda backend with the paged attention in
-  S splits of N-position loads at every span and batch (a sweep of the one-row step's shapes; the served
-  pick at a 256 span and one row of SmolLM2 is 8x32).
+- `cuda-attention-SxN` (1x128, 1x256, 2x128, 4x64, 8x32, 8x64, 16x32): the cuda backend with the paged
+  attention in S splits of N-position loads at every span and batch (the served pick before
+  bench/results/gpu_attention_early/: 8x32 at a 256 span and 16x32 at 512 for one row of SmolLM2 or 8B,
+  8x32 at 256 for 16 rows of SmolLM2; after it 4x64 and 8x64).
 - `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
   top-k, gather, batched matmul, scatter), as before head_kernels.py.
 - `cuda-compiled-glue`: the cuda backend with a decode step past the fused rows taking its residual
@@ -225,7 +226,7 @@ registry.register("cuda-torch-glue", _lazy(_torch_glue))  # type: ignore[arg-typ
 registry.register("cuda-attention-by-span", _lazy(_attention_shaped, "cuda-attention-by-span", False))  # type: ignore[arg-type]
 registry.register("cuda-no-pdl", _lazy(_no_pdl))  # type: ignore[arg-type]
 registry.register("cuda-attention-unsplit", _lazy(_attention_shaped, "cuda-attention-unsplit", True))  # type: ignore[arg-type]
-for _sp, _bn in ((1, 128), (1, 256), (2, 128), (4, 64), (8, 32)):
+for _sp, _bn in ((1, 128), (1, 256), (2, 128), (4, 64), (8, 32), (8, 64), (16, 32)):
     _name = f"cuda-attention-{_sp}x{_bn}"
     registry.register(_name, _lazy(_attention_shaped, _name, False, (_sp, _bn)))  # type: ignore[arg-type]
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]

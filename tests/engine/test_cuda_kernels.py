@@ -121,10 +121,14 @@ def test_paged_attention_reads_blocks_in_place(dtype: torch.dtype, span: int, ct
     q = _rand(M, H, D, dtype=dtype, g=g)
     c = torch.tensor(ctx, device=DEV)
     got = ck.paged_attention(q, kc, vc, tables, c, span)
-    assert ck.attention_shape(span) == {32: (1, 32), 64: (2, 32), 2048: (16, 128)}[span]
+    assert ck.attention_shape(span) == {32: (1, 32), 64: (1, 64), 2048: (16, 128)}[span]
     torch.testing.assert_close(got.float(), _attention_ref(q, kc, vc, tables, c), **_tol(dtype))
     unsplit = ck.paged_attention(q, kc, vc, tables, c, span, splits=1)  # as a launch of many rows runs
     torch.testing.assert_close(unsplit.float(), _attention_ref(q, kc, vc, tables, c), **_tol(dtype))
+    # Splits of several tiles: the newest position in a split's first tile (read after the wait)
+    # or in a later one (read in the loop).
+    tiled = ck.paged_attention(q, kc, vc, tables, c, span, block_n=16, splits=2)
+    torch.testing.assert_close(tiled.float(), _attention_ref(q, kc, vc, tables, c), **_tol(dtype))
     # A caller's counters (the backend's one buffer): each split launch leaves them at zero for the next.
     counters = torch.zeros(M * Hkv + 3, dtype=torch.int32, device=DEV)
     for _ in range(2):
@@ -153,9 +157,11 @@ def test_gemv_residual_and_gate_up_silu(M: int, dtype: torch.dtype, tile: ck.Til
 
 
 def test_attention_splits_a_span_until_the_launch_fills_the_gpu() -> None:
-    """One row of the 8B shape (8 kv heads) splits a 256 span 8 ways (the span's own bound), as
-    before; 16 rows twice; 64 rows fill the GPU unsplit (one launch, no combine)."""
-    assert ck.attention_shape(256, 1 * 8) == (8, 32)
+    """One row of the 8B shape (8 kv heads) splits a 256 span 4 ways (the span's own bound: 64
+    positions a split); 16 rows twice; 64 rows fill the GPU unsplit (one launch, no combine)."""
+    assert ck.attention_shape(256, 1 * 8) == (4, 64)
+    assert ck.attention_shape(512, 1 * 3) == (8, 64)
+    assert ck.attention_shape(1024, 1 * 3) == (16, 64)
     assert ck.attention_shape(4096, 1 * 8) == (16, 128)
     assert ck.attention_shape(256, 16 * 8) == (2, 128)
     assert ck.attention_shape(256, 64 * 8) == (1, 128)

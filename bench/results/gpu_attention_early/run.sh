@@ -6,13 +6,14 @@
 # removed), each in its own process, alternated.
 #
 #   STAGES="shapes ab" bash bench/results/gpu_attention_early/run.sh   # carry .whl, .cache/smollm2-tokenizer, .before
-#   STAGES="regress full" OUT=... bash bench/results/gpu_attention_early/run.sh
+#   STAGES="spans regress" OUT=... bash bench/results/gpu_attention_early/run.sh       # after the shape rule
+#   STAGES="full" OUT=... bash bench/results/gpu_attention_early/run.sh
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_attention_early  # out, PY, log, left, stage, regress
 profile() {  # profile TREE NAME BATCH BACKENDS
   (cd "$1" && PYTHONPATH="$PWD" timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/engine_cuda_profile.py \
-    --shape "${SHAPE:-smollm2-135m}" --batch "$3" --kernels 24 --backends "$4" --out "$out/prof_$2" >"$out/prof_$2.log" 2>&1)
-  echo "profile $2 rc=$?" | tee -a "$log"; grep -E "^## |steps:|attention" "$out/prof_$2"/kernels_*.md | head -n 40 | tee -a "$log"
+    --shape "${SHAPE:-smollm2-135m}" ${PROMPT:+--prompt $PROMPT} --batch "$3" --kernels 24 --backends "$4" --out "$out/prof_$2" >"$out/prof_$2.log" 2>&1)
+  echo "profile $2 rc=$?" | tee -a "$log"; grep -hE "^## |steps:|attention" "$out/prof_$2"/kernels_*.md | head -n 40 | tee -a "$log"
 }
 for s in ${STAGES:-shapes ab}; do
   case $s in
@@ -30,8 +31,14 @@ for s in ${STAGES:-shapes ab}; do
           echo "ab round $r $name rc=$?" | tee -a "$log"; grep -E "^\|" "$out/ab_${name}_$r/engine_cuda.md" | tail -n 6 | tee -a "$log"
         done
       done ;;
+    spans) stage spans  # the served shapes (after call 1) against the picks before, at spans 256 and 512
+      SHAPE=smollm2-135m PROMPT=128 profile . s256_b1 1 cuda,cuda-attention-8x32,cuda,cuda-attention-8x32
+      SHAPE=smollm2-135m PROMPT=400 profile . s512_b1 1 cuda,cuda-attention-16x32,cuda,cuda-attention-16x32
+      SHAPE=smollm2-135m PROMPT=128 profile . s256_b16 16 cuda,cuda-attention-8x32,cuda,cuda-attention-8x32
+      SHAPE=llama-8b PROMPT=128 profile . 8b_s256_b1 1 cuda,cuda-attention-8x32,cuda,cuda-attention-8x32 ;;
     regress) regress ;;
     full) BATCHES=1,16,64 engine_bench smollm2-135m,llama-8b 1,16 ;;
   esac
 done
 stage done
+tar -C "$out" -czf "$out.tgz" --exclude=pip.log . && rm -rf "${out:?}"/* && mv "$out.tgz" "$out/all.tgz"  # one file back

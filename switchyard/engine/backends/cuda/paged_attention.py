@@ -163,12 +163,15 @@ def attention_shape(span: int, programs: int = 1) -> tuple[int, int]:
     (rows x kv heads) before any split. A decode step's attention is a few programs'
     latency-bound loops unless the span is split: on an H200 16 splits of a 512-position span ran
     in 4-5 us where one program took 11-14 (SmolLM2, 8B, one row), and 16 splits with
-    128-position loads halved a 4096 span's time (bench/results/cuda_kernels_sweep.md). A launch
-    that fills the GPU without splits is not split: 64 rows of the 8B shape (512 programs) over a
-    256 span took 15-17 us unsplit against 30 with 8 splits and their combine
-    (bench/results/gpu_b64/)."""
+    128-position loads halved a 4096 span's time (bench/results/cuda_kernels_sweep.md). A split
+    holds 64 positions or more: its first tile is loaded before the kernel's PDL wait, so a
+    64-position tile costs no more than a 32-position one, and fewer splits leave less to
+    combine (SmolLM2, one row, 256 span on an H100: 4 splits of 64 took 4.9 us against 6.3 for 8
+    of 32, bench/results/gpu_attention_early/). A launch that fills the GPU without splits is not
+    split: 64 rows of the 8B shape (512 programs) over a 256 span took 15-17 us unsplit against 30
+    with 8 splits and their combine (bench/results/gpu_b64/)."""
     splits = 1
-    while splits < 16 and span // (splits * 2) >= 32 and programs * splits < FULL_LAUNCH:
+    while splits < 16 and span // (splits * 2) >= 64 and programs * splits < FULL_LAUNCH:
         splits *= 2
     block_n = 32
     while block_n < 128 and span // splits >= block_n * 2:
