@@ -31,6 +31,8 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   attention in S splits of N-position loads at every span and batch (the served pick before
   bench/results/gpu_attention_early/: 8x32 at a 256 span and 16x32 at 512 for one row of SmolLM2 or 8B,
   8x32 at 256 for 16 rows of SmolLM2; after it 4x64 and 8x64).
+- `cuda-late-residual`: the cuda backend with o_proj's and down_proj's residual loaded after their PDL
+  wait, behind the product (as before bench/results/gpu_attention_early/), not before it.
 - `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
   top-k, gather, batched matmul, scatter), as before head_kernels.py.
 - `cuda-compiled-glue`: the cuda backend with a decode step past the fused rows taking its residual
@@ -151,6 +153,24 @@ def _attention_shaped(name: str, unsplit: bool, fixed: tuple[int, int] | None = 
     return AttentionShapedBackend
 
 
+def _late_residual() -> type:
+    from switchyard.engine.backends.cuda import kernels as ck
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    class LateResidualBackend(CudaBackend):
+        name = "cuda-late-residual"
+
+        def layer_out(self, layer: LayerWeights, x: torch.Tensor, o: torch.Tensor,
+                      p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
+            if not p.fused:
+                return super().layer_out(layer, x, o, p)
+            x = ck.gemv_residual(o, layer.o.w, x, pdl=self.pdl)
+            h = ck.gate_up_silu(x, layer.ln2, layer.gate_up.w, self.d.eps, pdl=self.pdl)
+            return ck.gemv_residual(h, layer.down.w, x, pdl=self.pdl), None
+
+    return LateResidualBackend
+
+
 def _no_pdl() -> type:
     from switchyard.engine.backends.cuda.backend import CudaBackend
 
@@ -229,6 +249,7 @@ registry.register("cuda-attention-unsplit", _lazy(_attention_shaped, "cuda-atten
 for _sp, _bn in ((1, 128), (1, 256), (2, 128), (4, 64), (8, 32), (8, 64), (16, 32)):
     _name = f"cuda-attention-{_sp}x{_bn}"
     registry.register(_name, _lazy(_attention_shaped, _name, False, (_sp, _bn)))  # type: ignore[arg-type]
+registry.register("cuda-late-residual", _lazy(_late_residual))  # type: ignore[arg-type]
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]
 registry.register("cuda-compiled-glue", _lazy(_compiled_glue))  # type: ignore[arg-type]
 registry.register("cuda-persistent", _lazy(_persistent, "cuda-persistent", 4096))  # type: ignore[arg-type]

@@ -147,6 +147,7 @@ def test_gemv_residual_and_gate_up_silu(M: int, dtype: torch.dtype, tile: ck.Til
     x = _rand(M, N, g=g)
     ref = x + torch.nn.functional.linear(a, w).float()
     torch.testing.assert_close(ck.gemv_residual(a, w, x, tile), ref, **_tol(dtype))
+    torch.testing.assert_close(ck.gemv_residual(a, w, x, tile, x_ready=True), ref, **_tol(dtype))
 
     ln = 1 + 0.1 * _rand(N, g=g)
     wgu = _rand(2 * inter, N, dtype=dtype, g=g, std=0.1)
@@ -315,8 +316,8 @@ def _layer_chain(pdl: bool, layers: int, M: int, graph: bool) -> tuple[torch.Ten
         for i, (wqkv, wo, wgu, wd) in enumerate(ws):
             q = ck.qkv_rope(x, ln, wqkv, None, None, cos, sin, pos, blocks, offs, kc[i], vc[i], H, HKV, 1e-5, pdl=pdl)
             o = ck.paged_attention(q, kc[i], vc[i], tables, ctx, span, pdl=pdl)
-            x = ck.gemv_residual(o, wo, x, pdl=pdl)
-            x = ck.gemv_residual(ck.gate_up_silu(x, ln, wgu, 1e-5, pdl=pdl), wd, x, pdl=pdl)
+            x = ck.gemv_residual(o, wo, x, pdl=pdl, x_ready=True)  # as the backend launches them
+            x = ck.gemv_residual(ck.gate_up_silu(x, ln, wgu, 1e-5, pdl=pdl), wd, x, pdl=pdl, x_ready=True)
         return x
 
     if not graph:

@@ -7,7 +7,8 @@
 #
 #   STAGES="shapes ab" bash bench/results/gpu_attention_early/run.sh   # carry .whl, .cache/smollm2-tokenizer, .before
 #   STAGES="spans regress" OUT=... bash bench/results/gpu_attention_early/run.sh       # after the shape rule
-#   STAGES="full" OUT=... bash bench/results/gpu_attention_early/run.sh
+#   STAGES="residual split kernels full" FULL_SHAPES=smollm2-135m OUT=... bash bench/results/gpu_attention_early/run.sh
+#   STAGES="full" FULL_SHAPES=llama-8b OUT=... bash bench/results/gpu_attention_early/run.sh
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_attention_early  # out, PY, log, left, stage, regress
 profile() {  # profile TREE NAME BATCH BACKENDS
@@ -36,8 +37,19 @@ for s in ${STAGES:-shapes ab}; do
       SHAPE=smollm2-135m PROMPT=400 profile . s512_b1 1 cuda,cuda-attention-16x32,cuda,cuda-attention-16x32
       SHAPE=smollm2-135m PROMPT=128 profile . s256_b16 16 cuda,cuda-attention-8x32,cuda,cuda-attention-8x32
       SHAPE=llama-8b PROMPT=128 profile . 8b_s256_b1 1 cuda,cuda-attention-8x32,cuda,cuda-attention-8x32 ;;
+    residual) stage residual  # o_proj's and down_proj's residual loaded before their wait, or after (as before)
+      profile . res_b1 1 cuda,cuda-late-residual,cuda,cuda-late-residual
+      profile . res_b16 16 cuda,cuda-late-residual,cuda,cuda-late-residual ;;
+    split) stage split  # the host's turn by part at batch 1, free
+      timeout 100 $PY bench/engine_cuda_profile.py --batch 1 --tokens 1000 --host-split free --rounds 2 \
+        >"$out/split_b1.md" 2>&1
+      echo "split rc=$?" | tee -a "$log"; grep -E "^## |tok/s|runner|graph|wait|download|output|sampling" "$out/split_b1.md" | tee -a "$log" ;;
+    kernels) stage kernels  # the kernel GPU tests alone (the PDL chain's among them)
+      timeout "$(( $(left) - 5 ))" $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_kernels.py tests/engine/test_cuda.py \
+        >"$out/kernel_tests.log" 2>&1
+      echo "kernels rc=$?" | tee -a "$log"; tail -n 2 "$out/kernel_tests.log" | tee -a "$log" ;;
     regress) regress ;;
-    full) BATCHES=1,16,64 engine_bench smollm2-135m,llama-8b 1,16 ;;
+    full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
   esac
 done
 stage done

@@ -126,9 +126,9 @@ class CudaBackend(TorchBackend):
     def layer_out(self, layer: LayerWeights, x: torch.Tensor, o: torch.Tensor,
                   p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
         if p.fused:
-            x = ck.gemv_residual(o, layer.o.w, x, pdl=self.pdl)
+            x = ck.gemv_residual(o, layer.o.w, x, pdl=self.pdl, x_ready=True)  # x: before qkv_rope
             h = ck.gate_up_silu(x, layer.ln2, layer.gate_up.w, self.d.eps, pdl=self.pdl)
-            return ck.gemv_residual(h, layer.down.w, x, pdl=self.pdl), None
+            return ck.gemv_residual(h, layer.down.w, x, pdl=self.pdl, x_ready=True), None  # x: before gate_up
         if self._fp8(p):  # the torch backend's layer_out on FP8 copies; one rank: no all-reduce
             d = self.d
             x, h = p.ops.add_rms(x, fp8.project(layer.o, o), layer.ln2, d.eps, d.dtype)

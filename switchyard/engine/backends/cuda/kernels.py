@@ -231,17 +231,20 @@ def _rope_write_kernel(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off
 @triton.jit
 def _gemv_residual_kernel(a_ptr, w_ptr, x_ptr, out_ptr, M, N, K,
                           R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
-                          UPCAST: tl.constexpr, PDL: tl.constexpr):
+                          EARLY_X: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     # out[m, n] = x[m, n] + round(W[n] . a[m]): the projection rounded to the model dtype (as the
     # cuBLAS path's output is), added to the float32 residual stream.
     n = tl.program_id(0) * R + tl.arange(0, R)
     nmask = n < N
     nr = tl.where(nmask, n, 0)
-    acc = _matvec(a_ptr, K, a_ptr, 0.0, w_ptr, K, nr, M, K, False, M_P, R, BLOCK_K, 1, PREFETCH, UPCAST, PDL)
     rows = tl.arange(0, M_P)
     mask = (rows[:, None] < M) & nmask[None, :]
     at = rows[:, None] * N + n[None, :]
-    x = tl.load(x_ptr + at, mask=mask, other=0.0)
+    if EARLY_X:  # before _matvec's wait: x is no output of the kernel just before
+        x = tl.load(x_ptr + at, mask=mask, other=0.0)
+    acc = _matvec(a_ptr, K, a_ptr, 0.0, w_ptr, K, nr, M, K, False, M_P, R, BLOCK_K, 1, PREFETCH, UPCAST, PDL)
+    if not EARLY_X:
+        x = tl.load(x_ptr + at, mask=mask, other=0.0)
     y = acc.to(w_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + at, x + y, mask=mask)
 
@@ -358,15 +361,20 @@ def rope_write(qkv: torch.Tensor, qk_norm: torch.Tensor | None, cos: torch.Tenso
 
 
 def gemv_residual(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, tile: Tile | None = None,
-                  pdl: bool = False) -> torch.Tensor:
-    """x + (a @ w.T) rounded to w's dtype; a [M, K] model dtype, w [N, K], x float32 [M, N]."""
+                  pdl: bool = False, x_ready: bool = False) -> torch.Tensor:
+    """x + (a @ w.T) rounded to w's dtype; a [M, K] model dtype, w [N, K], x float32 [M, N].
+    x_ready: x is no output of the kernel launched just before (a decode layer's o_proj adds the
+    layer's input, its down_proj o_proj's output, two kernels back), so that a PDL launch loads it
+    before its wait, beside its weights, and not as one more round trip after the product (on an
+    H100, SmolLM2 at one row: see bench/results/gpu_attention_early/)."""
     M, K = a.shape
     N = w.shape[0]
     out = torch.empty(M, N, dtype=torch.float32, device=a.device)
     M_P = _rows_pad(M)
     t = tile or tile_for("gemv", M_P, N, K, w.element_size())
     _gemv_residual_kernel[(triton.cdiv(N, t.rows),)](a, w, x, out, M, N, K, R=t.rows, M_P=M_P, BLOCK_K=t.block_k,
-                                                     PREFETCH=t.prefetch, UPCAST=_UPCAST, PDL=pdl, num_warps=t.warps,
+                                                     PREFETCH=t.prefetch, EARLY_X=x_ready, UPCAST=_UPCAST, PDL=pdl,
+                                                     num_warps=t.warps,
                                                      num_stages=t.stages, launch_pdl=pdl)
     return out
 
