@@ -31,6 +31,9 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   attention in S splits of N-position loads at every span and batch (the served pick before
   bench/results/gpu_attention_early/: 8x32 at a 256 span and 16x32 at 512 for one row of SmolLM2 or 8B,
   8x32 at 256 for 16 rows of SmolLM2; after it 4x64 and 8x64).
+- `cuda-attention-early`, `cuda-attention-late`: the cuda backend with the paged attention's first tile
+  loaded before its PDL wait at every shape, or after it at every shape (the served one: before it where
+  the tile holds at most paged_attention.EARLY_TILE elements).
 - `cuda-late-residual`: the cuda backend with o_proj's and down_proj's residual loaded after their PDL
   wait, behind the product (as before bench/results/gpu_attention_early/), not before it.
 - `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
@@ -133,9 +136,11 @@ def _compiled_glue() -> type:
     return CompiledGlueBackend
 
 
-def _attention_shaped(name: str, unsplit: bool, fixed: tuple[int, int] | None = None) -> type:
+def _attention_shaped(name: str, unsplit: bool, fixed: tuple[int, int] | None = None,
+                      early: bool | None = None) -> type:
     """The cuda backend with the decode attention's (splits, positions a load) set otherwise: by
-    the span alone (as before the launch's rows counted), never split, or `fixed` at every span."""
+    the span alone (as before the launch's rows counted), never split, or `fixed` at every span;
+    `early`: its first tile loaded before the PDL wait always (True) or never (False)."""
     from switchyard.engine.backends.cuda import kernels as ck
     from switchyard.engine.backends.cuda.backend import CudaBackend
 
@@ -146,8 +151,10 @@ def _attention_shaped(name: str, unsplit: bool, fixed: tuple[int, int] | None = 
             splits, block_n = ck.attention_shape(p.L, p.B * self.d.kv_heads) if unsplit else ck.attention_shape(p.L)
             if fixed:
                 splits, block_n = fixed
+            elif early is not None:
+                splits, block_n = ck.attention_shape(p.L, p.B * self.d.kv_heads)
             return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, block_n, 1 if unsplit else splits,
-                                      pdl=self.pdl, counters=self.counters)
+                                      pdl=self.pdl, counters=self.counters, early=early)
 
     AttentionShapedBackend.name = name
     return AttentionShapedBackend
@@ -250,6 +257,8 @@ for _sp, _bn in ((1, 128), (1, 256), (2, 128), (4, 64), (8, 32), (8, 64), (16, 3
     _name = f"cuda-attention-{_sp}x{_bn}"
     registry.register(_name, _lazy(_attention_shaped, _name, False, (_sp, _bn)))  # type: ignore[arg-type]
 registry.register("cuda-late-residual", _lazy(_late_residual))  # type: ignore[arg-type]
+registry.register("cuda-attention-early", _lazy(_attention_shaped, "cuda-attention-early", False, None, True))  # type: ignore[arg-type]
+registry.register("cuda-attention-late", _lazy(_attention_shaped, "cuda-attention-late", False, None, False))  # type: ignore[arg-type]
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]
 registry.register("cuda-compiled-glue", _lazy(_compiled_glue))  # type: ignore[arg-type]
 registry.register("cuda-persistent", _lazy(_persistent, "cuda-persistent", 4096))  # type: ignore[arg-type]

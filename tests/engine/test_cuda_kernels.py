@@ -127,8 +127,9 @@ def test_paged_attention_reads_blocks_in_place(dtype: torch.dtype, span: int, ct
     torch.testing.assert_close(unsplit.float(), _attention_ref(q, kc, vc, tables, c), **_tol(dtype))
     # Splits of several tiles: the newest position in a split's first tile (read after the wait)
     # or in a later one (read in the loop).
-    tiled = ck.paged_attention(q, kc, vc, tables, c, span, block_n=16, splits=2)
-    torch.testing.assert_close(tiled.float(), _attention_ref(q, kc, vc, tables, c), **_tol(dtype))
+    for early in (True, False):  # the first tile loaded before the wait or after it
+        tiled = ck.paged_attention(q, kc, vc, tables, c, span, block_n=16, splits=2, early=early)
+        torch.testing.assert_close(tiled.float(), _attention_ref(q, kc, vc, tables, c), **_tol(dtype))
     # A caller's counters (the backend's one buffer): each split launch leaves them at zero for the next.
     counters = torch.zeros(M * Hkv + 3, dtype=torch.int32, device=DEV)
     for _ in range(2):

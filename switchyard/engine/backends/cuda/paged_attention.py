@@ -21,7 +21,7 @@ import triton.language as tl
 def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_ptr, mo_ptr, ml_ptr, cnt_ptr, sm_scale,
                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                       GP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                      UPCAST: tl.constexpr, PDL: tl.constexpr):
+                      EARLY: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     # Program (row, kv head, split): the kv head's G query heads (padded to GP rows for tl.dot)
     # over positions [split * CHUNK, (split + 1) * CHUNK) of the row's context.
     row = tl.program_id(0)
@@ -31,13 +31,17 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, tables_ptr, stride_t, ctx_ptr, o_pt
     start = split * CHUNK
     end = tl.minimum(start + CHUNK, n_ctx)
     blk0 = _first_blocks(tables_ptr + row * stride_t, start, end, BS, BLOCK_N)  # step inputs: before the wait
-    # The first tile's keys and values too, but for the newest position's: a decode step writes
-    # only position n_ctx - 1 of each row (the kernel before does), every earlier one was written
-    # by an earlier step, which finished before the kernel before passed its own wait.
     t0 = start + tl.arange(0, BLOCK_N)
-    k0, v0 = _kv_tile(kc_ptr, vc_ptr, blk0, t0, tl.minimum(end, n_ctx - 1), kvh, HKV, D, BS, "")
-    _pdl_wait(PDL)  # q and this step's keys and values are the kernel before's
-    k0, v0 = _newest_kv(k0, v0, kc_ptr, vc_ptr, blk0, t0, n_ctx - 1, kvh, HKV, D, BS)
+    if EARLY:
+        # The first tile's keys and values too, but for the newest position's: a decode step
+        # writes only position n_ctx - 1 of each row (the kernel before does), every earlier one
+        # was written by an earlier step, which finished before the kernel before passed its wait.
+        k0, v0 = _kv_tile(kc_ptr, vc_ptr, blk0, t0, tl.minimum(end, n_ctx - 1), kvh, HKV, D, BS, "")
+        _pdl_wait(PDL)  # q and this step's keys and values are the kernel before's
+        k0, v0 = _newest_kv(k0, v0, kc_ptr, vc_ptr, blk0, t0, n_ctx - 1, kvh, HKV, D, BS)
+    else:
+        _pdl_wait(PDL)
+        k0, v0 = _kv_tile(kc_ptr, vc_ptr, blk0, t0, end, kvh, HKV, D, BS, "")
     G: tl.constexpr = H // HKV
     g = tl.arange(0, GP)
     d = tl.arange(0, D)
@@ -153,6 +157,11 @@ def _combine(mo_ptr, ml_ptr, o_ptr, row, heads, live, d, base, H: tl.constexpr, 
              mask=live[:, None])
 
 
+# The largest first tile (positions x head dim) loaded before the PDL wait: held in registers across
+# the wait, a 128 x 128 tile of keys and values (the 8B shape's, unsplit at 64 rows) is 512 bytes a
+# thread at 4 warps. Checked against the tile loaded after the wait in bench/results/gpu_attention_early/.
+EARLY_TILE = 8192
+
 # Programs (rows x kv heads x splits) past which a span is not split further: two per
 # multiprocessor of an H200 (132).
 FULL_LAUNCH = 256
@@ -181,11 +190,12 @@ def attention_shape(span: int, programs: int = 1) -> tuple[int, int]:
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
                     ctx: torch.Tensor, span: int, block_n: int = 0, splits: int = 0, warps: int = 4,
-                    pdl: bool = False, counters: torch.Tensor | None = None) -> torch.Tensor:
+                    pdl: bool = False, counters: torch.Tensor | None = None, early: bool | None = None) -> torch.Tensor:
     """q [M, H, D]; tables [M, span / block_size] block ids; ctx [M] positions each row attends
     to (0: an idle row, which sees position 0 of its first block). Returns [M, H * D].
     counters: int32 zeros, at least M * kv heads, that a split launch counts its programs in and
-    leaves at zero (a caller's buffer spares a launch of torch.zeros each call)."""
+    leaves at zero (a caller's buffer spares a launch of torch.zeros each call). early: the first
+    tile loaded before the PDL wait (None: where it holds at most EARLY_TILE keys' elements)."""
     M, H, D = q.shape
     kv_heads, bs = k_cache.shape[1], k_cache.shape[2]
     G = H // kv_heads
@@ -203,5 +213,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _attention_kernel[(M, kv_heads, splits)](q, k_cache, v_cache, tables, tables.stride(0), ctx, out, mo, ml, counters,
                                              1.0 / D ** 0.5, H=H, HKV=kv_heads, D=D, BS=bs,
                                              GP=max(16, triton.next_power_of_2(G)), CHUNK=chunk, BLOCK_N=block_n,
-                                             SPLITS=splits, UPCAST=_UPCAST, PDL=pdl, num_warps=warps, launch_pdl=pdl)
+                                             SPLITS=splits, EARLY=block_n * D <= EARLY_TILE if early is None else early,
+                                             UPCAST=_UPCAST, PDL=pdl, num_warps=warps, launch_pdl=pdl)
     return out
