@@ -10,6 +10,7 @@
 #   STAGES="residual split kernels full" FULL_SHAPES=smollm2-135m OUT=... bash bench/results/gpu_attention_early/run.sh
 #   STAGES="full" FULL_SHAPES=llama-8b OUT=... bash bench/results/gpu_attention_early/run.sh
 #   STAGES="b64 kernels full" OUT=... bash bench/results/gpu_attention_early/run.sh   # after EARLY_TILE
+#   STAGES="isolate full" OUT=... bash bench/results/gpu_attention_early/run.sh       # after _early's launch bound
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_attention_early  # out, PY, log, left, stage, regress
 profile() {  # profile TREE NAME BATCH BACKENDS
@@ -44,6 +45,10 @@ for s in ${STAGES:-shapes ab}; do
     b64) stage b64  # 64 rows: the first tile before the wait at every shape, or as served (after it past EARLY_TILE)
       SHAPE=llama-8b profile . 8b_b64 64 cuda,cuda-attention-early,cuda,cuda-attention-early
       profile . s_b64 64 cuda,cuda-attention-late,cuda,cuda-attention-late ;;
+    isolate) stage isolate  # the served rule (early up to 256 programs of up to 8,192 elements) against late, alone
+      SHAPE=llama-8b profile . 8b_b1_late 1 cuda,cuda-attention-late,cuda,cuda-attention-late
+      profile . s_b1_late 1 cuda,cuda-attention-late,cuda,cuda-attention-late
+      profile . s_b16_late 16 cuda,cuda-attention-late,cuda,cuda-attention-late ;;
     split) stage split  # the host's turn by part at batch 1, free
       timeout 100 $PY bench/engine_cuda_profile.py --batch 1 --tokens 1000 --host-split free --rounds 2 \
         >"$out/split_b1.md" 2>&1

@@ -157,9 +157,11 @@ def _combine(mo_ptr, ml_ptr, o_ptr, row, heads, live, d, base, H: tl.constexpr, 
              mask=live[:, None])
 
 
-# The largest first tile (positions x head dim) loaded before the PDL wait: held in registers across
-# the wait, a 128 x 128 tile of keys and values (the 8B shape's, unsplit at 64 rows) is 512 bytes a
-# thread at 4 warps. Checked against the tile loaded after the wait in bench/results/gpu_attention_early/.
+# The largest first tile (positions x head dim) loaded before the PDL wait, in a launch of at most
+# FULL_LAUNCH programs. Held in registers across the wait, where a launch that fills the GPU also
+# holds its multiprocessors from the kernel before: on an H100 (bench/results/gpu_attention_early/,
+# call 5) the 8B shape's 64 rows (512 programs of 128 x 128) took 58 us a layer early against 25
+# late, SmolLM2's (384 of 128 x 64) 11.9 against 8.2; at one row (24 programs of 32 x 64) 6.3 against 6.8.
 EARLY_TILE = 8192
 
 # Programs (rows x kv heads x splits) past which a span is not split further: two per
@@ -188,6 +190,10 @@ def attention_shape(span: int, programs: int = 1) -> tuple[int, int]:
     return splits, block_n
 
 
+def _early(programs: int, tile: int) -> bool:
+    return programs <= FULL_LAUNCH and tile <= EARLY_TILE
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
                     ctx: torch.Tensor, span: int, block_n: int = 0, splits: int = 0, warps: int = 4,
                     pdl: bool = False, counters: torch.Tensor | None = None, early: bool | None = None) -> torch.Tensor:
@@ -195,7 +201,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     to (0: an idle row, which sees position 0 of its first block). Returns [M, H * D].
     counters: int32 zeros, at least M * kv heads, that a split launch counts its programs in and
     leaves at zero (a caller's buffer spares a launch of torch.zeros each call). early: the first
-    tile loaded before the PDL wait (None: where it holds at most EARLY_TILE keys' elements)."""
+    tile loaded before the PDL wait (None: in a launch of at most FULL_LAUNCH programs whose
+    tile holds at most EARLY_TILE keys' elements)."""
     M, H, D = q.shape
     kv_heads, bs = k_cache.shape[1], k_cache.shape[2]
     G = H // kv_heads
@@ -213,6 +220,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _attention_kernel[(M, kv_heads, splits)](q, k_cache, v_cache, tables, tables.stride(0), ctx, out, mo, ml, counters,
                                              1.0 / D ** 0.5, H=H, HKV=kv_heads, D=D, BS=bs,
                                              GP=max(16, triton.next_power_of_2(G)), CHUNK=chunk, BLOCK_N=block_n,
-                                             SPLITS=splits, EARLY=block_n * D <= EARLY_TILE if early is None else early,
+                                             SPLITS=splits, EARLY=_early(M * kv_heads * splits, block_n * D) if early is None else early,
                                              UPCAST=_UPCAST, PDL=pdl, num_warps=warps, launch_pdl=pdl)
     return out
