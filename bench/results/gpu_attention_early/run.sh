@@ -11,6 +11,7 @@
 #   STAGES="full" FULL_SHAPES=llama-8b OUT=... bash bench/results/gpu_attention_early/run.sh
 #   STAGES="b64 kernels full" OUT=... bash bench/results/gpu_attention_early/run.sh   # after EARLY_TILE
 #   STAGES="isolate full" OUT=... bash bench/results/gpu_attention_early/run.sh       # after _early's launch bound
+#   STAGES="regress tools" OUT=... bash bench/results/gpu_attention_early/run.sh      # the final tree
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_attention_early  # out, PY, log, left, stage, regress
 profile() {  # profile TREE NAME BATCH BACKENDS
@@ -57,6 +58,11 @@ for s in ${STAGES:-shapes ab}; do
       timeout "$(( $(left) - 5 ))" $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_kernels.py tests/engine/test_cuda.py \
         >"$out/kernel_tests.log" 2>&1
       echo "kernels rc=$?" | tee -a "$log"; tail -n 2 "$out/kernel_tests.log" | tee -a "$log" ;;
+    tools) stage tools  # SmolLM2 free, under the items grammar and under the tool-call grammar, 3 rounds
+      timeout 150 $PY bench/engine_cuda.py --shapes smollm2-135m --batches 1,16 --grammar-batches 1,16 --grammar-rounds 3 \
+        --grammar-tools --tokens 64 --skip-transformers --peer-batches= --ttft= --budget-s 140 --out "$out/tools" \
+        >"$out/tools.log" 2>&1
+      echo "tools rc=$?" | tee -a "$log"; grep -E "^\|" "$out/tools/engine_cuda.md" | tail -n 8 | tee -a "$log" ;;
     regress) regress ;;
     full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
   esac
