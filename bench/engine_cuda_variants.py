@@ -34,6 +34,8 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
 - `cuda-attention-early`, `cuda-attention-late`: the cuda backend with the paged attention's first tile
   loaded before its PDL wait at every shape, or after it at every shape (the served one: before it where
   the tile holds at most paged_attention.EARLY_TILE elements).
+- `cuda-torch-final`: the cuda backend with a fused decode step's final RMSNorm in torch's ops (a
+  reduction and five elementwise kernels), as before prefill_kernels.rms_norm.
 - `cuda-late-residual`: the cuda backend with o_proj's and down_proj's residual loaded after their PDL
   wait, behind the product (as before bench/results/gpu_attention_early/), not before it.
 - `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
@@ -178,6 +180,18 @@ def _late_residual() -> type:
     return LateResidualBackend
 
 
+def _torch_final() -> type:
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    class TorchFinalBackend(CudaBackend):
+        name = "cuda-torch-final"
+
+        def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, p: TorchPlan) -> torch.Tensor:
+            return TorchBackend.final(self, x, carry, norm, p)
+
+    return TorchFinalBackend
+
+
 def _no_pdl() -> type:
     from switchyard.engine.backends.cuda.backend import CudaBackend
 
@@ -257,6 +271,7 @@ for _sp, _bn in ((1, 128), (1, 256), (2, 128), (4, 64), (8, 32), (8, 64), (16, 3
     _name = f"cuda-attention-{_sp}x{_bn}"
     registry.register(_name, _lazy(_attention_shaped, _name, False, (_sp, _bn)))  # type: ignore[arg-type]
 registry.register("cuda-late-residual", _lazy(_late_residual))  # type: ignore[arg-type]
+registry.register("cuda-torch-final", _lazy(_torch_final))  # type: ignore[arg-type]
 registry.register("cuda-attention-early", _lazy(_attention_shaped, "cuda-attention-early", False, None, True))  # type: ignore[arg-type]
 registry.register("cuda-attention-late", _lazy(_attention_shaped, "cuda-attention-late", False, None, False))  # type: ignore[arg-type]
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]

@@ -199,8 +199,9 @@ def test_prefill_rope_split_and_silu_mul_as_the_torch_ops(qk_norm: bool) -> None
 def test_add_rms_kernel_as_the_torch_op() -> None:
     """The residual add + RMSNorm of a decode step past the fused rows (prefill_kernels.add_rms) as
     torch_ops.add_rms computes it: the float32 stream and the normed rows, for a hidden size that is
-    a power of two or not, a bf16 or float32 addend, and bf16 or float32 out (the final norm's)."""
-    from switchyard.engine.backends.torch_ops import add_rms
+    a power of two or not, a bf16 or float32 addend, and bf16 or float32 out (the final norm's);
+    prefill_kernels.rms_norm as torch_ops.rms_norm."""
+    from switchyard.engine.backends.torch_ops import add_rms, rms_norm
 
     g = torch.Generator().manual_seed(8)
     for shape, ydt, out in (((11, 576), torch.bfloat16, torch.bfloat16), ((3, 1, 1000), torch.float32, torch.float32),
@@ -212,6 +213,11 @@ def test_add_rms_kernel_as_the_torch_op() -> None:
         assert gx.dtype == torch.float32 and gh.dtype == out and gh.shape == rh.shape == shape
         torch.testing.assert_close(gx, rx, atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(gh.float(), rh.float(), **_tol(out))
+        # The norm alone (a fused decode step's final norm): the input is left as it was.
+        before = x.clone()
+        torch.testing.assert_close(pk.rms_norm(x, w, 1e-5, out).float(), rms_norm(x, w, 1e-5, out).float(),
+                                   **_tol(out))
+        assert torch.equal(x, before)
 
 
 def test_tile_for_fits_shared_memory_and_takes_the_sweeps_shapes() -> None:

@@ -12,6 +12,7 @@
 #   STAGES="b64 kernels full" OUT=... bash bench/results/gpu_attention_early/run.sh   # after EARLY_TILE
 #   STAGES="isolate full" OUT=... bash bench/results/gpu_attention_early/run.sh       # after _early's launch bound
 #   STAGES="regress tools" OUT=... bash bench/results/gpu_attention_early/run.sh      # the final tree
+#   STAGES=final OUT=... bash bench/results/gpu_attention_early/run.sh                 # prefill_kernels.rms_norm
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_attention_early  # out, PY, log, left, stage, regress
 profile() {  # profile TREE NAME BATCH BACKENDS
@@ -63,6 +64,11 @@ for s in ${STAGES:-shapes ab}; do
         --grammar-tools --tokens 64 --skip-transformers --peer-batches= --ttft= --budget-s 140 --out "$out/tools" \
         >"$out/tools.log" 2>&1
       echo "tools rc=$?" | tee -a "$log"; grep -E "^\|" "$out/tools/engine_cuda.md" | tail -n 8 | tee -a "$log" ;;
+    final) stage final  # a fused step's final RMSNorm in one Triton kernel against torch's six
+      profile . final_b1 1 cuda,cuda-torch-final,cuda,cuda-torch-final
+      timeout "$(( $(left) - 5 ))" $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_kernels.py tests/engine/test_cuda.py \
+        >"$out/kernel_tests.log" 2>&1
+      echo "kernels rc=$?" | tee -a "$log"; tail -n 2 "$out/kernel_tests.log" | tee -a "$log" ;;
     regress) regress ;;
     full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
   esac

@@ -135,6 +135,11 @@ class CudaBackend(TorchBackend):
             return x, fp8.mlp(layer.gate_up, layer.down, h)
         return super().layer_out(layer, x, o, p)
 
+    def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, p: TorchPlan) -> torch.Tensor:
+        if p.fused:  # no carry: the fused layers added their own residual
+            return pk.rms_norm(x, norm, self.d.eps, torch.float32)
+        return super().final(x, carry, norm, p)
+
     def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
         # Triton's interpreter sorts a row in ~0.3 s (the kernels' own test checks them there); an
         # int4 head's float32 logits take torch's path

@@ -2,7 +2,8 @@
 step past the fused rows): RoPE (with Qwen3's q/k norm) splitting the QKV projection into q, k, v
 (prefill), SiLU(gate) * up, and the residual add with the next RMSNorm (both, at decode: torch's
 compiled dynamic-shape kernels for these two took 4-4.7 us where these take about half, on an
-8B step of 16-64 rows on an H100, bench/results/gpu_peer_8b)."""
+8B step of 16-64 rows on an H100, bench/results/gpu_peer_8b); and a fused decode step's final
+RMSNorm."""
 
 from __future__ import annotations
 
@@ -34,13 +35,14 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _add_rms_kernel(x_ptr, y_ptr, w_ptr, xo_ptr, h_ptr, N, eps, BLOCK: tl.constexpr):
+def _add_rms_kernel(x_ptr, y_ptr, w_ptr, xo_ptr, h_ptr, N, eps, BLOCK: tl.constexpr, ADD: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     m = c < N
     x = tl.load(x_ptr + row * N + c, mask=m, other=0.0).to(tl.float32)
-    x += tl.load(y_ptr + row * N + c, mask=m, other=0.0).to(tl.float32)
-    tl.store(xo_ptr + row * N + c, x, mask=m)
+    if ADD:
+        x += tl.load(y_ptr + row * N + c, mask=m, other=0.0).to(tl.float32)
+        tl.store(xo_ptr + row * N + c, x, mask=m)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
     w = tl.load(w_ptr + c, mask=m, other=0.0).to(tl.float32)
     tl.store(h_ptr + row * N + c, (w * (x * r)).to(h_ptr.dtype.element_ty), mask=m)
@@ -55,8 +57,19 @@ def add_rms(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float,
     xo = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     h = torch.empty(x.shape, dtype=out, device=x.device)
     block = triton.next_power_of_2(n)
-    _add_rms_kernel[(rows,)](x, y, w, xo, h, n, eps, BLOCK=block, num_warps=8 if block >= 4096 else 4)
+    _add_rms_kernel[(rows,)](x, y, w, xo, h, n, eps, BLOCK=block, ADD=True, num_warps=8 if block >= 4096 else 4)
     return xo, h
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.dtype) -> torch.Tensor:
+    """torch_ops.rms_norm in one kernel, a program a row (torch's ops take six launches: a decode
+    step's final norm). x float32, contiguous, [..., N]."""
+    n = x.shape[-1]
+    h = torch.empty(x.shape, dtype=out, device=x.device)
+    block = triton.next_power_of_2(n)
+    _add_rms_kernel[(x.numel() // n,)](x, x, w, x, h, n, eps, BLOCK=block, ADD=False,
+                                       num_warps=8 if block >= 4096 else 4)
+    return h
 
 
 @triton.jit
