@@ -5,7 +5,9 @@ and the last program of a (row, kv head) to finish combines the splits' partial 
 per pair, left at zero for the next launch): one launch where a combine kernel made two. On an
 H200 the fused kernel ran 5.6 us where the two ran 2.7 + 1.4 us and a launch between them, and a
 SmolLM2 step at batch 1 went from 1,728 to 1,771 tok/s with it (bench/results/gpu_pdl/, calls 1 and
-3: within the spread between calls, so a small gain at most)."""
+3: within the spread between calls, so a small gain at most). In a small launch each program
+loads its first tile of keys and values before its PDL wait, all but the newest position, which
+the kernel before writes (attention_shape, EARLY_TILE)."""
 
 from __future__ import annotations
 
