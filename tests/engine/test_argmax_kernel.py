@@ -1,0 +1,39 @@
+"""bench/argmax_kernel.py's many-program argmax (a candidate for the greedy sampler, not served)
+against torch's argmax: the first of tied maxima, a NaN as the largest, -0.0 tying +0.0, rows of
+-inf, a vocabulary that is no multiple of the chunk; the row counters left at zero. Without a GPU
+the kernel runs in Triton's interpreter."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the kernel needs triton (dev extra)")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import argmax_kernel  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_argmax_rows_is_torchs_argmax() -> None:
+    g = torch.Generator().manual_seed(3)
+    V = 2 * argmax_kernel.CHUNK + 77
+    x = torch.randn(7, V, generator=g)
+    x[1, 5] = x[1, V - 3] = 100.0  # a tie across chunks: the lower position
+    x[2, 40] = x[2, 41] = 100.0  # a tie within a chunk
+    x[3, V - 1] = float("nan")
+    x[3, 9] = float("inf")  # a NaN beats +inf
+    x[4] = float("-inf")  # nothing but -inf: position 0
+    x[5] = 0.0
+    x[5, 0] = -0.0  # -0.0 ties +0.0: position 0
+    x[6, 3 * V // 4] = float("nan")
+    x[6, V - 2] = float("nan")
+    x = x.to(DEV)
+    counters = torch.zeros(7, dtype=torch.int32, device=DEV)
+    for _ in range(2):  # the counters come back to zero for the next launch
+        assert torch.equal(argmax_kernel.argmax_rows(x, counters), x.argmax(-1))
+        assert not counters.any()
