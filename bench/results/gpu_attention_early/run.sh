@@ -13,7 +13,7 @@
 #   STAGES="isolate full" OUT=... bash bench/results/gpu_attention_early/run.sh       # after _early's launch bound
 #   STAGES="regress tools" OUT=... bash bench/results/gpu_attention_early/run.sh      # the final tree
 #   STAGES=final OUT=... bash bench/results/gpu_attention_early/run.sh                 # prefill_kernels.rms_norm
-#   STAGES=argmax OUT=... bash bench/results/gpu_attention_early/run.sh                # next: bench/argmax_kernel.py
+#   STAGES=head OUT=... bash bench/results/gpu_attention_early/run.sh                  # next: argmax_kernel, head_gemv
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_attention_early  # out, PY, log, left, stage, regress
 profile() {  # profile TREE NAME BATCH BACKENDS
@@ -70,9 +70,11 @@ for s in ${STAGES:-shapes ab}; do
       timeout "$(( $(left) - 5 ))" $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_kernels.py tests/engine/test_cuda.py \
         >"$out/kernel_tests.log" 2>&1
       echo "kernels rc=$?" | tee -a "$log"; tail -n 2 "$out/kernel_tests.log" | tee -a "$log" ;;
-    argmax) stage argmax  # bench/argmax_kernel.py: a many-program argmax against torch's (written after call 8)
+    head) stage head  # candidates written after call 8: a many-program argmax; the LM head's norm + GEMV in one kernel
       timeout 120 $PY bench/argmax_kernel.py --rows 1,16,64 --vocab 49152,128256 >"$out/argmax.md" 2>&1
-      echo "argmax rc=$?" | tee -a "$log"; tee -a "$log" <"$out/argmax.md" ;;
+      echo "argmax rc=$?" | tee -a "$log"; tee -a "$log" <"$out/argmax.md"
+      timeout 120 $PY bench/head_gemv.py --shapes 49152x576,128256x4096 --rows 1,16 >"$out/head_gemv.md" 2>&1
+      echo "head_gemv rc=$?" | tee -a "$log"; tee -a "$log" <"$out/head_gemv.md" ;;
     regress) regress ;;
     full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
   esac
