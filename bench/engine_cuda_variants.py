@@ -32,8 +32,8 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   bench/results/gpu_attention_early/: 8x32 at a 256 span and 16x32 at 512 for one row of SmolLM2 or 8B,
   8x32 at 256 for 16 rows of SmolLM2; after it 4x64 and 8x64).
 - `cuda-attention-early`, `cuda-attention-late`: the cuda backend with the paged attention's first tile
-  loaded before its PDL wait at every shape, or after it at every shape (the served one: before it where
-  the tile holds at most paged_attention.EARLY_TILE elements).
+  loaded before its PDL wait at every shape, or after it at every shape (the served one: by
+  paged_attention._early, in launches of up to 256 programs of tiles of up to EARLY_TILE elements).
 - `cuda-torch-final`: the cuda backend with a fused decode step's final RMSNorm in torch's ops (a
   reduction and five elementwise kernels), as before prefill_kernels.rms_norm.
 - `cuda-late-residual`: the cuda backend with o_proj's and down_proj's residual loaded after their PDL
@@ -48,7 +48,8 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -138,11 +139,10 @@ def _compiled_glue() -> type:
     return CompiledGlueBackend
 
 
-def _attention_shaped(name: str, unsplit: bool, fixed: tuple[int, int] | None = None,
-                      early: bool | None = None) -> type:
-    """The cuda backend with the decode attention's (splits, positions a load) set otherwise: by
-    the span alone (as before the launch's rows counted), never split, or `fixed` at every span;
-    `early`: its first tile loaded before the PDL wait always (True) or never (False)."""
+def _attention_shaped(name: str, shape: Callable[[Any, int, int], tuple[int, int]], early: bool | None = None) -> type:
+    """The cuda backend with the decode attention's (splits, positions a load) from shape(kernels,
+    span, rows x kv heads); `early`: its first tile loaded before the PDL wait always (True) or
+    never (False), not by the served rule (None)."""
     from switchyard.engine.backends.cuda import kernels as ck
     from switchyard.engine.backends.cuda.backend import CudaBackend
 
@@ -150,16 +150,28 @@ def _attention_shaped(name: str, unsplit: bool, fixed: tuple[int, int] | None = 
         def attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
             if not p.decode:
                 return super().attention(q, kc, vc, p)
-            splits, block_n = ck.attention_shape(p.L, p.B * self.d.kv_heads) if unsplit else ck.attention_shape(p.L)
-            if fixed:
-                splits, block_n = fixed
-            elif early is not None:
-                splits, block_n = ck.attention_shape(p.L, p.B * self.d.kv_heads)
-            return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, block_n, 1 if unsplit else splits,
-                                      pdl=self.pdl, counters=self.counters, early=early)
+            splits, block_n = shape(ck, p.L, p.B * self.d.kv_heads)
+            return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, block_n, splits, pdl=self.pdl,
+                                      counters=self.counters, early=early)
 
     AttentionShapedBackend.name = name
     return AttentionShapedBackend
+
+
+def _by_span(ck: Any, span: int, programs: int) -> tuple[int, int]:
+    return ck.attention_shape(span)  # as before the launch's rows counted
+
+
+def _unsplit(ck: Any, span: int, programs: int) -> tuple[int, int]:
+    return 1, ck.attention_shape(span, programs)[1]
+
+
+def _served(ck: Any, span: int, programs: int) -> tuple[int, int]:
+    return ck.attention_shape(span, programs)
+
+
+def _fixed(splits: int, block_n: int, ck: Any, span: int, programs: int) -> tuple[int, int]:
+    return splits, block_n
 
 
 def _late_residual() -> type:
@@ -264,16 +276,16 @@ registry.register(IndexSdpaBackend.name, IndexSdpaBackend)
 registry.register("cuda-prefill-flash", _lazy(_prefill_with, FLASH_PREFILL, "cuda-prefill-flash"))  # type: ignore[arg-type]
 registry.register("cuda-prefill-cudnn", _lazy(_prefill_with, CUDNN_PREFILL, "cuda-prefill-cudnn"))  # type: ignore[arg-type]
 registry.register("cuda-torch-glue", _lazy(_torch_glue))  # type: ignore[arg-type]
-registry.register("cuda-attention-by-span", _lazy(_attention_shaped, "cuda-attention-by-span", False))  # type: ignore[arg-type]
+registry.register("cuda-attention-by-span", _lazy(_attention_shaped, "cuda-attention-by-span", _by_span))  # type: ignore[arg-type]
 registry.register("cuda-no-pdl", _lazy(_no_pdl))  # type: ignore[arg-type]
-registry.register("cuda-attention-unsplit", _lazy(_attention_shaped, "cuda-attention-unsplit", True))  # type: ignore[arg-type]
+registry.register("cuda-attention-unsplit", _lazy(_attention_shaped, "cuda-attention-unsplit", _unsplit))  # type: ignore[arg-type]
 for _sp, _bn in ((1, 128), (1, 256), (2, 128), (4, 64), (8, 32), (8, 64), (16, 32)):
     _name = f"cuda-attention-{_sp}x{_bn}"
-    registry.register(_name, _lazy(_attention_shaped, _name, False, (_sp, _bn)))  # type: ignore[arg-type]
+    registry.register(_name, _lazy(_attention_shaped, _name, functools.partial(_fixed, _sp, _bn)))  # type: ignore[arg-type]
 registry.register("cuda-late-residual", _lazy(_late_residual))  # type: ignore[arg-type]
 registry.register("cuda-torch-final", _lazy(_torch_final))  # type: ignore[arg-type]
-registry.register("cuda-attention-early", _lazy(_attention_shaped, "cuda-attention-early", False, None, True))  # type: ignore[arg-type]
-registry.register("cuda-attention-late", _lazy(_attention_shaped, "cuda-attention-late", False, None, False))  # type: ignore[arg-type]
+registry.register("cuda-attention-early", _lazy(_attention_shaped, "cuda-attention-early", _served, True))  # type: ignore[arg-type]
+registry.register("cuda-attention-late", _lazy(_attention_shaped, "cuda-attention-late", _served, False))  # type: ignore[arg-type]
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]
 registry.register("cuda-compiled-glue", _lazy(_compiled_glue))  # type: ignore[arg-type]
 registry.register("cuda-persistent", _lazy(_persistent, "cuda-persistent", 4096))  # type: ignore[arg-type]

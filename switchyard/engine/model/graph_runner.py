@@ -55,7 +55,7 @@ class GraphRunner:
         # A decode step's largest all-reduce: the embedding rows, float32, per batch slot.
         self.graphs = DecodeGraphs(self._step, dev, cuda_graphs,
                                    capturable=lambda batch: comm.graph_safe(batch * dims.hidden * 4))
-        # A step's inputs, laid out by its shape (views): ids, positions, ctx lens by slot, each
+        # A step's inputs, laid out by its shape (_layout): ids, positions, ctx lens by slot, each
         # row's slot (the device copy's and the logits gather's index), block tables [S, nb].
         size = (4 + bps) * max_slots
         self.inputs = torch.zeros(size, dtype=torch.int64, device=dev)
@@ -96,16 +96,14 @@ class GraphRunner:
         self._turn ^= 1
         if self._staged:
             self._staged[k].synchronize()  # this buffer's copy (two steps back) has left it
-        n = (4 + nb) * S
-        host = self._host_np[k]
-        staged = host[: 4 * S].reshape(4, S)
+        n = (4 + nb) * S  # _layout's extent
+        staged, staged_tables = _layout(self._host_np[k], S, nb)
         staged[:] = 0  # slots outside this step: token 0 at position 0 of the spare block
         if not on_device:
             staged[0, slot_np] = ids.numpy()[:, 0]
         staged[1, slot_np] = positions.cpu().numpy()[:, 0]
         staged[2, slot_np] = ctx_np
         staged[3, :B] = slot_np
-        staged_tables = host[4 * S: n].reshape(S, nb)
         staged_tables.fill(d.num_blocks)
         if block_tables is None:  # slot s owns blocks s * blocks_per_seq onwards
             staged_tables[slot_np] = slot_np[:, None] * self.blocks_per_seq + self._iota_np[:nb]
@@ -117,7 +115,7 @@ class GraphRunner:
         if self._staged:
             self._staged[k].record()
         in_order = bool((slot_np == self._iota_np[:B]).all())  # slots 0..B-1: no scatter, no gather
-        row_slots = self.inputs[3 * S: 3 * S + B]  # _views' slots, without the other four views
+        row_slots = _layout(self.inputs, S, nb)[0][3, :B]
         if on_device:  # the step's ids lead the buffer: slot s's at entry s
             if in_order:
                 self.inputs[:B].copy_(ids.view(-1))
@@ -128,17 +126,17 @@ class GraphRunner:
             return self.step_out[:B].clone()
         return self.step_out.index_select(0, row_slots)
 
-    def _views(self, S: int, nb: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The inputs of a step over S slots and nb blocks a row: ids, positions, ctx lens, each
-        row's slot (each [S]) and the block tables [S, nb], views of `inputs` at fixed offsets (what
-        the step's graphs read)."""
-        x = self.inputs
-        return x[:S], x[S: 2 * S], x[2 * S: 3 * S], x[3 * S: 4 * S], x[4 * S: (4 + nb) * S].view(S, nb)
-
     def _step(self, S: int, L: int) -> Iterator[None]:
         """One decode step over slots 0..S-1 attending over positions 0..L-1, from inputs to
         step_out, with no host synchronisation: what a CUDA graph records, in parts."""
         per = max(1, -(-self.layers // max(1, self.parts)))
-        ids, pos, ctx, _, tables = self._views(S, L // self.d.block_size)
-        logits = yield from self.decode(ids, pos, ctx, tables, L, self.graphs.enabled, per)
+        rows, tables = _layout(self.inputs, S, L // self.d.block_size)
+        logits = yield from self.decode(rows[0], rows[1], rows[2], tables, L, self.graphs.enabled, per)
         self.step_out[:S].copy_(logits)
+
+
+def _layout(buf: Any, S: int, nb: int) -> tuple[Any, Any]:
+    """A step's inputs over S slots and nb blocks a row, in the first (4 + nb) * S entries of buf
+    (the device buffer the graphs read, or a host staging buffer as numpy): rows [4, S] (ids,
+    positions, ctx lens, each row's slot) and the block tables [S, nb], views at fixed offsets."""
+    return buf[: 4 * S].reshape(4, S), buf[4 * S: (4 + nb) * S].reshape(S, nb)

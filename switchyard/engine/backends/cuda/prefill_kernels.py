@@ -52,22 +52,24 @@ def add_rms(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float,
             out: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """torch_ops.add_rms in one kernel, a program a row: (x + y in float32, RMSNorm of it cast to
     `out`). x float32, y any float dtype, both contiguous and of one shape [..., N]."""
-    n = x.shape[-1]
-    rows = x.numel() // n
     xo = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    h = torch.empty(x.shape, dtype=out, device=x.device)
-    block = triton.next_power_of_2(n)
-    _add_rms_kernel[(rows,)](x, y, w, xo, h, n, eps, BLOCK=block, ADD=True, num_warps=8 if block >= 4096 else 4)
-    return xo, h
+    return xo, _rms(x, y, w, xo, eps, out)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.dtype) -> torch.Tensor:
     """torch_ops.rms_norm in one kernel, a program a row (torch's ops take six launches: a decode
     step's final norm). x float32, contiguous, [..., N]."""
+    return _rms(x, None, w, None, eps, out)
+
+
+def _rms(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, xo: torch.Tensor | None, eps: float,
+         out: torch.dtype) -> torch.Tensor:
+    """RMSNorm of x (+ y, written to xo, where y is given) cast to `out`, a program a row."""
     n = x.shape[-1]
     h = torch.empty(x.shape, dtype=out, device=x.device)
     block = triton.next_power_of_2(n)
-    _add_rms_kernel[(x.numel() // n,)](x, x, w, x, h, n, eps, BLOCK=block, ADD=False,
+    add = y is not None
+    _add_rms_kernel[(x.numel() // n,)](x, y if add else x, w, xo if add else x, h, n, eps, BLOCK=block, ADD=add,
                                        num_warps=8 if block >= 4096 else 4)
     return h
 
