@@ -7,7 +7,7 @@ row runs in few blocks. Here a program takes a chunk of a row, keeps its best as
 logit's order as an integer in the high half, 2^31 - 1 - its position in the low, so the lower
 position wins a tie, as torch's argmax promises; a NaN is the largest, as in torch), and the last
 program of the row to finish (a counter per row, left at zero) takes the best of the chunks'.
-Not served: measure it first (each size in a CUDA graph of 20 launches, medians of 5 replays):
+Not served: measure it first (each size in a CUDA graph of 20 launches, cuda_kernels_sweep.time_us):
 
   python bench/argmax_kernel.py --rows 1,16,64 --vocab 49152,128256
 """
@@ -15,12 +15,12 @@ Not served: measure it first (each size in a CUDA graph of 20 launches, medians 
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
 # isort: off
 from switchyard.engine.backends.cuda.triton_common import tl, triton  # sets TRITON_INTERPRET first
+from cuda_kernels_sweep import time_us
 # isort: on
 
 CHUNK = 2048
@@ -65,25 +65,6 @@ def argmax_rows(x: torch.Tensor, counters: torch.Tensor | None = None) -> torch.
     return out
 
 
-def graph_us(fn, reps: int = 20) -> float:  # type: ignore[no-untyped-def]
-    """The GPU's microseconds a call of fn, in a CUDA graph of `reps` calls: the median of 5 replays."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(5):
-        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0.record()
-        g.replay()
-        t1.record()
-        torch.cuda.synchronize()
-        times.append(t0.elapsed_time(t1) * 1000 / reps)
-    return statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1,16,64")
@@ -98,8 +79,8 @@ def main() -> None:
             x[:, v // 3] = x[:, 2 * v // 3] = x.max() + 1  # a tie: the lower position wins
             cnt = torch.zeros(n, dtype=torch.int32, device="cuda")
             assert torch.equal(argmax_rows(x, cnt), x.argmax(-1)), (n, v)
-            theirs = graph_us(lambda x=x: x.argmax(-1))
-            ours = graph_us(lambda x=x, cnt=cnt: argmax_rows(x, cnt))
+            theirs = time_us(lambda i, x=x: x.argmax(-1), 20)
+            ours = time_us(lambda i, x=x, cnt=cnt: argmax_rows(x, cnt), 20)
             print(f"| {n} | {v:,} | {theirs:.2f} | {ours:.2f} | {theirs / ours:.2f}x |", flush=True)
 
 

@@ -6,7 +6,7 @@ head. In a SmolLM2 step at batch 1 on an H100 the GEMV took 21.5-22.4 us (2.5-2.
 head) where the layers' Triton GEMVs run at 3+ TB/s (bench/results/gpu_attention_early/, call 8).
 The candidate: the norm, its rounding and the GEMV in one kernel (kernels._matvec with NORM: every
 program normalises the row, a few KB, then its head rows), the float32 norm kept for the refinement.
-Not served: measure it first (each in a CUDA graph of 20 launches, medians of 5 replays):
+Not served: measure it first (each in a CUDA graph of 20 launches, cuda_kernels_sweep.time_us):
 
   python bench/head_gemv.py --shapes 49152x576,128256x4096 --rows 1,16
 """
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 # isort: off
 from switchyard.engine.backends.cuda.triton_common import _UPCAST, tl, triton  # sets TRITON_INTERPRET first
 from switchyard.engine.backends.cuda import kernels as ck, prefill_kernels as pk
-from argmax_kernel import graph_us
+from cuda_kernels_sweep import time_us
 # isort: on
 
 
@@ -79,8 +79,8 @@ def main() -> None:
             x = torch.randn(M, K, device="cuda") * 3
             ref, got = served(x, ln, w, 1e-5)[1], fused(x, ln, w, 1e-5)[1]
             err = (got.float() - ref.float()).abs().max().item()
-            us_a = graph_us(lambda x=x, ln=ln, w=w: served(x, ln, w, 1e-5))
-            us_b = graph_us(lambda x=x, ln=ln, w=w: fused(x, ln, w, 1e-5))
+            us_a = time_us(lambda i, x=x, ln=ln, w=w: served(x, ln, w, 1e-5), 20)
+            us_b = time_us(lambda i, x=x, ln=ln, w=w: fused(x, ln, w, 1e-5), 20)
             print(f"| {V:,} x {K:,} | {M} | {us_a:.2f} | {us_b:.2f} | {us_a / us_b:.2f}x | "
                   f"{w.numel() * 2 / us_b / 1e6:.2f} | {err:.3g} |", flush=True)
 
