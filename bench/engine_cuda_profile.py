@@ -25,6 +25,9 @@ a step, written to --out as kernels_<shape>_b<batch>.md:
 
   python bench/engine_cuda_profile.py --shape llama-8b --batch 64 --kernels 24 \\
       --backends cuda,cuda-torch-glue --out $OUT
+
+A backend's name with `+torch-argmax` (`cuda+torch-argmax`) samples its greedy rows with torch's
+argmax rather than the output stage's GPU kernel (head_kernels.RowArgmax).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_cuda as ec  # noqa: E402
 import engine_cuda_variants  # noqa: E402, F401  (registers the benches' backends for --backends)
+
+from switchyard.engine.core.output import OutputStage  # noqa: E402
 
 
 def _short(name: str) -> str:
@@ -233,11 +238,13 @@ def main() -> None:
                     lines += ["", "## the compiled PyTorch peer (bench/peer_compiled.py)", ""]
                     lines += peer_profile(c, dev, a.batch, a.kernels)
                 else:
-                    v = m if name == "auto" else m.view(name, cuda_graphs=True, max_slots=a.batch)
+                    backend = name.removesuffix("+torch-argmax")
+                    OutputStage.GPU_ARGMAX = backend == name  # read at a scheduler's first GPU step
+                    v = m if backend == "auto" else m.view(backend, cuda_graphs=True, max_slots=a.batch)
                     ec.decode_rate(v, a.batch, 8, c.vocab_size, tok=tok, grammar=make)  # compiles, captures graphs
                     r = ec.decode_rate(v, a.batch, 32, c.vocab_size, tok=tok, grammar=make, overlap=not a.sync)
-                    lines += ["", f"## {v.backend_name}: {r['tok_s']:.0f} tok/s unprofiled, step {r['step_ms']:.3f} ms",
-                              ""]
+                    lines += ["", f"## {name if backend != 'auto' else v.backend_name}: {r['tok_s']:.0f} tok/s "
+                              f"unprofiled, step {r['step_ms']:.3f} ms", ""]
                     lines += kernel_profile(v, a.batch, a.kernels, c.vocab_size, tok, make, not a.sync)
             except Exception as e:  # one backend failing must not lose the others' tables
                 lines += ["", f"## {name}: FAILED {type(e).__name__}: {str(e)[:300]}"]

@@ -267,7 +267,7 @@ def test_grammar_mask_kernel_equals_the_torch_path(dtype: torch.dtype, monkeypat
                 if 3 in rows:
                     assert torch.isfinite(fused[3]).sum() == 1 and torch.isfinite(fused[3, 2])
     # compiled on a GPU: the handles were kept (and used by the repeats above); interpreted: none
-    assert (len(tm._compiled) > 0) == (DEV.type == "cuda")
+    assert (len(tm._launch.handles) > 0) == (DEV.type == "cuda")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
@@ -383,3 +383,31 @@ def test_head_refine_equals_the_torch_path(V: int, hid: int, N: int) -> None:
     torch.testing.assert_close(got.gather(1, top), exact.gather(1, top), atol=1e-5, rtol=1e-5)
     rest = torch.ones_like(raw, dtype=torch.bool).scatter_(1, top, False)
     assert torch.equal(got[rest], raw.float()[rest])
+
+
+def test_row_argmax_is_torchs_argmax() -> None:
+    """The sampler's GPU argmax (head_kernels.RowArgmax): the first of tied maxima, across chunks
+    and within one, a NaN as the largest, -0.0 tying +0.0, rows of -inf, a vocabulary that is no
+    multiple of the chunk and one past 64 chunks of 2,048 (wider chunks); its row counters come
+    back to zero, and grow with the rows."""
+    from switchyard.engine.backends.cuda.head_kernels import RowArgmax
+
+    g = torch.Generator().manual_seed(3)
+    am = RowArgmax()
+    for V in (2 * 2048 + 77, 131_072 + 4099):
+        x = torch.randn(7, V, generator=g)
+        x[1, 5] = x[1, V - 3] = 100.0  # a tie across chunks: the lower position
+        x[2, 40] = x[2, 41] = 100.0  # a tie within a chunk
+        x[3, V - 1] = float("nan")
+        x[3, 9] = float("inf")  # a NaN beats +inf
+        x[4] = float("-inf")  # nothing but -inf: position 0
+        x[5] = 0.0
+        x[5, 0] = -0.0  # -0.0 ties +0.0: position 0
+        x[6, 3 * V // 4] = float("nan")
+        x[6, V - 2] = float("nan")
+        x = x.to(DEV)
+        for rows in (3, 7, 7):  # the counters grow, then come back to zero for the next launch
+            assert torch.equal(am(x[:rows]), x[:rows].argmax(-1)), (V, rows)
+            assert am.counters is not None and not am.counters.any()
+    xb = torch.randn(2, 5000, generator=g).to(torch.bfloat16).to(DEV)
+    assert torch.equal(am(xb), xb.argmax(-1))

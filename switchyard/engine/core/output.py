@@ -11,6 +11,7 @@ it; `finish` waits for those values and does the host's share. `advance` is both
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,7 @@ class Sampled:
 
 class OutputStage:
     REUSE_DOWNLOADS = True  # GPU steps' tokens come down into reused pinned buffers (False, at construction: new ones)
+    GPU_ARGMAX = True  # greedy rows of GPU logits by head_kernels.RowArgmax (False, before the first step: torch's)
 
     def __init__(self, tokenizer: ChatTokenizer, max_model_len: int) -> None:
         self.tok = tokenizer
@@ -45,6 +47,7 @@ class OutputStage:
         self.ttft: list[float] = []
         self.masker: GrammarMasker | None = None  # made on the first constrained step
         self.downloads: DownloadPool | None = None  # made on the first GPU step; finish() reads each in turn
+        self.argmax: Callable[[torch.Tensor], torch.Tensor] | None = None  # made on the first GPU step
 
     def advance(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Sequence]:
         """Sample one token per sequence and stream it; returns the sequences that finished."""
@@ -63,7 +66,11 @@ class OutputStage:
                 width = next(g.vocab_size for g in grammars if g is not None) or logits.shape[1]
                 self.masker = GrammarMasker(width)
             self.masker.apply(logits, grammars)
-        tokens = sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        if self.argmax is None and logits.device.type == "cuda" and self.GPU_ARGMAX:
+            from switchyard.engine.backends.cuda.head_kernels import RowArgmax  # triton: only where a GPU is
+
+            self.argmax = RowArgmax()
+        tokens = sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs], self.argmax)
         lp_rows = [i for i, s in enumerate(seqs) if s.params.logprobs]
         back = [tokens]
         if lp_rows:

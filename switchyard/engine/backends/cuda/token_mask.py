@@ -19,19 +19,15 @@ served, bench/host_launch_costs.py), so two things are cut from it:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 # triton_common sets TRITON_INTERPRET before triton loads (no GPU: the kernel is interpreted).
-from switchyard.engine.backends.cuda.triton_common import INTERPRETED, tl, triton
+from switchyard.engine.backends.cuda.triton_common import HandleLaunch, tl, triton
 from switchyard.engine.backends.transfer import upload
 
 BLOCK = 2048  # tokens a program: 49k-128k vocabularies give 24-63 programs a row
 IN_PLACE = True  # pinned bitmasks read where they are (False: copied to the device first)
 COMPILED = True  # launches after the first through the compiled kernel's handle (False: triton's JIT entry)
-# Compiled kernels by specialization (_key): one per dtype and alignment seen, a handful at most.
-_compiled: dict[tuple[Any, ...], Any] = {}
 
 
 @triton.jit
@@ -45,6 +41,9 @@ def _bitmask_kernel(logits_ptr, stride_l, bm_ptr, words, rows_ptr, V, n_bits,
     blocked = ((w >> (cols % 32)) & 1) == 0
     neg = tl.full((BLOCK,), float("-inf"), tl.float32).to(logits_ptr.dtype.element_ty)
     tl.store(logits_ptr + row * stride_l + cols, neg, mask=(cols < V) & blocked)
+
+
+_launch = HandleLaunch(_bitmask_kernel, exact=2)  # BLOCK, ROWS: constexprs
 
 
 def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
@@ -66,31 +65,5 @@ def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: 
     idx = bm if every else upload(rows, torch.int64, dev)  # not read when every row is masked
     W = bm.shape[1]
     _launch((len(rows), triton.cdiv(V, BLOCK)), (logits, logits.stride(0), bm, W, idx, V, min(V, W * 32), BLOCK,
-                                                 not every))
+                                                 not every), compiled=COMPILED)
 
-
-def _key(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """What triton specializes a kernel on, of each argument: a tensor's dtype and 16-byte alignment,
-    an int's being 1, a multiple of 16 or past 32 bits, a constexpr's value (and the device)."""
-    key: list[Any] = [args[0].device]
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.data_ptr() % 16 == 0))
-        elif isinstance(a, bool):
-            key.append(a)
-        else:
-            key.append((a == 1, a % 16 == 0, a >= 2**31))
-    return tuple(key)
-
-
-def _launch(grid: tuple[int, int], args: tuple[Any, ...]) -> None:
-    """The kernel over grid: the first time for a specialization through triton's JIT entry (which
-    compiles it), then through the compiled kernel's handle (COMPILED). Interpreted, always the JIT's."""
-    key = _key(args) if COMPILED and not INTERPRETED else None
-    k = _compiled.get(key) if key is not None else None
-    if k is not None:
-        k[(grid[0], grid[1], 1)](*args)
-        return
-    k = _bitmask_kernel[grid](*args)
-    if key is not None:
-        _compiled[key] = k
