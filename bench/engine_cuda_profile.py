@@ -26,8 +26,9 @@ a step, written to --out as kernels_<shape>_b<batch>.md:
   python bench/engine_cuda_profile.py --shape llama-8b --batch 64 --kernels 24 \\
       --backends cuda,cuda-torch-glue --out $OUT
 
-A backend's name with `+torch-argmax` (`cuda+torch-argmax`) samples its greedy rows with torch's
-argmax rather than the output stage's GPU kernel (head_kernels.RowArgmax).
+A backend's name may say more: `+torch-argmax` samples its greedy rows with torch's argmax rather
+than the output stage's GPU kernel (head_kernels.RowArgmax), `@N` captures its decode step in N
+graphs (graph_runner.GRAPH_PARTS otherwise): `cuda+torch-argmax`, `cuda@1`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ import engine_cuda as ec  # noqa: E402
 import engine_cuda_variants  # noqa: E402, F401  (registers the benches' backends for --backends)
 
 from switchyard.engine.core.output import OutputStage  # noqa: E402
+
+
+def _entry(name: str) -> tuple[str, int | None, bool]:
+    """--backends' entry -> (the registry's backend name, graph parts or None, the GPU argmax on)."""
+    name, _, parts = name.partition("@")
+    backend = name.removesuffix("+torch-argmax")
+    return backend, int(parts) if parts else None, backend == name
 
 
 def _short(name: str) -> str:
@@ -238,9 +246,10 @@ def main() -> None:
                     lines += ["", "## the compiled PyTorch peer (bench/peer_compiled.py)", ""]
                     lines += peer_profile(c, dev, a.batch, a.kernels)
                 else:
-                    backend = name.removesuffix("+torch-argmax")
-                    OutputStage.GPU_ARGMAX = backend == name  # read at a scheduler's first GPU step
-                    v = m if backend == "auto" else m.view(backend, cuda_graphs=True, max_slots=a.batch)
+                    backend, parts, gpu_argmax = _entry(name)
+                    OutputStage.GPU_ARGMAX = gpu_argmax  # read at a scheduler's first GPU step
+                    v = m if backend == "auto" else m.view(backend, cuda_graphs=True, max_slots=a.batch,
+                                                           graph_parts=parts)
                     ec.decode_rate(v, a.batch, 8, c.vocab_size, tok=tok, grammar=make)  # compiles, captures graphs
                     r = ec.decode_rate(v, a.batch, 32, c.vocab_size, tok=tok, grammar=make, overlap=not a.sync)
                     lines += ["", f"## {name if backend != 'auto' else v.backend_name}: {r['tok_s']:.0f} tok/s "

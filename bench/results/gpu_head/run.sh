@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue #32, the end of a decode step: the greedy rows' argmax in one Triton launch (head_kernels.RowArgmax)
+# against torch's, the LM head's norm + GEMV in one kernel at several tiles against the served three launches,
+# and the decode step captured in 1, 2 or 4 graphs (graph_runner.GRAPH_PARTS). One device call a line:
+#
+#   STAGES="head ab kernels" OUT=$OUT bash bench/results/gpu_head/run.sh   # carry .whl, .cache/smollm2-tokenizer
+#   STAGES="regress full" OUT=$OUT bash bench/results/gpu_head/run.sh
+#
+# Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
+cd "$(dirname "$0")/../../.."
+. bench/device_env.sh gpu_head  # out, PY, log, left, stage, regress, engine_bench
+profile() {  # profile NAME BATCH BACKENDS ($SHAPE, default SmolLM2's)
+  timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/engine_cuda_profile.py --shape "${SHAPE:-smollm2-135m}" \
+    --batch "$2" --kernels 24 --backends "$3" --out "$out/prof_$1" >"$out/prof_$1.log" 2>&1
+  echo "profile $1 rc=$?" | tee -a "$log"
+  grep -hE "^## |steps:|nvjet|reduce_kernel|_argmax|_refine|_chunk_top" "$out/prof_$1"/kernels_*.md | tee -a "$log"
+}
+for s in ${STAGES:-head ab kernels}; do
+  case $s in
+    head) stage head
+      timeout 100 $PY bench/argmax_kernel.py --rows 1,16,64 --vocab 49152,128256 >"$out/argmax.md" 2>&1
+      echo "argmax rc=$?" | tee -a "$log"; tee -a "$log" <"$out/argmax.md"
+      timeout 150 $PY bench/head_gemv.py --shapes 49152x576,128256x4096 --rows 1 \
+        --tiles 8x1024x4,16x1024x4,16x1024x8,32x1024x8,32x512x4,64x256x4,64x256x8,128x128x8,64x64x4,256x64x8 \
+        >"$out/head_gemv.md" 2>&1
+      echo "head_gemv rc=$?" | tee -a "$log"; tee -a "$log" <"$out/head_gemv.md" ;;
+    ab) stage ab  # the served step against torch's argmax and other graph parts, alternated in one process each
+      profile s_b1 1 cuda,cuda+torch-argmax,cuda@1,cuda@2,cuda,cuda+torch-argmax,cuda@1,cuda@2
+      profile s_b16 16 cuda,cuda+torch-argmax,cuda@1,cuda,cuda+torch-argmax,cuda@1
+      SHAPE=llama-8b profile 8b_b1 1 cuda,cuda+torch-argmax,cuda@1,cuda,cuda+torch-argmax,cuda@1 ;;
+    kernels) stage kernels  # the kernel GPU tests (the argmax's and the mask's handles among them)
+      timeout "$(( $(left) - 5 ))" $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_kernels.py tests/engine/test_cuda.py \
+        >"$out/kernel_tests.log" 2>&1
+      echo "kernels rc=$?" | tee -a "$log"; tail -n 2 "$out/kernel_tests.log" | tee -a "$log" ;;
+    regress) regress ;;
+    full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
+  esac
+done
+stage done
+tar -C "$out" -czf "$out.tgz" --exclude=pip.log . && rm -rf "${out:?}"/* && mv "$out.tgz" "$out/all.tgz"  # one file back
