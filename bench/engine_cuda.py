@@ -391,11 +391,15 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
         add(engine, "decode_tok_s", b, r["tok_s"], "tok/s", note)
         return r
 
+    # The views share this decoder's cache: it holds the most rows any point runs (the graph-parts
+    # sweep's too, or its batches queue for blocks and run a row at a time).
+    parts_batches = ints(a.parts_batches) if sweep_batches else []
     t = time.perf_counter()
     model = hf_model(c, dev) if hf else None
     w = our_weights(model, c) if model is not None else random_weights(c, seed=0, device=dev, dtype=torch.bfloat16)
     fp8_prefill = bool(a.ttft_fp8) and dev.type == "cuda"  # the FP8 copies (--prefill-fp8), ~7 GB for 8B
-    m = Decoder(c, Shard(0, 1, c), w, SingleRank(), max_slots=max([1, *batches, *grammar_batches, *sweep_batches]),
+    slots = max([1, *batches, *grammar_batches, *sweep_batches, *parts_batches])
+    m = Decoder(c, Shard(0, 1, c), w, SingleRank(), max_slots=slots,
                 max_len=max(2 * PROMPT, PROMPT + WARM + tokens + 16), device=dev, dtype=torch.bfloat16,
                 cuda_graphs=True, backend="auto" if dev.type == "cuda" else "torch", prefill_fp8=fp8_prefill)
     del w
@@ -444,7 +448,7 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
     if sweep_batches and clock.left() > 60:
         from engine_cuda_sweep import BACKENDS, sweep
 
-        sweep(m, c, sweep_batches, ints(a.parts_batches), tokens, tok, clock, add, log, a.sweep_backends or BACKENDS,
+        sweep(m, c, sweep_batches, parts_batches, tokens, tok, clock, add, log, a.sweep_backends or BACKENDS,
               a.sweep_rounds)
     if 1 in batches and clock.left() > 20:  # the same weights, cache and backend, decode steps run eagerly
         decode("ours (no graphs)", m.view(m.backend_name, cuda_graphs=False, max_slots=m.max_slots), 1)

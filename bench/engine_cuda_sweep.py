@@ -6,8 +6,8 @@ on, bench/engine_cuda.decode_rate), for both shapes in one run:
   projections with the paged attention kernel at every batch), `cuda-torch-glue` (that cuBLAS
   path as it was before kernels.rope_write: torch's RoPE and KV-write ops) and
   `cuda-attention-by-span` (the attention split by the span alone, as before) at each batch;
-- graph parts per decode step (model/graph_runner.GRAPH_PARTS = 4: the step captured as 4 graphs
-  so that the GPU starts while the host launches the rest), 1 vs 4.
+- graph parts per decode step (model/graph_runner.GRAPH_PARTS, 1 since 2026-12-06; 4 before, so
+  that the GPU started while the host launched the rest), 1 vs 4.
 
 Neither is a field of the served model: each point is a view of the same weights and cache with
 a backend or a graph runner of its own.
@@ -35,6 +35,7 @@ import engine_cuda_variants  # noqa: E402, F401  (registers the variants swept)
 
 from switchyard.engine.model.config import ModelConfig  # noqa: E402
 from switchyard.engine.model.decoder import Decoder  # noqa: E402
+from switchyard.engine.model.graph_runner import GRAPH_PARTS  # noqa: E402
 
 BACKEND = "sweep: {}"
 PARTS = "sweep: graph parts {}"
@@ -111,7 +112,7 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
             t = [ms(shape, e, b) for e in engines]
             out.append(f"| {shape} | {b} | " + " | ".join(cell(x) for x in t) + " | "
                        + " | ".join(ratio(x, t[0]) for x in t[1:]) + " |")
-    out += ["", "Graph parts per decode step (served: 4), async decode on:", "",
+    out += ["", f"Graph parts per decode step (served: {GRAPH_PARTS}), async decode on:", "",
             "| shape | batch | 1 part step ms | 4 parts step ms | 1 / 4 |", "| --- | --- | --- | --- | --- |"]
     for shape in shapes:
         for b in sorted({r["batch"] for r in rows if r["shape"] == shape and r["engine"] == PARTS.format(1)}):

@@ -5,7 +5,7 @@
 #
 #   STAGES="head ab kernels" OUT=$OUT bash bench/results/gpu_head/run.sh   # carry .whl, .cache/smollm2-tokenizer
 #   STAGES="parts regress" OUT=$OUT bash bench/results/gpu_head/run.sh
-#   STAGES="full" OUT=$OUT bash bench/results/gpu_head/run.sh
+#   STAGES="full regress parts" PARTS_ROUNDS=3 OUT=$OUT bash bench/results/gpu_head/run.sh   # GRAPH_PARTS = 1
 #
 # Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
 cd "$(dirname "$0")/../../.."
@@ -34,9 +34,9 @@ for s in ${STAGES:-head ab kernels}; do
         >"$out/kernel_tests.log" 2>&1
       echo "kernels rc=$?" | tee -a "$log"; tail -n 2 "$out/kernel_tests.log" | tee -a "$log" ;;
     parts) stage parts  # the step in 1 graph against 4 (served), alternated, 5 rounds, each the median
-      timeout 240 $PY bench/engine_cuda.py --shapes smollm2-135m,llama-8b --batches 1 --tokens 128 --skip-transformers \
+      timeout "$(( $(left) - 5 ))" $PY bench/engine_cuda.py --shapes smollm2-135m,llama-8b --batches 1 --tokens 120 --skip-transformers \
         --peer-batches= --ttft= --grammar-batches= --sweep --sweep-batches 1 --sweep-backends cuda --parts-batches 1,16,64 \
-        --sweep-rounds 5 --budget-s 230 --out "$out/parts" >"$out/parts.log" 2>&1
+        --sweep-rounds "${PARTS_ROUNDS:-5}" --budget-s "$(( $(left) - 10 ))" --out "$out/parts" >"$out/parts.log" 2>&1
       echo "parts rc=$?" | tee -a "$log"; grep -iE "parts|^\| (smollm2|llama)" "$out/parts/engine_cuda.md" | tail -n 12 | tee -a "$log" ;;
     regress) regress ;;
     full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;

@@ -17,8 +17,12 @@ a backend with slot_decode (torch, cuda).
   which the host has not read) are copied into the ids buffer there, row by row into their
   slots, after the staged inputs; host ids are staged with the rest. On a CPU device every
   tensor is on the device, so the CPU tests run the device copy.
-- The step is captured in GRAPH_PARTS graphs (the decoder's layer loop yields between them), so
-  that the GPU starts on the first part while the host still launches the next ones.
+- The step may be captured in several graphs (GRAPH_PARTS; the decoder's layer loop yields between
+  them), so that the GPU starts on the first part while the host still launches the next ones.
+  Served as one: under async decode the host queues a step while the one before runs, and a
+  graph's first kernel cannot overlap the last one's of the graph before it (PDL works within a
+  graph), so on an H100 one graph ran SmolLM2's batch-1 step in 0.420 ms against 0.437 for four
+  (bench/results/gpu_head/).
 
 On a CPU device, or with graphs off, the same step runs eagerly (backends/cuda/graphs.py), which
 is how the CPU tests check it.
@@ -37,7 +41,7 @@ from switchyard.engine.backends.cuda.graphs import DecodeGraphs, batch_bucket, l
 from switchyard.engine.model.parallel import CollectiveBackend
 from switchyard.engine.model.step import Step
 
-GRAPH_PARTS = 4  # graphs a decode step is captured in: measured best on an H200 (bench/engine_cuda_probe.py)
+GRAPH_PARTS = 1  # graphs a decode step is captured in (4 before PDL and async decode: bench/engine_cuda_probe.py)
 # decode(ids, pos, ctx, tables, span, graphs on, layers a part) -> a generator yielding between
 # parts and returning the step's logits: Decoder.decode_step.
 DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool, int],
