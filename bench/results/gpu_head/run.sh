@@ -6,6 +6,7 @@
 #   STAGES="head ab kernels" OUT=$OUT bash bench/results/gpu_head/run.sh   # carry .whl, .cache/smollm2-tokenizer
 #   STAGES="parts regress" OUT=$OUT bash bench/results/gpu_head/run.sh
 #   STAGES="full regress parts" PARTS_ROUNDS=3 OUT=$OUT bash bench/results/gpu_head/run.sh   # GRAPH_PARTS = 1
+#   STAGES=final OUT=$OUT bash bench/results/gpu_head/run.sh
 #
 # Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
 cd "$(dirname "$0")/../../.."
@@ -38,6 +39,11 @@ for s in ${STAGES:-head ab kernels}; do
         --peer-batches= --ttft= --grammar-batches= --sweep --sweep-batches 1 --sweep-backends cuda --parts-batches 1,16,64 \
         --sweep-rounds "${PARTS_ROUNDS:-5}" --budget-s "$(( $(left) - 10 ))" --out "$out/parts" >"$out/parts.log" 2>&1
       echo "parts rc=$?" | tee -a "$log"; grep -iE "parts|^\| (smollm2|llama)" "$out/parts/engine_cuda.md" | tail -n 12 | tee -a "$log" ;;
+    final) stage final  # the final tree's step against this session's start (4 graphs, torch's argmax); the mended test
+      profile s_final_b1 1 cuda,cuda+torch-argmax@4,cuda,cuda+torch-argmax@4
+      timeout 120 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py -k "matches_cpu_engine_with_and_without_graphs" \
+        >"$out/graphs_test.log" 2>&1
+      echo "graphs test rc=$?" | tee -a "$log"; tail -n 1 "$out/graphs_test.log" | tee -a "$log" ;;
     regress) regress ;;
     full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
   esac
