@@ -40,6 +40,9 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   wait, behind the product (as before bench/results/gpu_attention_early/), not before it.
 - `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
   top-k, gather, batched matmul, scatter), as before head_kernels.py.
+- `cuda-1row-KIND=RxKxW` (ONE_ROW_TILES; `cuda-1row-attention=W`): the cuda backend with a one-row
+  step's KIND kernel (qkv, o, gate_up, down) at another tile (outputs a program x reduction elements a
+  load x warps), or its attention at another warp count; `_one_row_tiles` takes several, ';'-separated.
 - `cuda-compiled-glue`: the cuda backend with a decode step past the fused rows taking its residual
   add + RMSNorm and SiLU * up from torch's compiled ops (as before 2026-12-06), not Triton's.
 
@@ -192,6 +195,60 @@ def _late_residual() -> type:
     return LateResidualBackend
 
 
+def _one_row_tiles(name: str, spec: str) -> type:
+    """The cuda backend with a one-row step's kernels launched at other shapes: spec `KIND=RxKxW`
+    (qkv, o, gate_up, down: outputs a program x reduction elements a load x warps) or `attention=W`
+    (the paged attention's warps), ';'-separated. Steps of more rows run as served."""
+    from switchyard.engine.backends.cuda import kernels as ck
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    tiles: dict[str, ck.Tile] = {}
+    attn_warps = 4
+    for part in spec.split(";"):
+        kind, _, shape = part.partition("=")
+        if kind == "attention":
+            attn_warps = int(shape)
+        else:
+            r, bk, w = (int(v) for v in shape.split("x"))
+            tiles[kind] = ck.Tile(r, bk, w, prefetch=True)
+
+    class OneRowTilesBackend(CudaBackend):
+        def layer_in(self, layer: LayerWeights, kc: torch.Tensor, vc: torch.Tensor, x: torch.Tensor,
+                     carry: torch.Tensor | None, p: TorchPlan) -> tuple[torch.Tensor, Any]:
+            if not (p.fused and p.B == 1):
+                return super().layer_in(layer, kc, vc, x, carry, p)
+            d = self.d
+            return x, ck.qkv_rope(x, layer.ln1, layer.qkv.w, layer.qkv.b, layer.qk_norm, d.cos, d.sin, p.pos,
+                                  p.w_blocks, p.w_offs, kc, vc, d.heads, d.kv_heads, d.eps, tile=tiles.get("qkv"),
+                                  pdl=self.pdl)
+
+        def attention(self, q: Any, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
+            if not (p.decode and p.B == 1):
+                return super().attention(q, kc, vc, p)
+            return ck.paged_attention(q, kc, vc, p.tables, p.ctx, p.L, warps=attn_warps, pdl=self.pdl,
+                                      counters=self.counters)
+
+        def layer_out(self, layer: LayerWeights, x: torch.Tensor, o: torch.Tensor,
+                      p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
+            if not (p.fused and p.B == 1):
+                return super().layer_out(layer, x, o, p)
+            x = ck.gemv_residual(o, layer.o.w, x, tile=tiles.get("o"), pdl=self.pdl, x_ready=True)
+            h = ck.gate_up_silu(x, layer.ln2, layer.gate_up.w, self.d.eps, tile=tiles.get("gate_up"), pdl=self.pdl)
+            return ck.gemv_residual(h, layer.down.w, x, tile=tiles.get("down"), pdl=self.pdl, x_ready=True), None
+
+    OneRowTilesBackend.name = name
+    return OneRowTilesBackend
+
+
+# One-row tiles and warps to sweep against the served ones (kernels.tile_for at SmolLM2's K = 576: qkv
+# 2x1024x4, o 2x1024x4, gate_up 4x1024x4, down (K = 1,536) 2x2048x4; the attention 4 warps).
+ONE_ROW_TILES = ("qkv=1x1024x4", "qkv=2x1024x2", "qkv=4x1024x4", "qkv=2x1024x8",
+                 "o=1x1024x2", "o=1x1024x4", "o=2x1024x2", "o=4x1024x4", "o=2x1024x8",
+                 "gate_up=2x1024x4", "gate_up=4x1024x2", "gate_up=4x1024x8", "gate_up=8x1024x8",
+                 "down=1x2048x4", "down=2x2048x8", "down=2x1024x4", "down=4x2048x8", "down=2x2048x2",
+                 "attention=2", "attention=8")
+
+
 def _torch_final() -> type:
     from switchyard.engine.backends.cuda.backend import CudaBackend
 
@@ -292,3 +349,5 @@ registry.register("cuda-persistent", _lazy(_persistent, "cuda-persistent", 4096)
 registry.register("cuda-persistent-2k", _lazy(_persistent, "cuda-persistent-2k", 2048))  # type: ignore[arg-type]
 for _n in (0, 1, 2, 4, 8, 16):
     registry.register(f"cuda-fused-rows-{_n}", _lazy(_fused_rows, _n))  # type: ignore[arg-type]
+for _spec in ONE_ROW_TILES:
+    registry.register(f"cuda-1row-{_spec}", _lazy(_one_row_tiles, f"cuda-1row-{_spec}", _spec))  # type: ignore[arg-type]

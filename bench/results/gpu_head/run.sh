@@ -7,6 +7,7 @@
 #   STAGES="parts regress" OUT=$OUT bash bench/results/gpu_head/run.sh
 #   STAGES="full regress parts" PARTS_ROUNDS=3 OUT=$OUT bash bench/results/gpu_head/run.sh   # GRAPH_PARTS = 1
 #   STAGES=final OUT=$OUT bash bench/results/gpu_head/run.sh
+#   STAGES=tiles OUT=$OUT bash bench/results/gpu_head/run.sh                                     # one-row tiles
 #
 # Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
 cd "$(dirname "$0")/../../.."
@@ -44,6 +45,12 @@ for s in ${STAGES:-head ab kernels}; do
       timeout 120 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py -k "matches_cpu_engine_with_and_without_graphs" \
         >"$out/graphs_test.log" 2>&1
       echo "graphs test rc=$?" | tee -a "$log"; tail -n 1 "$out/graphs_test.log" | tee -a "$log" ;;
+    tiles) stage tiles  # SmolLM2's one-row kernels at other tiles and warps (engine_cuda_variants.ONE_ROW_TILES), alternated
+      backends=cuda$($PY -c "import sys; sys.path.insert(0, 'bench'); import engine_cuda_variants as v; print(''.join(',cuda-1row-' + t for t in v.ONE_ROW_TILES))")
+      timeout "$(( $(left) - 5 ))" $PY bench/engine_cuda.py --shapes smollm2-135m --batches 1 --tokens 120 --skip-transformers \
+        --peer-batches= --ttft= --grammar-batches= --sweep --sweep-batches 1 --sweep-backends "${TILES:-$backends}" \
+        --parts-batches= --sweep-rounds "${TILE_ROUNDS:-5}" --budget-s "$(( $(left) - 10 ))" --out "$out/tiles" >"$out/tiles.log" 2>&1
+      echo "tiles rc=$?" | tee -a "$log"; grep -E "median of" "$out/tiles/engine_cuda.log" | tee -a "$log" ;;
     regress) regress ;;
     full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
   esac
