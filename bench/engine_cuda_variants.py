@@ -241,12 +241,16 @@ def _one_row_tiles(name: str, spec: str) -> type:
 
 
 # One-row tiles and warps to sweep against the served ones (kernels.tile_for at SmolLM2's K = 576: qkv
-# 2x1024x4, o 2x1024x4, gate_up 4x1024x4, down (K = 1,536) 2x2048x4; the attention 4 warps).
+# 2x1024x4, o 2x1024x4 (4x1024x4 after gpu_head/ call 6), gate_up 4x1024x4, down (K = 1,536) 2x2048x4
+# (4x2048x8 after it); the attention 4 warps).
 ONE_ROW_TILES = ("qkv=1x1024x4", "qkv=2x1024x2", "qkv=4x1024x4", "qkv=2x1024x8",
                  "o=1x1024x2", "o=1x1024x4", "o=2x1024x2", "o=4x1024x4", "o=2x1024x8",
                  "gate_up=2x1024x4", "gate_up=4x1024x2", "gate_up=4x1024x8", "gate_up=8x1024x8",
                  "down=1x2048x4", "down=2x2048x8", "down=2x1024x4", "down=4x2048x8", "down=2x2048x2",
-                 "attention=2", "attention=8")
+                 "attention=2", "attention=8",
+                 # after call 6: o and down served at 4x1024x4 and 4x2048x8; the tiles before, and combinations
+                 "o=2x1024x4;down=2x2048x4", "o=2x1024x2;down=4x2048x8", "attention=8;o=4x1024x4;down=4x2048x8",
+                 "gate_up=2x1024x4;o=4x1024x4;down=4x2048x8")
 
 
 def _torch_final() -> type:

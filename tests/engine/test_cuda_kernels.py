@@ -230,7 +230,8 @@ def test_tile_for_fits_shared_memory_and_takes_the_sweeps_shapes() -> None:
             assert t.stages * (16 + pair * t.rows) * t.block_k * elem <= 160 * 1024
         assert ck.tile_for(kind, 16, n, k, 4) != ck.tile_for(kind, 16, n, k, 2)  # float32 shrank
     assert ck.tile_for("gate_up", 1, 14336, 4096) == ck.Tile(8, 256, 4, prefetch=True)
-    assert ck.tile_for("gemv", 1, 576, 1536) == ck.Tile(2, 2048, 4, prefetch=True)
+    assert ck.tile_for("gemv", 1, 576, 1536) == ck.Tile(4, 2048, 8, prefetch=True)
+    assert ck.tile_for("gemv", 1, 576, 576) == ck.Tile(4, 1024, 4, prefetch=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -303,7 +303,9 @@ def tile_for(kind: str, M_P: int, n: int, k: int, elem: int = 2) -> Tile:
     loads, 4 stages deep."""
     pair = kind in ("qkv", "gate_up")
     if M_P == 1:
-        if k <= 2048:
+        if k <= 2048:  # SmolLM2's o (k 576) and down (1,536): 4 outputs, 8 warps past 1K (gpu_head/ call 6)
+            if kind == "gemv":
+                return Tile(4, triton.next_power_of_2(k), 8 if k > 1024 else 4, prefetch=True)
             return Tile(4 if kind == "gate_up" else 2, triton.next_power_of_2(k), 4, prefetch=True)
         return Tile(8, 256, 4, prefetch=True) if kind == "gate_up" else Tile(4, 512 if pair else 1024, 4, prefetch=True)
     if kind == "gate_up":
