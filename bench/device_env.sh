@@ -1,6 +1,6 @@
 # Sourced by the device-call scripts of bench/results/*/run.sh: `. bench/device_env.sh NAME` from the
 # repository root. It sets out (the results folder: $OUT, else bench/results/NAME/out), PY, log, left()
-# (seconds before DEADLINE, default 570) and stage(); installs the project and its packages from the carried
+# (seconds before DEADLINE, default 570), stage() and pack(); installs the project and its packages from the carried
 # wheelhouse .whl (bench/wheelhouse.sh); writes the device, the host and the versions into $log; and defines
 # the stages the scripts share: regress and engine_bench (at the end).
 set -uo pipefail
@@ -31,4 +31,10 @@ engine_bench() {
     --tokens "${TOKENS:-64}" --ttft= --grammar-batches "${GRAMMAR:-$2}" --grammar-rounds 3 --skip-transformers \
     --peer-batches "$BATCHES" --budget-s "$(( $(left) - 30 ))" --out "$out" >/dev/null 2>&1
   echo "bench rc=$?" | tee -a "$log"; grep -E "^\|" "$out/engine_cuda.md" | head -n 30 | tee -a "$log"
+}
+# pack: the last stage's mark, then everything under $out as one file, $out/all.tgz: a call's many files
+# would otherwise be left out of what comes back.
+pack() {
+  stage done
+  tar -C "$out" -czf "$out.tgz" --exclude=pip.log . && rm -rf "${out:?}"/* && mv "$out.tgz" "$out/all.tgz"
 }

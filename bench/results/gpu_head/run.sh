@@ -55,5 +55,4 @@ for s in ${STAGES:-head ab kernels}; do
     full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
   esac
 done
-stage done
-tar -C "$out" -czf "$out.tgz" --exclude=pip.log . && rm -rf "${out:?}"/* && mv "$out.tgz" "$out/all.tgz"  # one file back
+pack  # everything in $out/all.tgz
