@@ -40,6 +40,9 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   wait, behind the product (as before bench/results/gpu_attention_early/), not before it.
 - `cuda-torch-head`: the cuda backend with the LM head's refinement in torch's ops (float copy,
   top-k, gather, batched matmul, scatter), as before head_kernels.py.
+- `cuda-chunk-refine`: the cuda backend with the LM head's refinement in one kernel, every chunk's best
+  32 recomputed by the program that found them (bench/chunk_refine.py), not the row's best 32 by a
+  second launch: a candidate, not yet measured.
 - `cuda-1row-KIND=RxKxW` (ONE_ROW_TILES; `cuda-1row-attention=W`): the cuda backend with a one-row
   step's KIND kernel (qkv, o, gate_up, down) at another tile (outputs a program x reduction elements a
   load x warps), or its attention at another warp count; `_one_row_tiles` takes several, ';'-separated.
@@ -326,6 +329,22 @@ def _torch_head() -> type:
     return TorchHeadBackend
 
 
+def _chunk_refine() -> type:
+    from chunk_refine import chunk_refine
+
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    class ChunkRefineBackend(CudaBackend):
+        name = "cuda-chunk-refine"
+
+        def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
+            if raw.device.type != "cuda" or raw.element_size() != 2:
+                return super().refine(raw, w, h, k)
+            return chunk_refine(raw, w, h, k, pdl=self.pdl)
+
+    return ChunkRefineBackend
+
+
 def _lazy(make_cls: object, *args: object) -> object:
     """A factory that builds its class on first use (the cuda backend imports triton)."""
     def factory(dims: ModelDims, layers: Sequence[LayerWeights]) -> object:
@@ -348,6 +367,7 @@ registry.register("cuda-torch-final", _lazy(_torch_final))  # type: ignore[arg-t
 registry.register("cuda-attention-early", _lazy(_attention_shaped, "cuda-attention-early", _served, True))  # type: ignore[arg-type]
 registry.register("cuda-attention-late", _lazy(_attention_shaped, "cuda-attention-late", _served, False))  # type: ignore[arg-type]
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]
+registry.register("cuda-chunk-refine", _lazy(_chunk_refine))  # type: ignore[arg-type]
 registry.register("cuda-compiled-glue", _lazy(_compiled_glue))  # type: ignore[arg-type]
 registry.register("cuda-persistent", _lazy(_persistent, "cuda-persistent", 4096))  # type: ignore[arg-type]
 registry.register("cuda-persistent-2k", _lazy(_persistent, "cuda-persistent-2k", 2048))  # type: ignore[arg-type]

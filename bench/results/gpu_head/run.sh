@@ -8,6 +8,7 @@
 #   STAGES="full regress parts" PARTS_ROUNDS=3 OUT=$OUT bash bench/results/gpu_head/run.sh   # GRAPH_PARTS = 1
 #   STAGES=final OUT=$OUT bash bench/results/gpu_head/run.sh
 #   STAGES=tiles OUT=$OUT bash bench/results/gpu_head/run.sh                                     # one-row tiles
+#   STAGES=refine OUT=$OUT bash bench/results/gpu_head/run.sh      # next call: bench/chunk_refine.py (not yet run)
 #
 # Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
 cd "$(dirname "$0")/../../.."
@@ -17,6 +18,12 @@ profile() {  # profile NAME BATCH BACKENDS ($SHAPE, default SmolLM2's)
     --batch "$2" --kernels 24 --backends "$3" --out "$out/prof_$1" >"$out/prof_$1.log" 2>&1
   echo "profile $1 rc=$?" | tee -a "$log"
   grep -hE "^## |steps:|nvjet|reduce_kernel|_argmax|_refine|_chunk_top" "$out/prof_$1"/kernels_*.md | tee -a "$log"
+}
+sweep() {  # sweep NAME BACKENDS ROUNDS: SmolLM2's one-row step by each backend in turn, each one's median step
+  timeout "$(( $(left) - 5 ))" $PY bench/engine_cuda.py --shapes smollm2-135m --batches 1 --tokens 120 --skip-transformers \
+    --peer-batches= --ttft= --grammar-batches= --sweep --sweep-batches 1 --sweep-backends "$2" --parts-batches= \
+    --sweep-rounds "$3" --budget-s "$(( $(left) - 10 ))" --out "$out/$1" >"$out/$1.log" 2>&1
+  echo "$1 rc=$?" | tee -a "$log"; grep -E "median of" "$out/$1/engine_cuda.log" | tee -a "$log"
 }
 for s in ${STAGES:-head ab kernels}; do
   case $s in
@@ -47,10 +54,12 @@ for s in ${STAGES:-head ab kernels}; do
       echo "graphs test rc=$?" | tee -a "$log"; tail -n 1 "$out/graphs_test.log" | tee -a "$log" ;;
     tiles) stage tiles  # SmolLM2's one-row kernels at other tiles and warps (engine_cuda_variants.ONE_ROW_TILES), alternated
       backends=cuda$($PY -c "import sys; sys.path.insert(0, 'bench'); import engine_cuda_variants as v; print(''.join(',cuda-1row-' + t for t in v.ONE_ROW_TILES))")
-      timeout "$(( $(left) - 5 ))" $PY bench/engine_cuda.py --shapes smollm2-135m --batches 1 --tokens 120 --skip-transformers \
-        --peer-batches= --ttft= --grammar-batches= --sweep --sweep-batches 1 --sweep-backends "${TILES:-$backends}" \
-        --parts-batches= --sweep-rounds "${TILE_ROUNDS:-5}" --budget-s "$(( $(left) - 10 ))" --out "$out/tiles" >"$out/tiles.log" 2>&1
-      echo "tiles rc=$?" | tee -a "$log"; grep -E "median of" "$out/tiles/engine_cuda.log" | tee -a "$log" ;;
+      sweep tiles "${TILES:-$backends}" "${TILE_ROUNDS:-5}" ;;
+    refine) stage refine  # next: the refinement in one kernel (bench/chunk_refine.py), alone and in the step
+      timeout 100 $PY bench/chunk_refine.py --shapes 49152x576,128256x4096 --rows 1,16 >"$out/chunk_refine.md" 2>&1
+      echo "chunk_refine rc=$?" | tee -a "$log"; tee -a "$log" <"$out/chunk_refine.md"
+      sweep refine cuda,cuda-chunk-refine 9
+      profile refine_b1 1 cuda,cuda-chunk-refine,cuda,cuda-chunk-refine ;;
     regress) regress ;;
     full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
   esac

@@ -31,24 +31,29 @@ import triton.language as tl
 
 
 @triton.jit
-def _chunk_top_kernel(raw_ptr, out_ptr, keys_ptr, V, CHUNK: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr):
-    _pdl_wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
+def _chunk_best(raw_ptr, row, chunk, V, CHUNK: tl.constexpr, K: tl.constexpr):
+    """Chunk `chunk` of a row's 16-bit logits (x, their positions i, which are below V) and its
+    best K, (keys, their positions in the row): each key a 16-bit float's order as a signed
+    integer's in the high half, 2^16 - 1 - the position in the chunk in the low (the lower
+    position first among equal logits): a 32-bit sort, half the work of sorting 64-bit keys."""
     local = tl.arange(0, CHUNK)
     i = chunk * CHUNK + local
     live = i < V
     x = tl.load(raw_ptr + row * V + i, mask=live, other=float("-inf"))
-    tl.store(out_ptr + row * V + i, x.to(tl.float32), mask=live)
-    # A 16-bit float's order as a signed integer's in the high half, 2^16 - 1 - the position in
-    # the chunk in the low (the lower position first among equal logits): a 32-bit sort, half
-    # the work of sorting 64-bit keys.
     b = x.to(tl.int16, bitcast=True).to(tl.int32)
-    key = ((b ^ ((b >> 15) & 0x7FFF)) << 16) | (0xFFFF - local)
-    best = tl.topk(key, K)
+    best = tl.topk(((b ^ ((b >> 15) & 0x7FFF)) << 16) | (0xFFFF - local), K)
+    return x, i, live, best, chunk * CHUNK + 0xFFFF - (best & 0xFFFF)
+
+
+@triton.jit
+def _chunk_top_kernel(raw_ptr, out_ptr, keys_ptr, V, CHUNK: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr):
+    _pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    x, i, live, best, pos = _chunk_best(raw_ptr, row, chunk, V, CHUNK, K)
+    tl.store(out_ptr + row * V + i, x.to(tl.float32), mask=live)
     # The chunk's best as 64-bit keys of the row: the order in the high half, 2^31 - 1 - the
     # position in the row in the low.
-    pos = chunk * CHUNK + 0xFFFF - (best & 0xFFFF)
     wide = ((best >> 16).to(tl.int64) << 32) | (0x7FFFFFFF - pos).to(tl.int64)
     tl.store(keys_ptr + (row * tl.num_programs(1) + chunk) * K + tl.arange(0, K), wide)
 
