@@ -27,7 +27,7 @@ sweep() {  # sweep NAME BACKENDS ROUNDS: SmolLM2's one-row step by each backend 
 }
 for s in ${STAGES:-head ab kernels}; do
   case $s in
-    head) stage head
+    head) stage head  # bench/head_gemv.py was removed after call 2 (it lost): commit 77ecba2 has it
       timeout 100 $PY bench/argmax_kernel.py --rows 1,16,64 --vocab 49152,128256 >"$out/argmax.md" 2>&1
       echo "argmax rc=$?" | tee -a "$log"; tee -a "$log" <"$out/argmax.md"
       timeout 150 $PY bench/head_gemv.py --shapes 49152x576,128256x4096 --rows 1 \
