@@ -412,3 +412,26 @@ def test_row_argmax_is_torchs_argmax() -> None:
             assert am.counters is not None and not am.counters.any()
     xb = torch.randn(2, 5000, generator=g).to(torch.bfloat16).to(DEV)
     assert torch.equal(am(xb), xb.argmax(-1))
+
+
+def test_sampler_takes_greedy_rows_from_the_gpu_argmax() -> None:
+    """sample_tokens with the output stage's GPU argmax: greedy rows its choice, seeded rows their
+    own draw, the same tokens as the sampler without it (torch's argmax)."""
+    from switchyard.engine.backends.cuda.head_kernels import RowArgmax
+    from switchyard.engine.core.sampling import SamplingParams, make_generator, sample_tokens
+
+    g = torch.Generator().manual_seed(11)
+    logits = _rand(4, 3000, g=g).to(DEV)
+    logits[2, 17] = logits[2, 2900] = logits[2].max() + 1  # a tie: the lower position
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=5),
+              SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=9)]
+    kernel, seen = RowArgmax(), []
+
+    def argmax(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.shape)
+        return kernel(x)
+
+    ours = sample_tokens(logits, params, [make_generator(p) for p in params], argmax)
+    theirs = sample_tokens(logits, params, [make_generator(p) for p in params])
+    assert seen == [logits.shape]  # the greedy rows came from the kernel
+    assert torch.equal(ours, theirs) and int(ours[2]) == 17
