@@ -225,6 +225,7 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
         sched.output.masker = GrammarMasker(seqs[0].grammar.vocab_size or vocab, threads=mask_threads)
     marks: list[tuple[float, int, int]] = []  # after each turn: time, tokens so far, the fewest a row has
     fills: list[float] = []
+    readies: list[float] = []  # masks filled ahead: submission to ticket
     t0 = time.perf_counter()
     with torch.inference_mode():
         while not all(s.finished for s in seqs):
@@ -235,6 +236,8 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
             marks.append((time.perf_counter(), sum(n), min(n)))
             if grammar is not None and sched.output.masker is not None:
                 fills.append(sched.output.masker.last_fill_s)
+                if sched.output.masker.last_ready_s:
+                    readies.append(sched.output.masker.last_ready_s)
     sync(m.device)
     k = next(i for i, mk in enumerate(marks) if mk[2] >= WARM)
     (t1, n1, _), (t2, n2, _) = marks[k], marks[-1]
@@ -242,6 +245,8 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     r = {"tok_s": (n2 - n1) / dt, "step_ms": dt / max(1, (n2 - n1) / batch) * 1000, "ready_s": t1 - t0}
     if fills:
         r["mask_ms"] = statistics.median(fills[k:] or fills) * 1000
+    if readies:
+        r["ready_ms"] = statistics.median(readies[k:] or readies) * 1000
     return r
 
 
@@ -255,12 +260,16 @@ def _knob(module: str, owner: str | None, attr: str, value: Any) -> tuple[Any, s
 
 def grammar_variants() -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
     """--grammar-ab's variants of the loop, by name: (under the grammar or free, the knobs set for one
-    decode): the masks by torch's ops, and the sampling stage's host cuts of 2026-12-06 undone
-    (the masks copied up and launched through triton's JIT entry, the tokens downloaded into new
-    pinned buffers)."""
-    mask, out = "switchyard.engine.backends.cuda.token_mask", "switchyard.engine.core.output"
+    decode): the masks filled ahead on the masker's thread (GIL switch intervals of 100, 10 and 1000
+    us), by torch's ops, and the sampling stage's host cuts of 2026-12-06 undone (the masks copied
+    up and launched through triton's JIT entry, the tokens downloaded into new pinned buffers)."""
+    mask, out, gr = "switchyard.engine.backends.cuda.token_mask", "switchyard.engine.core.output", "switchyard.engine.chat.grammar"
     old_download = _knob(out, "OutputStage", "REUSE_DOWNLOADS", False)
-    return {"grammar, torch masking": (True, [_knob("switchyard.engine.chat.grammar", "GrammarMasker", "FUSED", False)]),
+    ahead = _knob(gr, "GrammarMasker", "AHEAD", True)
+    switch = [(f"grammar, ahead, GIL switch {us} us", (True, [ahead, _knob(gr, "GrammarMasker", "SWITCH_S", us * 1e-6)]))
+              for us in (10, 1000)]
+    return {"grammar, filled ahead": (True, [ahead]), **dict(switch),
+            "grammar, torch masking": (True, [_knob(gr, "GrammarMasker", "FUSED", False)]),
             "grammar, before the host cuts": (True, [_knob(mask, None, "IN_PLACE", False),
                                                      _knob(mask, None, "COMPILED", False), old_download]),
             "free, before the host cuts": (False, [old_download])}
@@ -295,7 +304,8 @@ def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens:
                     setattr(h, k, v)
             runs.setdefault(engine, []).append(r)
             log(f"    round {i} b={b} {engine:44} {r['tok_s']:10.1f} tok/s  step {r['step_ms']:.3f} ms"
-                + (f"  fill {r['mask_ms']:.3f} ms" if "mask_ms" in r else ""))
+                + (f"  fill {r['mask_ms']:.3f} ms" if "mask_ms" in r else "")
+                + (f"  ready {r['ready_ms']:.3f} ms" if "ready_ms" in r else ""))
     for engine, rs in runs.items():
         tok_s = statistics.median(r["tok_s"] for r in rs)
         each = ", ".join(f"{r['tok_s']:.0f}" for r in rs)

@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_cuda as ec  # noqa: E402
 import engine_cuda_variants  # noqa: E402, F401  (registers the benches' backends for --backends)
 
+from switchyard.engine.chat.grammar import GrammarMasker  # noqa: E402
 from switchyard.engine.core.output import OutputStage  # noqa: E402
 
 
@@ -211,7 +212,7 @@ def main() -> None:
     ap.add_argument("--sync-debug", action="store_true", help="print where the host waits for the device")
     ap.add_argument("--kernels", type=int, default=0, help="profile this many decode steps' kernels (see above)")
     ap.add_argument("--backends", default="auto", help="--kernels: the decode backends profiled (registry names; "
-                    "'peer': the compiled PyTorch peer, bench/peer_compiled.py)")
+                    "'peer': the compiled PyTorch peer, bench/peer_compiled.py; NAME+ahead-masks: grammar masks filled ahead)")
     ap.add_argument("--out", default="", help="--kernels: the folder its table goes to")
     a = ap.parse_args()
     ec.PROMPT = a.prompt  # decode_rate's prompts
@@ -246,8 +247,9 @@ def main() -> None:
                     lines += ["", "## the compiled PyTorch peer (bench/peer_compiled.py)", ""]
                     lines += peer_profile(c, dev, a.batch, a.kernels)
                 else:
-                    backend, parts, gpu_argmax = _entry(name)
+                    backend, parts, gpu_argmax = _entry(name.removesuffix("+ahead-masks"))
                     OutputStage.GPU_ARGMAX = gpu_argmax  # read at a scheduler's first GPU step
+                    GrammarMasker.AHEAD = name.endswith("+ahead-masks")  # read at each masking
                     v = m if backend == "auto" else m.view(backend, cuda_graphs=True, max_slots=a.batch,
                                                            graph_parts=parts)
                     ec.decode_rate(v, a.batch, 8, c.vocab_size, tok=tok, grammar=make)  # compiles, captures graphs

@@ -1,5 +1,5 @@
 """The GPU decode kernels (and the sampler's argmax) compile for an H200 (sm90) with programmatic
-dependent launch, and the persistent one-row kernel with its barriers (bench/persistent_kernel.py) and
+dependent launch (the grammar mask, waiting or not, without), and the persistent one-row kernel with its barriers (bench/persistent_kernel.py) and
 the one-kernel refinement (bench/chunk_refine.py), on a machine without a GPU: Triton's own compiler and ptxas, no device. The CPU tests run the kernels
 in Triton's interpreter, which takes code the compiler refuses (a module constant read in a
 kernel, an instruction the interpreter skips); this catches that before a GPU run does."""
@@ -24,6 +24,7 @@ SCRIPT = textwrap.dedent('''
     from triton.compiler import ASTSource
     from switchyard.engine.backends.base import ModelDims
     from switchyard.engine.backends.cuda import head_kernels as hk, kernels as ck, paged_attention as pa
+    from switchyard.engine.backends.cuda import token_mask as tm
     import persistent_kernel as persistent  # bench/: the persistent one-row kernel, a bench variant
     import chunk_refine  # bench/: the refinement in one kernel, a candidate
 
@@ -41,6 +42,10 @@ SCRIPT = textwrap.dedent('''
             "NK": "i32"}, {"K": 32, "NK_P": 1024, "BLOCK": 1024, "PDL": True})
     compile(hk._argmax_kernel, {"x_ptr": f32, "stride_x": "i32", "V": "i32", "keys_ptr": i64, "cnt_ptr": "*i32",
             "out_ptr": i64}, {"CHUNK": 2048, "CHUNKS_P": 64}, num_warps=8)
+    for wait in (False, True):  # the grammar mask, queued with its bits or waiting for them
+        compile(tm._bitmask_kernel, {"logits_ptr": f32, "stride_l": "i32", "bm_ptr": "*i32", "words": "i32",
+                "rows_ptr": i64, "V": "i32", "flag_ptr": i64, "ticket": "i32", "spins": "i32"},
+                {"BLOCK": 2048, "ROWS": True, "WAIT": wait}, launch_pdl=False)
     compile(chunk_refine._chunk_refine_kernel, {"raw_ptr": bf, "w_ptr": f32, "h_ptr": f32, "out_ptr": f32, "V": "i32",
             "HID": "i32"}, {"CHUNK": 2048, "K": 32, "BLOCK_H": 128, "PDL": True}, num_warps=8)
     att = {"q_ptr": bf, "kc_ptr": bf, "vc_ptr": bf, "tables_ptr": i64, "stride_t": "i32", "ctx_ptr": i64, "o_ptr": bf,
@@ -84,4 +89,4 @@ def test_decode_kernels_compile_for_sm90_with_pdl() -> None:
            "PYTHONPATH": os.pathsep.join(p for p in (bench, os.environ.get("PYTHONPATH", "")) if p)}
     r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("compiled") == 14, r.stdout
+    assert r.stdout.count("compiled") == 16, r.stdout

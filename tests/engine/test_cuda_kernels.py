@@ -271,6 +271,43 @@ def test_grammar_mask_kernel_equals_the_torch_path(dtype: torch.dtype, monkeypat
     assert (len(tm._launch.handles) > 0) == (DEV.type == "cuda")
 
 
+def test_grammar_mask_kernel_waits_for_its_ticket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Queued before its bits exist (wait=(flag, ticket)), the masking kernel spins until flag[0]
+    reaches the ticket, then masks with the bits written before it (the torch path's -inf's);
+    one that gives up (SPINS reads) leaves the rows untouched and writes its ticket to flag[1]."""
+    import threading
+    import time
+
+    from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask_torch
+    from switchyard.engine.backends.cuda import token_mask as tm
+
+    g = torch.Generator().manual_seed(11)
+    V, W = 5000, 157
+    bits = torch.randint(-2**31, 2**31 - 1, (3, W), dtype=torch.int32, generator=g)
+    pinned = DEV.type == "cuda"
+    bm = torch.zeros(3, W, dtype=torch.int32, pin_memory=pinned)
+    flag = torch.zeros(2, dtype=torch.int64, pin_memory=pinned)
+    logits = _rand(3, V, dtype=torch.float32, g=g)
+    ref = logits.clone()
+    apply_token_bitmask_torch(ref, bits, [0, 2])
+
+    def fill() -> None:  # as the masker's thread does: the bits, then the ticket
+        time.sleep(0.05)
+        bm.copy_(bits)
+        flag.numpy()[0] = 1
+
+    x = logits.clone()
+    filler = threading.Thread(target=fill)
+    filler.start()
+    tm.apply_token_bitmask_cuda(x, bm, [0, 2], (flag, 1))
+    filler.join()
+    assert torch.equal(x.cpu(), ref.cpu()) and flag.tolist() == [1, 0]
+    monkeypatch.setattr(tm, "SPINS", 5)
+    y = logits.clone()
+    tm.apply_token_bitmask_cuda(y, bm, [0, 2], (flag, 2))  # ticket 2 never comes
+    assert torch.equal(y.cpu(), logits.cpu()) and flag.tolist() == [1, 2]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 def test_download_pool_reuses_its_buffers_and_brings_each_download_back() -> None:
     """Downloads from a DownloadPool bring back what the device holds, each read before the next

@@ -186,6 +186,49 @@ def test_masks_filled_by_the_pool_equal_those_filled_in_line() -> None:
             assert a.matcher.consume_token(t) and b.matcher.consume_token(t)
 
 
+def test_masks_filled_ahead_equal_those_filled_in_line() -> None:
+    """Filled ahead (on the masker's thread, the masking kernel waiting for the fill's ticket;
+    interpreted here on CPU logits), a batch's masks equal the in-line fill's step after step, the
+    free row untouched; the matchers are the thread's until wait(), after which they take the
+    step's token. A fill that raises raises on the engine's thread at wait(); a wait the kernel
+    gave up on is EngineFailed there."""
+    from switchyard.engine.chat.grammar import GrammarMasker, GrammarState
+    from switchyard.engine.chat.structured import constraint
+    from switchyard.engine.errors import EngineFailed
+
+    tok, grammars = _smollm2_grammars()
+    ahead_states = [grammars.compile(constraint({"tool_choice": "required"}, TOOLS)) for _ in range(3)]
+    line_states = [grammars.compile(constraint({"tool_choice": "required"}, TOOLS)) for _ in range(3)]
+    ahead, line = GrammarMasker(tok.vocab_size, ahead=True), GrammarMasker(tok.vocab_size, ahead=False)
+    g = torch.Generator().manual_seed(3)
+    for step in range(4):
+        x = torch.randn(4, tok.vocab_size, generator=g)
+        y = x.clone()
+        ahead.apply(x, [ahead_states[0], None, *ahead_states[1:]])
+        line.apply(y, [line_states[0], None, *line_states[1:]])
+        ahead.wait()
+        assert ahead._filler is not None and ahead._filler.ticket == step + 1
+        assert torch.equal(x, y) and torch.isfinite(x[1]).all() and torch.isinf(x[0]).any()
+        for a, b, row in zip(ahead_states, line_states, (0, 2, 3), strict=True):
+            t = int(x[row].argmax())
+            assert a.matcher.consume_token(t) and b.matcher.consume_token(t)
+    assert line._filler is None
+
+    class Broken:
+        def unsafe_compute_mask_ptr(self, ptr: int, size: int) -> None:
+            raise RuntimeError("fill failed")
+
+    ahead.apply(torch.randn(1, tok.vocab_size), [GrammarState(Broken())])  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="fill failed"):
+        ahead.wait()
+    ahead.wait()  # raised once
+    filler = ahead._filler
+    assert filler is not None
+    filler.flag.numpy()[1] = filler.ticket  # as the kernel writes it when it gives up
+    with pytest.raises(EngineFailed, match="gave up waiting"):
+        ahead.wait()
+
+
 def test_call_parser_streams_what_the_whole_text_gives() -> None:
     from switchyard.engine.chat.tool_stream import ToolCallStream
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +29,7 @@ import torch
 
 from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask
 from switchyard.engine.chat.structured import Constraint
-from switchyard.engine.errors import GrammarError
+from switchyard.engine.errors import EngineFailed, GrammarError
 
 BACKEND = f"llguidance {llguidance.__version__}" if hasattr(llguidance, "__version__") else "llguidance"
 
@@ -114,31 +116,46 @@ class GrammarMasker:
     grammars' tokenizer (`vocab_size`); logits wider than that (a model whose vocabulary is
     padded) never allow the padding.
 
-    The bitmask is filled by llguidance on the host: row after row on this thread (threads=1), or,
-    with at least PAR_ROWS constrained rows, by its executor's pool. In line is the default: at
-    batch 16 on a busy 2-core machine the pool's hand-offs took 8-28 ms a step where the same rows
-    one after the other took 0.25-0.6 ms, and on the H200's 16-core host a pool of 8 gave the same
-    decode rate as one thread (1.00x on the 8B shape, 1.02x on SmolLM2's: bench/engine_cuda.py
-    --mask-threads-ab; bench/results/gpu_grammar: copies of one grammar, whose shared lexer the
-    threads contend on; a compilation per thread lost too, see Grammars). GPU logits get their masks
-    without the host waiting for the device: llguidance writes straight into pinned memory (two buffers, used in
-    turn, so a step's fill never overwrites bits still being copied up) and the masking is queued
-    (one Triton kernel, backends/cuda/token_mask.py; torch's ops where triton is missing); under
-    async decoding, step n+1's masks are filled while step n+1 runs. Filling them on a thread of
-    their own once step n's tokens are accepted was measured and lost (bench/results/gpu_grammar2:
-    ~0.1 ms of the host's turn was left to overlap, and the fill ran slower on that thread)."""
+    The bitmask is filled by llguidance on the host: row after row (threads=1), or, with at least
+    PAR_ROWS constrained rows, by its executor's pool (an opt-in: copies of one grammar share its
+    lexer, so on the H200's 16-core host a pool of 8 gave the in-line fill's rate,
+    bench/results/gpu_grammar, and one compilation per thread lost in the served loop, see
+    Grammars). GPU logits get their masks without the host waiting for the device: llguidance
+    writes straight into pinned memory (two buffers, used in turn, so a step's fill never
+    overwrites bits still being read) and the masking is queued (one Triton kernel,
+    backends/cuda/token_mask.py; torch's ops where triton is missing).
+
+    Ahead (GPU logits, the default): the fill runs on the masker's own thread while the engine's
+    thread goes on: the masking kernel is queued at once and waits on the GPU for the fill's
+    ticket (a pinned word the thread writes last), then the sampling and the next step are queued
+    behind it. The host's turn loses llguidance's time (at SmolLM2's size and batch 1 a step's
+    fill is as long as a fifth of the GPU's step; at batch 16, longer than the step), which now
+    overlaps the step in flight. The matchers are the fill thread's until `wait()` (the output
+    stage calls it before it accepts the step's tokens). An earlier try, filling on a thread
+    while the host waited for it before queueing the masks, lost (bench/results/gpu_grammar2):
+    what the host had left to overlap was ~0.1 ms; here it is the whole launch of the next step.
+    A thread gets the GIL back from a busy engine thread only when that one blocks or its switch
+    interval runs out (5 ms by default, longer than a step): the masker shortens the process's
+    interval to SWITCH_S when it starts its thread."""
 
     PAR_ROWS = 4  # fewer constrained rows than this fill in line even with a pool
     FUSED = True  # GPU logits masked by the Triton kernel where triton loads (False: torch's ops)
+    AHEAD = False  # GPU logits: filled on the masker's thread, waited for on the GPU (False: in line)
+    SWITCH_S = 1e-4  # the GIL's switch interval once a fill thread runs (Python's default: 5 ms)
 
-    def __init__(self, vocab_size: int, threads: int = 1) -> None:
+    def __init__(self, vocab_size: int, threads: int = 1, ahead: bool | None = None) -> None:
+        """ahead: fill on a thread of the masker's own (None: for GPU logits when AHEAD and the
+        Triton kernel loads; True: for any logits, the kernel interpreted on CPU ones)."""
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
         self.executor = llguidance.LLExecutor(threads) if threads > 1 else None
+        self.ahead = ahead
         self._pinned = False  # whether the buffers are pinned (for GPU logits)
         self._buffers = [torch.full((0, self.words), -1, dtype=torch.int32)] * 2
         self._turn = 0
         self.last_fill_s = 0.0  # the last step's llguidance time (bench/grammar.py reads it)
+        self.last_ready_s = 0.0  # filled ahead: the last step's time from its submission to its ticket
+        self._filler: _Filler | None = None  # made on the first step filled ahead
 
     def _buffer(self, rows: int, pinned: bool) -> torch.Tensor:
         if pinned != self._pinned:
@@ -150,11 +167,29 @@ class GrammarMasker:
         return bm[:rows]
 
     def apply(self, logits: torch.Tensor, states: list[GrammarState | None]) -> None:
-        """Mask `logits` [B, V >= vocab_size] in place; states[i] constrains row i (None: free)."""
+        """Mask `logits` [B, V >= vocab_size] in place; states[i] constrains row i (None: free).
+        Filled ahead, the masks may not exist yet on return: the masking is queued on the
+        device, and the matchers are not to be touched before `wait()`."""
+        self.wait()
         todo = [(s.matcher, i) for i, s in enumerate(states) if s is not None]
         if not todo:
             return
-        bm = self._buffer(len(states), logits.device.type == "cuda")
+        cuda = logits.device.type == "cuda"
+        fused = _fused_mask() if self.FUSED and (cuda or self.ahead) else None
+        ahead = fused is not None and (self.ahead if self.ahead is not None else self.AHEAD and cuda)
+        bm = self._buffer(len(states), cuda)
+        rows = [i for _, i in todo]
+        if ahead:
+            if self._filler is None:
+                self._filler = _Filler(self, cuda)
+            ticket = self._filler.submit(todo, bm)  # before the kernel: whatever follows, the ticket comes
+            fused(logits, bm, rows, (self._filler.flag, ticket))  # type: ignore[call-arg]
+            return
+        self.last_fill_s = self._fill(todo, bm)
+        (fused or apply_token_bitmask)(logits, bm, rows)
+
+    def _fill(self, todo: list[tuple[llguidance.LLMatcher, int]], bm: torch.Tensor) -> float:
+        """llguidance writes each (matcher, row)'s mask into bm's row; returns the seconds taken."""
         t0 = time.perf_counter()
         if self.executor is not None and len(todo) >= self.PAR_ROWS:
             # What llguidance.torch.fill_next_token_bitmask_par does, without importing that module: its
@@ -164,10 +199,58 @@ class GrammarMasker:
             row_bytes, base = self.words * 4, bm.data_ptr()
             for m, i in todo:
                 m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
-        self.last_fill_s = time.perf_counter() - t0
-        rows = [i for _, i in todo]
-        fused = _fused_mask() if self.FUSED and logits.device.type == "cuda" else None
-        (fused or apply_token_bitmask)(logits, bm, rows)
+        return time.perf_counter() - t0
+
+    def wait(self) -> None:
+        """Until the step filled ahead is filled (its matchers free again); raises what the fill
+        raised, or EngineFailed if the GPU gave up waiting for it (its rows went unmasked)."""
+        if self._filler is not None:
+            self._filler.join()
+
+
+class _Filler:
+    """The masker's fill thread: one step's rows at a time, each step's ticket written to the
+    pinned flag[0] when its bits are all in place (flag[1]: the ticket of a wait the GPU gave up)."""
+
+    def __init__(self, masker: GrammarMasker, pinned: bool) -> None:
+        self.masker = masker
+        self.flag = torch.zeros(2, dtype=torch.int64, pin_memory=pinned)
+        self._words = self.flag.numpy()  # the host's writes and reads, without a torch op
+        self.ticket = 0
+        self._jobs: queue.SimpleQueue[tuple[list[tuple[llguidance.LLMatcher, int]], torch.Tensor, int, float]] = \
+            queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._error: BaseException | None = None
+        sys.setswitchinterval(masker.SWITCH_S)
+        threading.Thread(target=self._run, name="switchyard-grammar-fill", daemon=True).start()
+
+    def submit(self, todo: list[tuple[llguidance.LLMatcher, int]], bm: torch.Tensor) -> int:
+        self.ticket += 1
+        self._idle.clear()
+        self._jobs.put((todo, bm, self.ticket, time.perf_counter()))
+        return self.ticket
+
+    def _run(self) -> None:
+        while True:
+            todo, bm, ticket, submitted = self._jobs.get()
+            try:
+                self.masker.last_fill_s = self.masker._fill(todo, bm)
+            except BaseException as e:  # the engine's thread raises it (join)
+                self._error = e
+            finally:
+                self._words[0] = ticket  # last: the GPU reads the bits once it sees this
+                self.masker.last_ready_s = time.perf_counter() - submitted
+                self._idle.set()
+
+    def join(self) -> None:
+        self._idle.wait()
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+        if self._words[1]:
+            ticket, self._words[1] = int(self._words[1]), 0
+            raise EngineFailed(f"the GPU gave up waiting for the grammar masks of fill {ticket}")
 
 
 @functools.cache

@@ -84,6 +84,8 @@ class OutputStage:
         that finished. A sequence that finished (an abort) since the step was sampled is skipped:
         its token is dropped."""
         host = sampled.host.get()
+        if self.masker is not None:
+            self.masker.wait()  # the fill thread's matchers (masks filled ahead) are ours again
         tokens = host[0].tolist()
         lps: dict[int, tuple[float, list[float], list[int]]] = {}
         if sampled.lp_rows:

@@ -15,6 +15,13 @@ served, bench/host_launch_costs.py), so two things are cut from it:
   copy it replaces). A CPU tensor that is not pinned still goes up first.
 - after the first launch of a specialization, the compiled kernel is launched through its
   handle, without triton's argument binding and cache lookup (~16-20 us to ~10-12).
+
+With `wait=(flag, ticket)` the kernel may be queued before its bits exist: each program first
+spins until the pinned word flag[0] reaches `ticket` (the masker's fill thread writes it once the
+step's bits are all written, chat/grammar.GrammarMasker), so the host launches the masking, the
+sampling and the next step without waiting for llguidance. A wait that outlasts SPINS reads
+(seconds: a fill thread that died) gives up, leaves the rows as they are and writes the ticket
+into flag[1], which the masker turns into an error on the host.
 """
 
 from __future__ import annotations
@@ -28,31 +35,50 @@ from switchyard.engine.backends.transfer import upload
 BLOCK = 2048  # tokens a program: 49k-128k vocabularies give 24-63 programs a row
 IN_PLACE = True  # pinned bitmasks read where they are (False: copied to the device first)
 COMPILED = True  # launches after the first through the compiled kernel's handle (False: triton's JIT entry)
+SPINS = 1 << 21  # flag reads before a waiting kernel gives up: ~1 us each over the bus, so seconds
 
 
-@triton.jit
-def _bitmask_kernel(logits_ptr, stride_l, bm_ptr, words, rows_ptr, V, n_bits,
-                    BLOCK: tl.constexpr, ROWS: tl.constexpr):
+@triton.jit(do_not_specialize=["ticket"])
+def _bitmask_kernel(logits_ptr, stride_l, bm_ptr, words, rows_ptr, V, flag_ptr, ticket, spins,
+                    BLOCK: tl.constexpr, ROWS: tl.constexpr, WAIT: tl.constexpr):
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(rows_ptr + r).to(tl.int64) if ROWS else r.to(tl.int64)
-    # Bits past the mask (a vocabulary padded past the grammar's tokenizer) read as 0: never allowed.
-    w = tl.load(bm_ptr + row * words + cols // 32, mask=cols < n_bits, other=0)
-    blocked = ((w >> (cols % 32)) & 1) == 0
+    ready = True
+    if WAIT:
+        seen = tl.load(flag_ptr, volatile=True)
+        n = 0
+        while (seen < ticket) & (n < spins):
+            seen = tl.load(flag_ptr, volatile=True)
+            n += 1
+        ready = seen >= ticket
+        if not ready:
+            tl.store(flag_ptr + 1, ticket.to(tl.int64))
+    # Each of the block's words read once (over the bus when pinned: a load a token cost 32 times
+    # the transfers), then spread to its 32 tokens. Words past the mask (a vocabulary padded past
+    # the grammar's tokenizer) read as 0: never allowed. Volatile when waiting: the bits were
+    # written after the kernel started.
+    wi = tl.program_id(1) * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
+    w = tl.load(bm_ptr + row * words + wi, mask=(wi < words) & ready, other=0, volatile=WAIT)
+    bit = (w[:, None] >> tl.arange(0, 32)[None, :]) & 1
+    blocked = tl.reshape(bit, (BLOCK,)) == 0
     neg = tl.full((BLOCK,), float("-inf"), tl.float32).to(logits_ptr.dtype.element_ty)
-    tl.store(logits_ptr + row * stride_l + cols, neg, mask=(cols < V) & blocked)
+    tl.store(logits_ptr + row * stride_l + cols, neg, mask=(cols < V) & blocked & ready)
 
 
-_launch = HandleLaunch(_bitmask_kernel, exact=2)  # BLOCK, ROWS: constexprs
+_launch = HandleLaunch(_bitmask_kernel, exact=3)  # BLOCK, ROWS, WAIT: constexprs
 
 
-def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int],
+                             wait: tuple[torch.Tensor, int] | None = None) -> None:
     """logits [B, V] in place (rows contiguous: a row's tokens side by side); bitmask int32
     [>= B, W] on the host, row i masking logits row i, pinned (read in place); rows: the masked
-    rows. The same -inf's as apply_token_bitmask_torch (tests/engine/test_cuda_kernels.py)."""
+    rows. The same -inf's as apply_token_bitmask_torch (tests/engine/test_cuda_kernels.py).
+    wait: (flag, ticket), flag a pinned int64 [2]: the bits are read once flag[0] >= ticket."""
     if not rows:
         return
     if logits.stride(1) != 1:
+        assert wait is None, "a waiting mask needs rows with contiguous tokens"
         from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask_torch
         apply_token_bitmask_torch(logits, bitmask, rows)
         return
@@ -60,10 +86,13 @@ def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: 
     B, V = logits.shape
     every = len(rows) == B and rows == list(range(B))
     bm = bitmask[:B]
-    if dev.type != "cpu" and not (IN_PLACE and bm.is_pinned()):
+    if wait is not None:
+        assert dev.type == "cpu" or bm.is_pinned(), "a waiting mask reads its bits where they are written"
+    elif dev.type != "cpu" and not (IN_PLACE and bm.is_pinned()):
         bm = upload(bm, torch.int32, dev)
     idx = bm if every else upload(rows, torch.int64, dev)  # not read when every row is masked
     W = bm.shape[1]
-    _launch((len(rows), triton.cdiv(V, BLOCK)), (logits, logits.stride(0), bm, W, idx, V, min(V, W * 32), BLOCK,
-                                                 not every), compiled=COMPILED)
+    flag, ticket = wait if wait is not None else (bm, 0)  # not read without a wait
+    _launch((len(rows), triton.cdiv(V, BLOCK)), (logits, logits.stride(0), bm, W, idx, V, flag, ticket, SPINS, BLOCK,
+                                                 not every, wait is not None), compiled=COMPILED)
 
