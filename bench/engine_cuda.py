@@ -260,19 +260,16 @@ def _knob(module: str, owner: str | None, attr: str, value: Any) -> tuple[Any, s
 
 def grammar_variants() -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
     """--grammar-ab's variants of the loop, by name: (under the grammar or free, the knobs set for one
-    decode): the masks filled ahead on the masker's thread (GIL switch intervals of 100, 10 and 1000
-    us), by torch's ops, and the sampling stage's host cuts of 2026-12-06 undone (the masks copied
-    up and launched through triton's JIT entry, the tokens downloaded into new pinned buffers)."""
-    mask, out, gr = "switchyard.engine.backends.cuda.token_mask", "switchyard.engine.core.output", "switchyard.engine.chat.grammar"
-    old_download = _knob(out, "OutputStage", "REUSE_DOWNLOADS", False)
+    decode): the masks filled ahead on the masker's thread (the GIL's switch interval at 100, 10 and
+    1000 us; the waiting kernel's reads by ld.cv), and by torch's ops. (The sampling stage's host
+    cuts, measured against their undoing until 2026-12-06: bench/results/gpu_host_cuts.)"""
+    mask, gr = "switchyard.engine.backends.cuda.token_mask", "switchyard.engine.chat.grammar"
     ahead = _knob(gr, "GrammarMasker", "AHEAD", True)
     switch = [(f"grammar, ahead, GIL switch {us} us", (True, [ahead, _knob(gr, "GrammarMasker", "SWITCH_S", us * 1e-6)]))
               for us in (10, 1000)]
     return {"grammar, filled ahead": (True, [ahead]), **dict(switch),
-            "grammar, torch masking": (True, [_knob(gr, "GrammarMasker", "FUSED", False)]),
-            "grammar, before the host cuts": (True, [_knob(mask, None, "IN_PLACE", False),
-                                                     _knob(mask, None, "COMPILED", False), old_download]),
-            "free, before the host cuts": (False, [old_download])}
+            "grammar, ahead, ld.cv": (True, [ahead, _knob(mask, None, "FRESH", True)]),
+            "grammar, torch masking": (True, [_knob(gr, "GrammarMasker", "FUSED", False)])}
 
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,

@@ -22,7 +22,7 @@ for s in ${STAGES:-tests ab}; do
       echo "tests rc=$?" | tee -a "$log"; tail -n 3 "$out/tests.log" | tee -a "$log" ;;
     ab) stage ab
       timeout "$(( $(left) < 330 ? $(left) - 5 : 330 ))" $PY bench/engine_cuda.py --shapes "${AB_SHAPES:-smollm2-135m,llama-8b}" \
-        --batches= --grammar-batches 1,16 --grammar-rounds "${ROUNDS:-3}" --grammar-ab --grammar-tools --tokens 64 \
+        --batches= --grammar-batches 1,16 --grammar-rounds "${ROUNDS:-3}" --grammar-ab --tokens 64 \
         --skip-transformers --peer-batches= --ttft= --budget-s 320 --out "$out/ab" >"$out/ab.log" 2>&1
       echo "ab rc=$?" | tee -a "$log"; grep -E "^\|" "$out/ab/engine_cuda.md" | tee -a "$log" ;;
     split) stage split
@@ -30,7 +30,7 @@ for s in ${STAGES:-tests ab}; do
         --host-split free,items --rounds 2 >"$out/split.md" 2>&1
       echo "split rc=$?" | tee -a "$log"; tail -n 40 "$out/split.md" | tee -a "$log" ;;
     profile) stage profile  # the GPU's kernels a step under the items grammar: filled ahead / in line, alternated
-      for sb in ${PROFILES:-llama-8b:1 smollm2-135m:1 smollm2-135m:16}; do
+      for sb in ${PROFILES:-llama-8b:1 llama-8b:16 smollm2-135m:16}; do
         timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/engine_cuda_profile.py --shape "${sb%%:*}" \
           --batch "${sb##*:}" --grammar items --kernels 24 --backends cuda,cuda+ahead-masks,cuda,cuda+ahead-masks \
           --out "$out/prof_${sb/:/_b}" >"$out/prof_${sb/:/_b}.log" 2>&1

@@ -36,20 +36,30 @@ BLOCK = 2048  # tokens a program: 49k-128k vocabularies give 24-63 programs a ro
 IN_PLACE = True  # pinned bitmasks read where they are (False: copied to the device first)
 COMPILED = True  # launches after the first through the compiled kernel's handle (False: triton's JIT entry)
 SPINS = 1 << 21  # flag reads before a waiting kernel gives up: ~1 us each over the bus, so seconds
+FRESH = False  # a waiting kernel reads the flag and the bits with ld.cv (fetched again, never a cached line), not ld.volatile
+
+
+@triton.jit
+def _fresh(ptr, mask, CV: tl.constexpr, VOLATILE: tl.constexpr):
+    """A load of what the host may have written since the kernel started: ld.cv (fetched again)
+    or ld.volatile."""
+    if CV:
+        return tl.load(ptr, mask=mask, other=0, cache_modifier=".cv")
+    return tl.load(ptr, mask=mask, other=0, volatile=VOLATILE)
 
 
 @triton.jit(do_not_specialize=["ticket"])
 def _bitmask_kernel(logits_ptr, stride_l, bm_ptr, words, rows_ptr, V, flag_ptr, ticket, spins,
-                    BLOCK: tl.constexpr, ROWS: tl.constexpr, WAIT: tl.constexpr):
+                    BLOCK: tl.constexpr, ROWS: tl.constexpr, WAIT: tl.constexpr, CV: tl.constexpr):
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(rows_ptr + r).to(tl.int64) if ROWS else r.to(tl.int64)
     ready = True
     if WAIT:
-        seen = tl.load(flag_ptr, volatile=True)
+        seen = _fresh(flag_ptr, True, CV, True)
         n = 0
         while (seen < ticket) & (n < spins):
-            seen = tl.load(flag_ptr, volatile=True)
+            seen = _fresh(flag_ptr, True, CV, True)
             n += 1
         ready = seen >= ticket
         if not ready:
@@ -59,14 +69,14 @@ def _bitmask_kernel(logits_ptr, stride_l, bm_ptr, words, rows_ptr, V, flag_ptr, 
     # the grammar's tokenizer) read as 0: never allowed. Volatile when waiting: the bits were
     # written after the kernel started.
     wi = tl.program_id(1) * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
-    w = tl.load(bm_ptr + row * words + wi, mask=(wi < words) & ready, other=0, volatile=WAIT)
+    w = _fresh(bm_ptr + row * words + wi, (wi < words) & ready, CV, WAIT)
     bit = (w[:, None] >> tl.arange(0, 32)[None, :]) & 1
     blocked = tl.reshape(bit, (BLOCK,)) == 0
     neg = tl.full((BLOCK,), float("-inf"), tl.float32).to(logits_ptr.dtype.element_ty)
     tl.store(logits_ptr + row * stride_l + cols, neg, mask=(cols < V) & blocked & ready)
 
 
-_launch = HandleLaunch(_bitmask_kernel, exact=3)  # BLOCK, ROWS, WAIT: constexprs
+_launch = HandleLaunch(_bitmask_kernel, exact=4)  # BLOCK, ROWS, WAIT, CV: constexprs
 
 
 def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int],
@@ -94,5 +104,6 @@ def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: 
     W = bm.shape[1]
     flag, ticket = wait if wait is not None else (bm, 0)  # not read without a wait
     _launch((len(rows), triton.cdiv(V, BLOCK)), (logits, logits.stride(0), bm, W, idx, V, flag, ticket, SPINS, BLOCK,
-                                                 not every, wait is not None), compiled=COMPILED)
+                                                 not every, wait is not None, FRESH and wait is not None),
+            compiled=COMPILED)
 
