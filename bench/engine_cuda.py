@@ -261,14 +261,13 @@ def _knob(module: str, owner: str | None, attr: str, value: Any) -> tuple[Any, s
 def grammar_variants() -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
     """--grammar-ab's variants of the loop, by name: (under the grammar or free, the knobs set for one
     decode): the masks filled ahead on the masker's thread (the GIL's switch interval at 100, 10 and
-    1000 us; the waiting kernel's reads by ld.cv), and by torch's ops. (The sampling stage's host
+    1000 us), and by torch's ops. (The sampling stage's host
     cuts, measured against their undoing until 2026-12-06: bench/results/gpu_host_cuts.)"""
-    mask, gr = "switchyard.engine.backends.cuda.token_mask", "switchyard.engine.chat.grammar"
+    gr = "switchyard.engine.chat.grammar"
     ahead = _knob(gr, "GrammarMasker", "AHEAD", True)
     switch = [(f"grammar, ahead, GIL switch {us} us", (True, [ahead, _knob(gr, "GrammarMasker", "SWITCH_S", us * 1e-6)]))
               for us in (10, 1000)]
     return {"grammar, filled ahead": (True, [ahead]), **dict(switch),
-            "grammar, ahead, ld.cv": (True, [ahead, _knob(mask, None, "FRESH", True)]),
             "grammar, torch masking": (True, [_knob(gr, "GrammarMasker", "FUSED", False)])}
 
 

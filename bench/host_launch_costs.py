@@ -76,15 +76,15 @@ def bench_batch(B: int, V: int, calls: int) -> None:
     bm_dev = upload(bm_host, torch.int32, dev)
     grid = (B, tm.triton.cdiv(V, tm.BLOCK))
     args = (logits, logits.stride(0), bm_dev, W, bm_dev, V, bm_dev, 0, tm.SPINS)  # no wait
-    compiled = tm._bitmask_kernel[grid](*args, BLOCK=tm.BLOCK, ROWS=False, WAIT=False, CV=False)
+    compiled = tm._bitmask_kernel[grid](*args, BLOCK=tm.BLOCK, ROWS=False, WAIT=False, SYS=True)
     fast = compiled[(grid[0], grid[1], 1)]
     # in place from pinned memory: the same masks as from the device copy?
     x, y = logits.clone(), logits.clone()
     tm._bitmask_kernel[grid](x, x.stride(0), bm_dev, W, bm_dev, V, bm_dev, 0, tm.SPINS,
-                             BLOCK=tm.BLOCK, ROWS=False, WAIT=False, CV=False)
+                             BLOCK=tm.BLOCK, ROWS=False, WAIT=False, SYS=True)
     try:
         tm._bitmask_kernel[grid](y, y.stride(0), bm_host, W, bm_host, V, bm_host, 0, tm.SPINS,
-                                 BLOCK=tm.BLOCK, ROWS=False, WAIT=False, CV=False)
+                                 BLOCK=tm.BLOCK, ROWS=False, WAIT=False, SYS=True)
         torch.cuda.synchronize()
         in_place = bool(torch.equal(x, y))
     except Exception as e:  # triton may refuse a host pointer
@@ -102,7 +102,7 @@ def bench_batch(B: int, V: int, calls: int) -> None:
 
     cases: dict[str, Callable[[], object]] = {
         "mask upload": lambda: upload(bm_host, torch.int32, dev),
-        "mask kernel, JIT launch": lambda: tm._bitmask_kernel[grid](*args, BLOCK=tm.BLOCK, ROWS=False, WAIT=False, CV=False),
+        "mask kernel, JIT launch": lambda: tm._bitmask_kernel[grid](*args, BLOCK=tm.BLOCK, ROWS=False, WAIT=False, SYS=True),
         "mask kernel, compiled launch": lambda: fast(*args, tm.BLOCK, False, False, False),
         "mask, whole (served)": lambda: tm.apply_token_bitmask_cuda(logits, bm_host, list(range(B))),
         "mask, torch ops": lambda: apply_token_bitmask_torch(logits, bm_host, list(range(B))),
@@ -116,7 +116,7 @@ def bench_batch(B: int, V: int, calls: int) -> None:
     if in_place:
         cases["mask kernel, pinned read in place, JIT"] = lambda: tm._bitmask_kernel[grid](
             logits, logits.stride(0), bm_host, W, bm_host, V, bm_host, 0, tm.SPINS, BLOCK=tm.BLOCK,
-            ROWS=False, WAIT=False, CV=False)
+            ROWS=False, WAIT=False, SYS=True)
     for name, fn in cases.items():
         print(f"  b={B:<3d} {name:40s} {per_call(fn, calls):8.1f} us", flush=True)
     print(f"  b={B} pinned masks read in place equal the device copy's: {in_place}")

@@ -29,54 +29,72 @@ from __future__ import annotations
 import torch
 
 # triton_common sets TRITON_INTERPRET before triton loads (no GPU: the kernel is interpreted).
-from switchyard.engine.backends.cuda.triton_common import HandleLaunch, tl, triton
+from switchyard.engine.backends.cuda.triton_common import INTERPRETED, HandleLaunch, tl, triton
 from switchyard.engine.backends.transfer import upload
 
 BLOCK = 2048  # tokens a program: 49k-128k vocabularies give 24-63 programs a row
 IN_PLACE = True  # pinned bitmasks read where they are (False: copied to the device first)
 COMPILED = True  # launches after the first through the compiled kernel's handle (False: triton's JIT entry)
 SPINS = 1 << 21  # flag reads before a waiting kernel gives up: ~1 us each over the bus, so seconds
-FRESH = False  # a waiting kernel reads the flag and the bits with ld.cv (fetched again, never a cached line), not ld.volatile
 
 
 @triton.jit
-def _fresh(ptr, mask, CV: tl.constexpr, VOLATILE: tl.constexpr):
-    """A load of what the host may have written since the kernel started: ld.cv (fetched again)
-    or ld.volatile."""
-    if CV:
-        return tl.load(ptr, mask=mask, other=0, cache_modifier=".cv")
-    return tl.load(ptr, mask=mask, other=0, volatile=VOLATILE)
+def _acquire_sys(ptr, SYS: tl.constexpr):
+    """flag[0], as the host last wrote it: a system-scope acquire load (ld.acquire.sys), so the
+    loads after it see what the host wrote before it. A volatile load is not enough: the GPU kept
+    serving a stale copy of the host's word for milliseconds, and ld.cv for good
+    (bench/results/gpu_grammar_ahead). Interpreted: a plain load of host memory."""
+    one = ptr + tl.zeros([1], tl.int32)
+    if SYS:
+        v = tl.inline_asm_elementwise("ld.acquire.sys.global.b64 $0, [$1];", "=l,l", [one], dtype=tl.int64,
+                                      is_pure=False, pack=1)
+    else:
+        v = tl.load(one, volatile=True)
+    return tl.max(v, axis=0)
+
+
+@triton.jit
+def _relaxed_sys(ptrs, base, mask, SYS: tl.constexpr):
+    """int32 words the host wrote before an acquire load of its flag (ld.relaxed.sys, ordered
+    after it); 0 where masked (those lanes read `base`, a word that exists)."""
+    if SYS:
+        safe = tl.where(mask, ptrs, base)
+        v = tl.inline_asm_elementwise("ld.relaxed.sys.global.b32 $0, [$1];", "=r,l", [safe], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+        return tl.where(mask, v, 0)
+    return tl.load(ptrs, mask=mask, other=0, volatile=True)
 
 
 @triton.jit(do_not_specialize=["ticket"])
 def _bitmask_kernel(logits_ptr, stride_l, bm_ptr, words, rows_ptr, V, flag_ptr, ticket, spins,
-                    BLOCK: tl.constexpr, ROWS: tl.constexpr, WAIT: tl.constexpr, CV: tl.constexpr):
+                    BLOCK: tl.constexpr, ROWS: tl.constexpr, WAIT: tl.constexpr, SYS: tl.constexpr):
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(rows_ptr + r).to(tl.int64) if ROWS else r.to(tl.int64)
-    ready = True
+    # Each of the block's words read once (over the bus when pinned: a load a token cost 32 times
+    # the transfers), then spread to its 32 tokens. Words past the mask (a vocabulary padded past
+    # the grammar's tokenizer) read as 0: never allowed.
+    wi = tl.program_id(1) * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
     if WAIT:
-        seen = _fresh(flag_ptr, True, CV, True)
+        seen = _acquire_sys(flag_ptr, SYS)
         n = 0
         while (seen < ticket) & (n < spins):
-            seen = _fresh(flag_ptr, True, CV, True)
+            seen = _acquire_sys(flag_ptr, SYS)
             n += 1
         ready = seen >= ticket
         if not ready:
             tl.store(flag_ptr + 1, ticket.to(tl.int64))
-    # Each of the block's words read once (over the bus when pinned: a load a token cost 32 times
-    # the transfers), then spread to its 32 tokens. Words past the mask (a vocabulary padded past
-    # the grammar's tokenizer) read as 0: never allowed. Volatile when waiting: the bits were
-    # written after the kernel started.
-    wi = tl.program_id(1) * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
-    w = _fresh(bm_ptr + row * words + wi, (wi < words) & ready, CV, WAIT)
+        w = _relaxed_sys(bm_ptr + row * words + wi, bm_ptr + row * words, (wi < words) & ready, SYS)
+    else:
+        ready = True
+        w = tl.load(bm_ptr + row * words + wi, mask=wi < words, other=0)
     bit = (w[:, None] >> tl.arange(0, 32)[None, :]) & 1
     blocked = tl.reshape(bit, (BLOCK,)) == 0
     neg = tl.full((BLOCK,), float("-inf"), tl.float32).to(logits_ptr.dtype.element_ty)
     tl.store(logits_ptr + row * stride_l + cols, neg, mask=(cols < V) & blocked & ready)
 
 
-_launch = HandleLaunch(_bitmask_kernel, exact=4)  # BLOCK, ROWS, WAIT, CV: constexprs
+_launch = HandleLaunch(_bitmask_kernel, exact=4)  # BLOCK, ROWS, WAIT, SYS: constexprs
 
 
 def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int],
@@ -104,6 +122,6 @@ def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: 
     W = bm.shape[1]
     flag, ticket = wait if wait is not None else (bm, 0)  # not read without a wait
     _launch((len(rows), triton.cdiv(V, BLOCK)), (logits, logits.stride(0), bm, W, idx, V, flag, ticket, SPINS, BLOCK,
-                                                 not every, wait is not None, FRESH and wait is not None),
+                                                 not every, wait is not None, not INTERPRETED),
             compiled=COMPILED)
 
