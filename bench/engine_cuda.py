@@ -260,15 +260,13 @@ def _knob(module: str, owner: str | None, attr: str, value: Any) -> tuple[Any, s
 
 def grammar_variants() -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
     """--grammar-ab's variants of the loop, by name: (under the grammar or free, the knobs set for one
-    decode): the masks filled ahead on the masker's thread (the GIL's switch interval at 100, 10 and
-    1000 us), and by torch's ops. (The sampling stage's host
-    cuts, measured against their undoing until 2026-12-06: bench/results/gpu_host_cuts.)"""
+    decode): the masks filled ahead on the masker's thread, the GIL's switch interval at 100 and 10
+    us. (Until 2026-12-06 also torch's masking ops and the sampling stage's host cuts undone:
+    bench/results/gpu_host_cuts.)"""
     gr = "switchyard.engine.chat.grammar"
     ahead = _knob(gr, "GrammarMasker", "AHEAD", True)
-    switch = [(f"grammar, ahead, GIL switch {us} us", (True, [ahead, _knob(gr, "GrammarMasker", "SWITCH_S", us * 1e-6)]))
-              for us in (10, 1000)]
-    return {"grammar, filled ahead": (True, [ahead]), **dict(switch),
-            "grammar, torch masking": (True, [_knob(gr, "GrammarMasker", "FUSED", False)])}
+    switch = _knob(gr, "GrammarMasker", "SWITCH_S", 1e-5)
+    return {"grammar, filled ahead": (True, [ahead]), "grammar, ahead, GIL switch 10 us": (True, [ahead, switch])}
 
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
@@ -620,8 +618,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grammar-rounds", type=int, default=1,
                     help="> 1: free and grammar decoding alternated this many times a batch, medians reported")
     ap.add_argument("--grammar-ab", action="store_true",
-                    help="with --grammar-rounds: also engine_cuda.grammar_variants() (the masks filled ahead, "
-                         "torch's masking ops)")
+                    help="with --grammar-rounds: also engine_cuda.grammar_variants() (the masks filled ahead)")
     ap.add_argument("--grammar-tools", action="store_true",
                     help="with --grammar-rounds: also a tool-call grammar (plain strings) in the same rounds")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")

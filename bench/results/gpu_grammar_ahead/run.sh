@@ -10,7 +10,7 @@
 #        3 times at batch 1 and 16 ($AB_SHAPES, SmolLM2's and the 8B's shape);
 # profile: the GPU's kernels a step under the grammar, in line / ahead ($PROFILES: shape:batch ...);
 # split: the host's turn by part at SmolLM2 batch 1 (engine_cuda_profile.py --host-split free,items);
-# regress: every GPU test; full: ours and the compiled peer ($FULL_SHAPES).
+# regress: every GPU test (regress-ahead: with GrammarMasker.AHEAD on in the device's copy); full: ours and the compiled peer ($FULL_SHAPES).
 # Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_grammar_ahead  # out, PY, log, left, stage, regress, engine_bench, pack
@@ -38,6 +38,9 @@ for s in ${STAGES:-tests ab}; do
         grep -hE "^## |steps:|_bitmask|_argmax" "$out/prof_${sb/:/_b}"/kernels_*.md | tee -a "$log"
       done ;;
     regress) regress ;;
+    regress-ahead)  # every GPU test with the masks filled ahead by default (this copy of the tree only)
+      sed -i 's/^    AHEAD = False /    AHEAD = True /' switchyard/engine/chat/grammar.py
+      grep -n "^    AHEAD = " switchyard/engine/chat/grammar.py | tee -a "$log"; regress ;;
     full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
   esac
 done
