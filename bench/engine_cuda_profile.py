@@ -223,9 +223,10 @@ def main() -> None:
                    max_len=ec.PROMPT + ec.WARM + max(a.tokens, a.kernels + 16) + 16, device=dev, dtype=torch.bfloat16,
                    cuda_graphs=True, backend="auto" if dev.type == "cuda" else "torch")
     tok = ec.shape_tokenizer(c)
-    make = ec.grammar_factory(tok, tool_calls=a.grammar == "tools") if a.grammar else None
+    gtok = ec.smollm2_tokenizer() or tok  # the grammars' tokenizer (the 8B shape's wraps SmolLM2's, as the bench's does)
+    make = ec.grammar_factory(gtok, tool_calls=a.grammar == "tools") if a.grammar else None
     if a.host_split:
-        makes = {"free": None, "items": ec.grammar_factory(tok), "tools": ec.grammar_factory(tok, tool_calls=True)}
+        makes = {"free": None, "items": ec.grammar_factory(gtok), "tools": ec.grammar_factory(gtok, tool_calls=True)}
         for g in makes.values():
             ec.decode_rate(m, a.batch, 8, c.vocab_size, tok=tok, grammar=g)  # compiles, captures the graphs
         print(f"# The host's turn by part: {a.shape}, batch {a.batch}, "
