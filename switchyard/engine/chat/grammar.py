@@ -125,18 +125,19 @@ class GrammarMasker:
     overwrites bits still being read) and the masking is queued (one Triton kernel,
     backends/cuda/token_mask.py; torch's ops where triton is missing).
 
-    Ahead (GPU logits, the default): the fill runs on the masker's own thread while the engine's
-    thread goes on: the masking kernel is queued at once and waits on the GPU for the fill's
-    ticket (a pinned word the thread writes last), then the sampling and the next step are queued
-    behind it. The host's turn loses llguidance's time (at SmolLM2's size and batch 1 a step's
-    fill is as long as a fifth of the GPU's step; at batch 16, longer than the step), which now
-    overlaps the step in flight. The matchers are the fill thread's until `wait()` (the output
-    stage calls it before it accepts the step's tokens). An earlier try, filling on a thread
-    while the host waited for it before queueing the masks, lost (bench/results/gpu_grammar2):
-    what the host had left to overlap was ~0.1 ms; here it is the whole launch of the next step.
-    A thread gets the GIL back from a busy engine thread only when that one blocks or its switch
-    interval runs out (5 ms by default, longer than a step): the masker shortens the process's
-    interval to SWITCH_S when it starts its thread."""
+    Ahead (an opt-in: `ahead=True`, or AHEAD for GPU logits): the fill runs on the masker's own
+    thread while the engine's thread goes on: the masking kernel is queued at once and waits on
+    the GPU for the fill's ticket (a pinned word the thread writes last), then the sampling and the
+    next step are queued behind it, so the host's turn loses llguidance's time (at SmolLM2's size
+    and batch 1 a fifth of the GPU's step; at batch 16, longer than the step). The matchers are the
+    fill thread's until `wait()` (the output stage calls it before it accepts the step's tokens). A
+    thread gets the GIL back from a busy engine thread only when that one blocks or its switch
+    interval runs out (5 ms by default, longer than a step): the masker sets the process's
+    interval to SWITCH_S when it starts its thread. Not the default: with the kernel polling the
+    pinned word by volatile loads it lost at every shape and batch (the GPU saw the ticket
+    milliseconds late, bench/results/gpu_grammar_ahead); the system-scope poll that replaced it is
+    not measured yet. (An earlier try, filling on a thread while the host waited for it before
+    queueing the masks, lost too: bench/results/gpu_grammar2.)"""
 
     PAR_ROWS = 4  # fewer constrained rows than this fill in line even with a pool
     FUSED = True  # GPU logits masked by the Triton kernel where triton loads (False: torch's ops)

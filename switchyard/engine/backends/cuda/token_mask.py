@@ -16,12 +16,14 @@ served, bench/host_launch_costs.py), so two things are cut from it:
 - after the first launch of a specialization, the compiled kernel is launched through its
   handle, without triton's argument binding and cache lookup (~16-20 us to ~10-12).
 
-With `wait=(flag, ticket)` the kernel may be queued before its bits exist: each program first
-spins until the pinned word flag[0] reaches `ticket` (the masker's fill thread writes it once the
-step's bits are all written, chat/grammar.GrammarMasker), so the host launches the masking, the
-sampling and the next step without waiting for llguidance. A wait that outlasts SPINS reads
-(seconds: a fill thread that died) gives up, leaves the rows as they are and writes the ticket
-into flag[1], which the masker turns into an error on the host.
+With `wait=(flag, ticket)` the kernel may be queued before its bits exist (the masks filled
+ahead, chat/grammar.GrammarMasker): each program first spins until the pinned word flag[0]
+reaches `ticket`, which the masker's thread writes once the step's bits are all written, so the
+host launches the masking, the sampling and the next step without waiting for llguidance. The
+poll is a system-scope acquire load and the bits are read after it at system scope: volatile
+loads kept seeing a stale flag for milliseconds. A wait that outlasts SPINS reads (a fill thread
+that died) gives up, leaves the rows as they are and writes the ticket into flag[1], which the
+masker turns into an error on the host.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from switchyard.engine.backends.transfer import upload
 BLOCK = 2048  # tokens a program: 49k-128k vocabularies give 24-63 programs a row
 IN_PLACE = True  # pinned bitmasks read where they are (False: copied to the device first)
 COMPILED = True  # launches after the first through the compiled kernel's handle (False: triton's JIT entry)
-SPINS = 1 << 21  # flag reads before a waiting kernel gives up: ~1 us each over the bus, so seconds
+SPINS = 1 << 21  # flag reads before a waiting kernel gives up: each a trip over the bus, ~1 us, so seconds
 
 
 @triton.jit
