@@ -75,16 +75,16 @@ def bench_batch(B: int, V: int, calls: int) -> None:
     logits = torch.randn(B, V, device=dev, dtype=torch.float32)
     bm_dev = upload(bm_host, torch.int32, dev)
     grid = (B, tm.triton.cdiv(V, tm.BLOCK))
-    args = (logits, logits.stride(0), bm_dev, W, bm_dev, V, bm_dev, 0, tm.SPINS)  # no wait
-    compiled = tm._bitmask_kernel[grid](*args, BLOCK=tm.BLOCK, ROWS=False, WAIT=False, SYS=True)
+    args = (logits, logits.stride(0), bm_dev, W, bm_dev, V)
+    compiled = tm._bitmask_kernel[grid](*args, BLOCK=tm.BLOCK, ROWS=False)
     fast = compiled[(grid[0], grid[1], 1)]
     # in place from pinned memory: the same masks as from the device copy?
     x, y = logits.clone(), logits.clone()
-    tm._bitmask_kernel[grid](x, x.stride(0), bm_dev, W, bm_dev, V, bm_dev, 0, tm.SPINS,
-                             BLOCK=tm.BLOCK, ROWS=False, WAIT=False, SYS=True)
+    tm._bitmask_kernel[grid](x, x.stride(0), bm_dev, W, bm_dev, V,
+                             BLOCK=tm.BLOCK, ROWS=False)
     try:
-        tm._bitmask_kernel[grid](y, y.stride(0), bm_host, W, bm_host, V, bm_host, 0, tm.SPINS,
-                                 BLOCK=tm.BLOCK, ROWS=False, WAIT=False, SYS=True)
+        tm._bitmask_kernel[grid](y, y.stride(0), bm_host, W, bm_host, V,
+                                 BLOCK=tm.BLOCK, ROWS=False)
         torch.cuda.synchronize()
         in_place = bool(torch.equal(x, y))
     except Exception as e:  # triton may refuse a host pointer
@@ -102,8 +102,8 @@ def bench_batch(B: int, V: int, calls: int) -> None:
 
     cases: dict[str, Callable[[], object]] = {
         "mask upload": lambda: upload(bm_host, torch.int32, dev),
-        "mask kernel, JIT launch": lambda: tm._bitmask_kernel[grid](*args, BLOCK=tm.BLOCK, ROWS=False, WAIT=False, SYS=True),
-        "mask kernel, compiled launch": lambda: fast(*args, tm.BLOCK, False, False, False),
+        "mask kernel, JIT launch": lambda: tm._bitmask_kernel[grid](*args, BLOCK=tm.BLOCK, ROWS=False),
+        "mask kernel, compiled launch": lambda: fast(*args, tm.BLOCK, False),
         "mask, whole (served)": lambda: tm.apply_token_bitmask_cuda(logits, bm_host, list(range(B))),
         "mask, torch ops": lambda: apply_token_bitmask_torch(logits, bm_host, list(range(B))),
         "argmax (sample_tokens)": lambda: sample_tokens(logits, params, [None] * B),
@@ -115,8 +115,8 @@ def bench_batch(B: int, V: int, calls: int) -> None:
     cases.update(staging_cases(B, V, tokens))
     if in_place:
         cases["mask kernel, pinned read in place, JIT"] = lambda: tm._bitmask_kernel[grid](
-            logits, logits.stride(0), bm_host, W, bm_host, V, bm_host, 0, tm.SPINS, BLOCK=tm.BLOCK,
-            ROWS=False, WAIT=False, SYS=True)
+            logits, logits.stride(0), bm_host, W, bm_host, V, BLOCK=tm.BLOCK,
+            ROWS=False)
     for name, fn in cases.items():
         print(f"  b={B:<3d} {name:40s} {per_call(fn, calls):8.1f} us", flush=True)
     print(f"  b={B} pinned masks read in place equal the device copy's: {in_place}")

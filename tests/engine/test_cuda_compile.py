@@ -42,10 +42,10 @@ SCRIPT = textwrap.dedent('''
             "NK": "i32"}, {"K": 32, "NK_P": 1024, "BLOCK": 1024, "PDL": True})
     compile(hk._argmax_kernel, {"x_ptr": f32, "stride_x": "i32", "V": "i32", "keys_ptr": i64, "cnt_ptr": "*i32",
             "out_ptr": i64}, {"CHUNK": 2048, "CHUNKS_P": 64}, num_warps=8)
-    for wait in (False, True):  # the grammar mask: with its bits, or waiting for them (system-scope loads)
-        compile(tm._bitmask_kernel, {"logits_ptr": f32, "stride_l": "i32", "bm_ptr": "*i32", "words": "i32",
-                "rows_ptr": i64, "V": "i32", "flag_ptr": i64, "ticket": "i32", "spins": "i32"},
-                {"BLOCK": 2048, "ROWS": True, "WAIT": wait, "SYS": True}, launch_pdl=False)
+    compile(tm._bitmask_kernel, {"logits_ptr": f32, "stride_l": "i32", "bm_ptr": "*i32", "words": "i32",
+            "rows_ptr": i64, "V": "i32"}, {"BLOCK": 2048, "ROWS": True}, launch_pdl=False)  # the grammar mask
+    compile(tm._wait_kernel, {"flag_ptr": i64, "ticket": "i32", "spins": "i32"}, {"SYS": True}, launch_pdl=False,
+            num_warps=1)  # and its wait for bits filled ahead (system-scope loads)
     compile(chunk_refine._chunk_refine_kernel, {"raw_ptr": bf, "w_ptr": f32, "h_ptr": f32, "out_ptr": f32, "V": "i32",
             "HID": "i32"}, {"CHUNK": 2048, "K": 32, "BLOCK_H": 128, "PDL": True}, num_warps=8)
     att = {"q_ptr": bf, "kc_ptr": bf, "vc_ptr": bf, "tables_ptr": i64, "stride_t": "i32", "ctx_ptr": i64, "o_ptr": bf,

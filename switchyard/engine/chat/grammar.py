@@ -204,7 +204,7 @@ class GrammarMasker:
 
     def wait(self) -> None:
         """Until the step filled ahead is filled (its matchers free again); raises what the fill
-        raised, or EngineFailed if the GPU gave up waiting for it (its rows went unmasked)."""
+        raised, or EngineFailed if the GPU gave up waiting for it (its rows masked by whatever bits were there)."""
         if self._filler is not None:
             self._filler.join()
 

@@ -16,14 +16,14 @@ served, bench/host_launch_costs.py), so two things are cut from it:
 - after the first launch of a specialization, the compiled kernel is launched through its
   handle, without triton's argument binding and cache lookup (~16-20 us to ~10-12).
 
-With `wait=(flag, ticket)` the kernel may be queued before its bits exist (the masks filled
-ahead, chat/grammar.GrammarMasker): each program first spins until the pinned word flag[0]
-reaches `ticket`, which the masker's thread writes once the step's bits are all written, so the
-host launches the masking, the sampling and the next step without waiting for llguidance. The
-poll is a system-scope acquire load and the bits are read after it at system scope: volatile
-loads kept seeing a stale flag for milliseconds. A wait that outlasts SPINS reads (a fill thread
-that died) gives up, leaves the rows as they are and writes the ticket into flag[1], which the
-masker turns into an error on the host.
+With `wait=(flag, ticket)` the masking may be queued before its bits exist (the masks filled
+ahead, chat/grammar.GrammarMasker): a one-program kernel before it spins until the pinned word
+flag[0] reaches `ticket`, which the masker's thread writes once the step's bits are all written,
+so the host launches the masking, the sampling and the next step without waiting for
+llguidance. The poll is a system-scope acquire load (volatile loads kept seeing a stale flag for
+milliseconds). A wait that outlasts SPINS reads (a fill thread that died) gives up, writes the
+ticket into flag[1], which the masker turns into an error on the host, and lets the masking run
+on whatever bits are there.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ SPINS = 1 << 21  # flag reads before a waiting kernel gives up: each a trip over
 
 @triton.jit
 def _acquire_sys(ptr, SYS: tl.constexpr):
-    """flag[0], as the host last wrote it: a system-scope acquire load (ld.acquire.sys), so the
-    loads after it see what the host wrote before it. A volatile load is not enough: the GPU kept
-    serving a stale copy of the host's word for milliseconds, and ld.cv for good
-    (bench/results/gpu_grammar_ahead). Interpreted: a plain load of host memory."""
+    """flag[0], as the host last wrote it: a system-scope acquire load (ld.acquire.sys). A
+    volatile load is not enough: the GPU kept serving a stale copy of the host's word for
+    milliseconds, and ld.cv for good (bench/results/gpu_grammar_ahead). Interpreted: a plain load
+    of host memory."""
     one = ptr + tl.zeros([1], tl.int32)
     if SYS:
         v = tl.inline_asm_elementwise("ld.acquire.sys.global.b64 $0, [$1];", "=l,l", [one], dtype=tl.int64,
@@ -55,21 +55,22 @@ def _acquire_sys(ptr, SYS: tl.constexpr):
     return tl.max(v, axis=0)
 
 
-@triton.jit
-def _relaxed_sys(ptrs, base, mask, SYS: tl.constexpr):
-    """int32 words the host wrote before an acquire load of its flag (ld.relaxed.sys, ordered
-    after it); 0 where masked (those lanes read `base`, a word that exists)."""
-    if SYS:
-        safe = tl.where(mask, ptrs, base)
-        v = tl.inline_asm_elementwise("ld.relaxed.sys.global.b32 $0, [$1];", "=r,l", [safe], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-        return tl.where(mask, v, 0)
-    return tl.load(ptrs, mask=mask, other=0, volatile=True)
-
-
 @triton.jit(do_not_specialize=["ticket"])
-def _bitmask_kernel(logits_ptr, stride_l, bm_ptr, words, rows_ptr, V, flag_ptr, ticket, spins,
-                    BLOCK: tl.constexpr, ROWS: tl.constexpr, WAIT: tl.constexpr, SYS: tl.constexpr):
+def _wait_kernel(flag_ptr, ticket, spins, SYS: tl.constexpr):
+    """One program: until flag[0] >= ticket, or `spins` reads (then flag[1] = ticket). One poller
+    and not every masking program: system-scope loads over the bus are slow and serialise (every
+    program of the mask polling cost ~5 us each: 0.6 ms a step at the 8B's 63, call 4)."""
+    seen = _acquire_sys(flag_ptr, SYS)
+    n = 0
+    while (seen < ticket) & (n < spins):
+        seen = _acquire_sys(flag_ptr, SYS)
+        n += 1
+    if seen < ticket:
+        tl.store(flag_ptr + 1, ticket.to(tl.int64))
+
+
+@triton.jit
+def _bitmask_kernel(logits_ptr, stride_l, bm_ptr, words, rows_ptr, V, BLOCK: tl.constexpr, ROWS: tl.constexpr):
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(rows_ptr + r).to(tl.int64) if ROWS else r.to(tl.int64)
@@ -77,26 +78,15 @@ def _bitmask_kernel(logits_ptr, stride_l, bm_ptr, words, rows_ptr, V, flag_ptr, 
     # the transfers), then spread to its 32 tokens. Words past the mask (a vocabulary padded past
     # the grammar's tokenizer) read as 0: never allowed.
     wi = tl.program_id(1) * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
-    if WAIT:
-        seen = _acquire_sys(flag_ptr, SYS)
-        n = 0
-        while (seen < ticket) & (n < spins):
-            seen = _acquire_sys(flag_ptr, SYS)
-            n += 1
-        ready = seen >= ticket
-        if not ready:
-            tl.store(flag_ptr + 1, ticket.to(tl.int64))
-        w = _relaxed_sys(bm_ptr + row * words + wi, bm_ptr + row * words, (wi < words) & ready, SYS)
-    else:
-        ready = True
-        w = tl.load(bm_ptr + row * words + wi, mask=wi < words, other=0)
+    w = tl.load(bm_ptr + row * words + wi, mask=wi < words, other=0)
     bit = (w[:, None] >> tl.arange(0, 32)[None, :]) & 1
     blocked = tl.reshape(bit, (BLOCK,)) == 0
     neg = tl.full((BLOCK,), float("-inf"), tl.float32).to(logits_ptr.dtype.element_ty)
-    tl.store(logits_ptr + row * stride_l + cols, neg, mask=(cols < V) & blocked & ready)
+    tl.store(logits_ptr + row * stride_l + cols, neg, mask=(cols < V) & blocked)
 
 
-_launch = HandleLaunch(_bitmask_kernel, exact=4)  # BLOCK, ROWS, WAIT, SYS: constexprs
+_launch = HandleLaunch(_bitmask_kernel, exact=2)  # BLOCK, ROWS: constexprs
+_launch_wait = HandleLaunch(_wait_kernel, exact=1, num_warps=1)  # SYS: a constexpr
 
 
 def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int],
@@ -122,8 +112,8 @@ def apply_token_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: 
         bm = upload(bm, torch.int32, dev)
     idx = bm if every else upload(rows, torch.int64, dev)  # not read when every row is masked
     W = bm.shape[1]
-    flag, ticket = wait if wait is not None else (bm, 0)  # not read without a wait
-    _launch((len(rows), triton.cdiv(V, BLOCK)), (logits, logits.stride(0), bm, W, idx, V, flag, ticket, SPINS, BLOCK,
-                                                 not every, wait is not None, not INTERPRETED),
+    if wait is not None:  # the bits come later: the mask's stream waits for their ticket first
+        _launch_wait((1,), (wait[0], wait[1], SPINS, not INTERPRETED), compiled=COMPILED)
+    _launch((len(rows), triton.cdiv(V, BLOCK)), (logits, logits.stride(0), bm, W, idx, V, BLOCK, not every),
             compiled=COMPILED)
 
