@@ -133,11 +133,12 @@ class GrammarMasker:
     fill thread's until `wait()` (the output stage calls it before it accepts the step's tokens). A
     thread gets the GIL back from a busy engine thread only when that one blocks or its switch
     interval runs out (5 ms by default, longer than a step): the masker sets the process's
-    interval to SWITCH_S when it starts its thread. Not the default: with the kernel polling the
-    pinned word by volatile loads it lost at every shape and batch (the GPU saw the ticket
-    milliseconds late, bench/results/gpu_grammar_ahead); the system-scope poll that replaced it is
-    not measured yet. (An earlier try, filling on a thread while the host waited for it before
-    queueing the masks, lost too: bench/results/gpu_grammar2.)"""
+    interval to SWITCH_S when it starts its thread. Not the default: it lost at every shape and
+    batch in the four forms measured (bench/results/gpu_grammar_ahead: the GPU saw the host's
+    word milliseconds late through volatile loads, and every masking program polling it at system
+    scope cost ~5 us each); the form here, one program polling, is not measured yet. (An earlier
+    try, filling on a thread while the host waited for it before queueing the masks, lost too:
+    bench/results/gpu_grammar2.)"""
 
     PAR_ROWS = 4  # fewer constrained rows than this fill in line even with a pool
     FUSED = True  # GPU logits masked by the Triton kernel where triton loads (False: torch's ops)
