@@ -58,8 +58,9 @@ def _acquire_sys(ptr, SYS: tl.constexpr):
 @triton.jit(do_not_specialize=["ticket"])
 def _wait_kernel(flag_ptr, ticket, spins, SYS: tl.constexpr):
     """One program: until flag[0] >= ticket, or `spins` reads (then flag[1] = ticket). One poller
-    and not every masking program: system-scope loads over the bus are slow and serialise (every
-    program of the mask polling cost ~5 us each: 0.6 ms a step at the 8B's 63, call 4)."""
+    and not every masking program: with each of the mask's programs polling at system scope, a
+    step grew with their number, ~5 us a program (0.6 ms at the 8B's 63 a row, 4.5-4.9 ms at 16
+    rows: bench/results/gpu_grammar_ahead, call 4)."""
     seen = _acquire_sys(flag_ptr, SYS)
     n = 0
     while (seen < ticket) & (n < spins):
