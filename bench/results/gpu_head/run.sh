@@ -8,7 +8,7 @@
 #   STAGES="full regress parts" PARTS_ROUNDS=3 OUT=$OUT bash bench/results/gpu_head/run.sh   # GRAPH_PARTS = 1
 #   STAGES=final OUT=$OUT bash bench/results/gpu_head/run.sh
 #   STAGES=tiles OUT=$OUT bash bench/results/gpu_head/run.sh                                     # one-row tiles
-#   STAGES=refine OUT=$OUT bash bench/results/gpu_head/run.sh      # next call: bench/chunk_refine.py (not yet run)
+#   STAGES="refine full" FULL_SHAPES=smollm2-135m OUT=$OUT bash bench/results/gpu_head/run.sh   # call 9: bench/chunk_refine.py
 #
 # Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
 cd "$(dirname "$0")/../../.."
@@ -55,7 +55,7 @@ for s in ${STAGES:-head ab kernels}; do
     tiles) stage tiles  # SmolLM2's one-row kernels at other tiles and warps (engine_cuda_variants.ONE_ROW_TILES), alternated
       backends=cuda$($PY -c "import sys; sys.path.insert(0, 'bench'); import engine_cuda_variants as v; print(''.join(',cuda-1row-' + t for t in v.ONE_ROW_TILES))")
       sweep tiles "${TILES:-$backends}" "${TILE_ROUNDS:-5}" ;;
-    refine) stage refine  # next: the refinement in one kernel (bench/chunk_refine.py), alone and in the step
+    refine) stage refine  # the refinement in one kernel (bench/chunk_refine.py), alone and in the step (call 9: not served)
       timeout 100 $PY bench/chunk_refine.py --shapes 49152x576,128256x4096 --rows 1,16 >"$out/chunk_refine.md" 2>&1
       echo "chunk_refine rc=$?" | tee -a "$log"; tee -a "$log" <"$out/chunk_refine.md"
       sweep refine cuda,cuda-chunk-refine 9
