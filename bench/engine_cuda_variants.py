@@ -42,7 +42,8 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   top-k, gather, batched matmul, scatter), as before head_kernels.py.
 - `cuda-chunk-refine`: the cuda backend with the LM head's refinement in one kernel, every chunk's best
   32 recomputed by the program that found them (bench/chunk_refine.py), not the row's best 32 by a
-  second launch: a candidate, not yet measured.
+  second launch: a candidate, measured and not served (faster alone, equal in the step:
+  bench/results/gpu_head call 9).
 - `cuda-1row-KIND=RxKxW` (ONE_ROW_TILES; `cuda-1row-attention=W`): the cuda backend with a one-row
   step's KIND kernel (qkv, o, gate_up, down) at another tile (outputs a program x reduction elements a
   load x warps), or its attention at another warp count; `_one_row_tiles` takes several, ';'-separated.
