@@ -119,7 +119,7 @@ class GraphRunner:
         if self._staged:
             self._staged[k].record()
         in_order = bool((slot_np == self._iota_np[:B]).all())  # slots 0..B-1: no scatter, no gather
-        row_slots = _layout(self.inputs, S, nb)[0][3, :B]
+        row_slots = self.inputs[3 * S: 3 * S + B]  # _layout's rows[3, :B], in one slice: every step's path
         if on_device:  # the step's ids lead the buffer: slot s's at entry s
             if in_order:
                 self.inputs[:B].copy_(ids.view(-1))
