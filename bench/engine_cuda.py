@@ -225,7 +225,7 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
         sched.output.masker = GrammarMasker(seqs[0].grammar.vocab_size or vocab, threads=mask_threads)
     marks: list[tuple[float, int, int]] = []  # after each turn: time, tokens so far, the fewest a row has
     fills: list[float] = []
-    readies: list[float] = []  # masks filled ahead: submission to ticket
+    readies: list[float] = []  # masks filled ahead: submission to ticket (0 in line), a step each as `fills`
     t0 = time.perf_counter()
     with torch.inference_mode():
         while not all(s.finished for s in seqs):
@@ -236,8 +236,7 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
             marks.append((time.perf_counter(), sum(n), min(n)))
             if grammar is not None and sched.output.masker is not None:
                 fills.append(sched.output.masker.last_fill_s)
-                if sched.output.masker.last_ready_s:
-                    readies.append(sched.output.masker.last_ready_s)
+                readies.append(sched.output.masker.last_ready_s)
     sync(m.device)
     k = next(i for i, mk in enumerate(marks) if mk[2] >= WARM)
     (t1, n1, _), (t2, n2, _) = marks[k], marks[-1]
@@ -245,7 +244,7 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     r = {"tok_s": (n2 - n1) / dt, "step_ms": dt / max(1, (n2 - n1) / batch) * 1000, "ready_s": t1 - t0}
     if fills:
         r["mask_ms"] = statistics.median(fills[k:] or fills) * 1000
-    if readies:
+    if any(readies):
         r["ready_ms"] = statistics.median(readies[k:] or readies) * 1000
     return r
 
