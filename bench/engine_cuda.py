@@ -259,13 +259,15 @@ def _knob(module: str, owner: str | None, attr: str, value: Any) -> tuple[Any, s
 
 def grammar_variants() -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
     """--grammar-ab's variants of the loop, by name: (under the grammar or free, the knobs set for one
-    decode): the masks filled ahead on the masker's thread, the GIL's switch interval at 100 and 10
-    us. (Until 2026-12-06 also torch's masking ops and the sampling stage's host cuts undone:
-    bench/results/gpu_host_cuts.)"""
-    gr = "switchyard.engine.chat.grammar"
-    ahead = _knob(gr, "GrammarMasker", "AHEAD", True)
-    switch = _knob(gr, "GrammarMasker", "SWITCH_S", 1e-5)
-    return {"grammar, filled ahead": (True, [ahead]), "grammar, ahead, GIL switch 10 us": (True, [ahead, switch])}
+    decode): the masks filled the other way than the tree's GrammarMasker.AHEAD (in line on the
+    engine's thread, or ahead on the masker's). (Until 2026-12-06 also torch's masking ops and the
+    sampling stage's host cuts undone, bench/results/gpu_host_cuts; until the masks filled ahead were
+    served, a 10 us GIL switch interval for them, which lost: bench/results/gpu_grammar_ahead.)"""
+    from switchyard.engine.chat.grammar import GrammarMasker
+
+    served = GrammarMasker.AHEAD
+    other = _knob("switchyard.engine.chat.grammar", "GrammarMasker", "AHEAD", not served)
+    return {"grammar, in line" if served else "grammar, filled ahead": (True, [other])}
 
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,

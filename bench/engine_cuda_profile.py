@@ -129,6 +129,31 @@ def kernel_table(prof: Any, steps: int, gpu: bool) -> list[str]:
     for name, ts in sorted(per.items(), key=lambda kv: -sum(kv[1]))[:30]:
         lines.append(f"| `{name}` | {len(ts) / steps:.1f} | {sum(ts) / len(ts):.2f} | {sum(ts) / steps / 1000:.3f} | "
                      f"{sum(ts) / busy:.1%} |")
+    return lines + step_order(evs, {n for n, ts in per.items() if len(ts) >= 8 * steps})
+
+
+def step_order(evs: list[Any], layered: set[str]) -> list[str]:
+    """One step's kernels and copies in the order the GPU ran them, those of every layer as one
+    run of them: from the middle step's first event after an argmax (the step before's end) to
+    the next argmax. Where a step's small launches sit, and the gap before each (us)."""
+    ends = [i for i, e in enumerate(evs) if "argmax" in e.name]
+    if len(ends) < 3:
+        return []
+    k = len(ends) // 2
+    lines = ["", "One step in order (a run of layer kernels folded; gap: idle before it, us):", "",
+             "| # | kernel | us | gap |", "| --- | --- | --- | --- |"]
+    run, n, prev_end = 0, 0, evs[ends[k - 1]].time_range.end
+    for e in evs[ends[k - 1] + 1: ends[k] + 1]:
+        name, took, gap = _short(e.name), e.time_range.end - e.time_range.start, e.time_range.start - prev_end
+        prev_end = max(prev_end, e.time_range.end)
+        if name in layered:
+            run += 1
+            continue
+        if run:
+            lines.append(f"| | ({run} layer kernels) | | |")
+            run = 0
+        n += 1
+        lines.append(f"| {n} | `{name}` | {took:.2f} | {gap:.2f} |")
     return lines
 
 
@@ -212,7 +237,7 @@ def main() -> None:
     ap.add_argument("--sync-debug", action="store_true", help="print where the host waits for the device")
     ap.add_argument("--kernels", type=int, default=0, help="profile this many decode steps' kernels (see above)")
     ap.add_argument("--backends", default="auto", help="--kernels: the decode backends profiled (registry names; "
-                    "'peer': the compiled PyTorch peer, bench/peer_compiled.py; NAME+ahead-masks: grammar masks filled ahead)")
+                    "'peer': the compiled PyTorch peer, bench/peer_compiled.py; NAME+inline-masks: grammar masks filled in line, not ahead)")
     ap.add_argument("--out", default="", help="--kernels: the folder its table goes to")
     a = ap.parse_args()
     ec.PROMPT = a.prompt  # decode_rate's prompts
@@ -242,15 +267,16 @@ def main() -> None:
                  f"{', grammar' if a.grammar else ''}", "",
                  f"`python bench/engine_cuda_profile.py {' '.join(sys.argv[1:])}` on "
                  f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}"]
+        served_ahead = GrammarMasker.AHEAD
         for name in a.backends.split(","):
             try:
                 if name == "peer":
                     lines += ["", "## the compiled PyTorch peer (bench/peer_compiled.py)", ""]
                     lines += peer_profile(c, dev, a.batch, a.kernels)
                 else:
-                    backend, parts, gpu_argmax = _entry(name.removesuffix("+ahead-masks"))
+                    backend, parts, gpu_argmax = _entry(name.removesuffix("+inline-masks"))
                     OutputStage.GPU_ARGMAX = gpu_argmax  # read at a scheduler's first GPU step
-                    GrammarMasker.AHEAD = name.endswith("+ahead-masks")  # read at each masking
+                    GrammarMasker.AHEAD = served_ahead and not name.endswith("+inline-masks")  # read at each masking
                     v = m if backend == "auto" else m.view(backend, cuda_graphs=True, max_slots=a.batch,
                                                            graph_parts=parts)
                     ec.decode_rate(v, a.batch, 8, c.vocab_size, tok=tok, grammar=make)  # compiles, captures graphs

@@ -49,6 +49,11 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   load x warps), or its attention at another warp count; `_one_row_tiles` takes several, ';'-separated.
 - `cuda-compiled-glue`: the cuda backend with a decode step past the fused rows taking its residual
   add + RMSNorm and SiLU * up from torch's compiled ops (as before 2026-12-06), not Triton's.
+- `cuda-torch-slots`: the cuda backend with a fused decode step's KV slots (block, offset) computed by
+  torch's ops once a step (a division, a gather, a remainder), as before kernels.qkv_rope read them
+  from the block tables. `cuda-logits-copy`: with the LM head's refined logits in a tensor of their
+  own, copied into the graph's output after it (as before head_kernels.refine took `out`).
+  `cuda-step-before`: both.
 
   import engine_cuda_variants  # registers them; then Decoder(..., backend=NAME) or decoder.view(NAME)
 """
@@ -146,6 +151,22 @@ def _compiled_glue() -> type:
     return CompiledGlueBackend
 
 
+def _step_cut(name: str, slots_in_kernel: bool, refine_out: bool) -> type:
+    """The cuda backend with a fused decode step's KV slots by torch's ops (slots_in_kernel False)
+    and/or its logits copied into the graph's output after the head (refine_out False)."""
+    from switchyard.engine.backends.cuda.backend import CudaBackend
+
+    class StepCutBackend(CudaBackend):
+        SLOTS_FROM_TABLES = slots_in_kernel
+
+        def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+            return super().refine(raw, w, h, k, out if refine_out else None)
+
+    StepCutBackend.name = name
+    return StepCutBackend
+
+
 def _attention_shaped(name: str, shape: Callable[[Any, int, int], tuple[int, int]], early: bool | None = None) -> type:
     """The cuda backend with the decode attention's (splits, positions a load) from shape(kernels,
     span, rows x kv heads); `early`: its first tile loaded before the PDL wait always (True) or
@@ -224,7 +245,7 @@ def _one_row_tiles(name: str, spec: str) -> type:
             d = self.d
             return x, ck.qkv_rope(x, layer.ln1, layer.qkv.w, layer.qkv.b, layer.qk_norm, d.cos, d.sin, p.pos,
                                   p.w_blocks, p.w_offs, kc, vc, d.heads, d.kv_heads, d.eps, tile=tiles.get("qkv"),
-                                  pdl=self.pdl)
+                                  pdl=self.pdl, tables=p.tables)
 
         def attention(self, q: Any, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
             if not (p.decode and p.B == 1):
@@ -291,6 +312,8 @@ def _persistent(name: str, tile: int) -> type:
         """The cuda backend with a one-row step's layers in one launch (persistent_kernel.py) where
         the model fits it (`persistent_reason` in status() where it does not)."""
 
+        SLOTS_FROM_TABLES = False  # run_layers takes each row's (block, offset)
+
         def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights]) -> None:
             super().__init__(dims, layers)
             self.unfit = pk.supported(dims, layers, WIDE_HIDDEN)
@@ -324,7 +347,8 @@ def _torch_head() -> type:
     class TorchHeadBackend(CudaBackend):
         name = "cuda-torch-head"
 
-        def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
+        def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
             return TorchBackend.refine(self, raw, w, h, k)
 
     return TorchHeadBackend
@@ -338,7 +362,8 @@ def _chunk_refine() -> type:
     class ChunkRefineBackend(CudaBackend):
         name = "cuda-chunk-refine"
 
-        def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
+        def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
             if raw.device.type != "cuda" or raw.element_size() != 2:
                 return super().refine(raw, w, h, k)
             return chunk_refine(raw, w, h, k, pdl=self.pdl)
@@ -370,6 +395,9 @@ registry.register("cuda-attention-late", _lazy(_attention_shaped, "cuda-attentio
 registry.register("cuda-torch-head", _lazy(_torch_head))  # type: ignore[arg-type]
 registry.register("cuda-chunk-refine", _lazy(_chunk_refine))  # type: ignore[arg-type]
 registry.register("cuda-compiled-glue", _lazy(_compiled_glue))  # type: ignore[arg-type]
+registry.register("cuda-torch-slots", _lazy(_step_cut, "cuda-torch-slots", False, True))  # type: ignore[arg-type]
+registry.register("cuda-logits-copy", _lazy(_step_cut, "cuda-logits-copy", True, False))  # type: ignore[arg-type]
+registry.register("cuda-step-before", _lazy(_step_cut, "cuda-step-before", False, False))  # type: ignore[arg-type]
 registry.register("cuda-persistent", _lazy(_persistent, "cuda-persistent", 4096))  # type: ignore[arg-type]
 registry.register("cuda-persistent-2k", _lazy(_persistent, "cuda-persistent-2k", 2048))  # type: ignore[arg-type]
 for _n in (0, 1, 2, 4, 8, 16):

@@ -140,7 +140,7 @@ def staging_cases(B: int, V: int, tokens: torch.Tensor) -> dict[str, Callable[[]
     dims = SimpleNamespace(device=dev, block_size=16, max_len=span, num_blocks=1000, comm=SingleRank(), hidden=576)
 
     def decode(ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor, tables: torch.Tensor, span: int, graphs: bool,
-               per: int) -> Any:
+               per: int, out: torch.Tensor) -> Any:
         if False:
             yield
         return (pos + ctx + tables[:, 0] + ids).float()[:, None].expand(-1, V)

@@ -56,9 +56,11 @@ SCRIPT = textwrap.dedent('''
     for m_p in (1, 16):
         compile(ck._qkv_rope_kernel, {"x_ptr": f32, "stride_x": "i32", "ln_ptr": f32, "w_ptr": bf, "b_ptr": bf,
                 "qkn_ptr": f32, "cos_ptr": f32, "sin_ptr": f32, "pos_ptr": i64, "blk_ptr": i64, "off_ptr": i64,
-                "q_ptr": bf, "kc_ptr": bf, "vc_ptr": bf, "M": "i32", "K": "i32", "eps": "fp32", "qk_eps": "fp32"},
+                "q_ptr": bf, "kc_ptr": bf, "vc_ptr": bf, "M": "i32", "K": "i32", "eps": "fp32", "qk_eps": "fp32",
+                "tab_stride": "i32"},
                 {"H": 9, "HKV": 3, "D": 64, "BS": 16, "R": 2, "M_P": m_p, "BLOCK_K": 1024, "NORM_BLOCK": 1024,
-                 "PREFETCH": m_p == 1, "HAS_BIAS": False, "QK_NORM": False, "UPCAST": False, "PDL": True})
+                 "PREFETCH": m_p == 1, "HAS_BIAS": False, "QK_NORM": False, "UPCAST": False, "TABLES": m_p == 1,
+                 "PDL": True})
         compile(ck._gemv_residual_kernel, {"a_ptr": bf, "w_ptr": bf, "x_ptr": f32, "out_ptr": f32, "M": "i32",
                 "N": "i32", "K": "i32"}, {"R": 2 if m_p == 1 else 32, "M_P": m_p, "BLOCK_K": 1024 if m_p == 1 else 256,
                 "PREFETCH": m_p == 1, "UPCAST": False, "PDL": True})

@@ -80,6 +80,23 @@ def test_qkv_rope_writes_q_and_the_cache_as_the_torch_path(M: int, dtype: torch.
     _check_q_and_cache(c, q, dtype)
 
 
+@pytest.mark.parametrize("M", [1, 3])
+def test_qkv_rope_reads_each_rows_slot_from_its_block_table(M: int) -> None:
+    """Given the rows' block tables instead of their slots, the kernel writes each row's key and
+    value at (tables[m, pos // block_size], pos % block_size), as the slots given outright."""
+    c = _qkv_case(M, torch.bfloat16, False, False)
+    bs, nb = c["kc"].shape[2], 10  # _qkv_case: positions below 40, blocks of 4
+    blocks = c["blocks"].cpu().tolist()
+    # Every other entry names a block no row writes to: a wrong column writes there, which the
+    # check sees (nothing but the rows' slots may leave NaN).
+    spare = next(b for b in range(c["kc"].shape[0]) if b not in blocks)
+    tables = torch.full((M, nb), spare, dtype=torch.int64)
+    tables[torch.arange(M), (c["pos"] // bs).cpu()] = torch.tensor(blocks)
+    q = ck.qkv_rope(c["x"], c["ln"], c["w"], c["b"], c["qk_norm"], c["cos"], c["sin"], c["pos"], None, None,
+                    c["kc"], c["vc"], H, HKV, 1e-5, tables=tables.to(DEV))
+    _check_q_and_cache(c, q, torch.bfloat16)
+
+
 @pytest.mark.parametrize("M", [1, 21])  # 21: two row blocks of 16, the second ragged
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qk_norm,bias", [(False, False), (True, True)])
@@ -419,6 +436,10 @@ def test_head_refine_equals_the_torch_path(V: int, hid: int, N: int) -> None:
     ref = TorchBackend.refine(None, raw.clone(), w, h, 32)  # type: ignore[arg-type]  (refines in place)
     assert got.dtype == torch.float32 and got.shape == (N, V)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    # Into the leading rows of a static buffer (the graph runner's step_out), the rest untouched.
+    static = torch.full((N + 2, V), 7.0, device=raw.device)
+    assert hk.refine(raw, w, h, 32, out=static[:N]).data_ptr() == static.data_ptr()
+    assert torch.equal(static[:N], got) and bool((static[N:] == 7.0).all())
     top = raw.float().topk(32, dim=-1).indices
     torch.testing.assert_close(got.gather(1, top), exact.gather(1, top), atol=1e-5, rtol=1e-5)
     rest = torch.ones_like(raw, dtype=torch.bool).scatter_(1, top, False)

@@ -137,6 +137,7 @@ def test_gpu_masks_equal_the_cpu_kernel() -> None:
         x = torch.randn(7, tok.vocab_size, generator=g)
         y = x.to("cuda")
         on_gpu.apply(y, [*states[:3], None, *states[3:]])
+        on_gpu.wait()  # the matchers are the fill thread's until then (masks filled ahead)
         on_cpu.apply(x, [*states[:3], None, *states[3:]])
         assert torch.equal(torch.isinf(y.cpu()), torch.isinf(x))
         for st, row in zip(states, (0, 1, 2, 4, 5, 6), strict=True):

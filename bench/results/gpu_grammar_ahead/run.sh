@@ -32,7 +32,7 @@ for s in ${STAGES:-tests ab}; do
     profile) stage profile  # the GPU's kernels a step under the items grammar: filled ahead / in line, alternated
       for sb in ${PROFILES:-llama-8b:1 llama-8b:16 smollm2-135m:16}; do
         timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/engine_cuda_profile.py --shape "${sb%%:*}" \
-          --batch "${sb##*:}" --grammar items --kernels 24 --backends cuda,cuda+ahead-masks,cuda,cuda+ahead-masks \
+          --batch "${sb##*:}" --grammar items --kernels 24 --backends cuda,cuda+inline-masks,cuda,cuda+inline-masks \
           --out "$out/prof_${sb/:/_b}" >"$out/prof_${sb/:/_b}.log" 2>&1
         echo "profile $sb rc=$?" | tee -a "$log"
         grep -hE "^## |steps:|_bitmask|_argmax" "$out/prof_${sb/:/_b}"/kernels_*.md | tee -a "$log"

@@ -134,9 +134,12 @@ class Backend(Protocol):
 
     def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, plan: Any) -> torch.Tensor: ...
 
-    def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
+    def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """A low-precision head's logits raw [N, V] as float32, with each row's best k recomputed
-        against the float32 head w [V, hidden] from h [N, hidden]."""
+        against the float32 head w [V, hidden] from h [N, hidden]. out: float32 [N, V] (rows
+        contiguous) the backend may write them into (a graph's static output); returns where
+        they are."""
         ...
 
     def status(self) -> dict[str, Any]: ...

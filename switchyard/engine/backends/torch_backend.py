@@ -45,8 +45,8 @@ MASKED_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # takes a mask 
 class TorchPlan(Plan):
     ops: Ops  # compiled (inside graphs, long prefills) or eager
     pos: torch.Tensor  # [rows] positions
-    w_blocks: torch.Tensor  # where each row's new key and value go: block ...
-    w_offs: torch.Tensor  # ... and position in it
+    w_blocks: torch.Tensor | None  # where each row's new key and value go: block ... (decode_slots)
+    w_offs: torch.Tensor | None  # ... and position in it
     B: int  # rows of the step (decode: the slots it covers)
     T: int = 1
     decode: bool = False
@@ -110,9 +110,15 @@ class TorchBackend:
     def decode_plan(self, ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor, tables: torch.Tensor, span: int,
                     graphs: bool) -> TorchPlan:
         S = ids.shape[0]
-        w_blocks = tables.gather(1, (pos // self.d.block_size).view(S, 1)).view(S)
+        w_blocks, w_offs = self.decode_slots(pos, tables)
         return TorchPlan(ids=ids, ops=self.ops if graphs else self.ops_eager, pos=pos, w_blocks=w_blocks,
-                         w_offs=pos % self.d.block_size, B=S, decode=True, tables=tables, ctx=ctx, L=span)
+                         w_offs=w_offs, B=S, decode=True, tables=tables, ctx=ctx, L=span)
+
+    def decode_slots(self, pos: torch.Tensor, tables: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Where a decode step's rows write their new keys and values: (block, offset) of each
+        row, or (None, None) where the step's kernels read them from the tables themselves."""
+        bs = self.d.block_size
+        return tables.gather(1, (pos // bs).view(-1, 1)).view(-1), pos % bs
 
     def _shared(self, p: TorchPlan) -> None:
         """Once a step, after the embedding: the rows' RoPE angles and the decode mask (every row
@@ -207,7 +213,8 @@ class TorchBackend:
 
     # -- the logits' refinement ----------------------------------------------------------
 
-    def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
+    def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         logits = raw.float()
         top = logits.topk(k, dim=-1).indices
         return logits.scatter_(1, top, torch.bmm(w[top], h.contiguous().unsqueeze(-1)).squeeze(-1))

@@ -188,18 +188,19 @@ class Decoder:
         return drain(self.run(plan))
 
     def decode_step(self, ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor, tables: torch.Tensor, span: int,
-                    graphs: bool, per: int) -> Generator[None, None, torch.Tensor]:
+                    graphs: bool, per: int, out: torch.Tensor | None = None) -> Generator[None, None, torch.Tensor]:
         """A decode step in slot space, from the graph runner's static buffers (see run)."""
-        return (yield from self.run(self.backend.decode_plan(ids, pos, ctx, tables, span, graphs), per))
+        return (yield from self.run(self.backend.decode_plan(ids, pos, ctx, tables, span, graphs), per, out))
 
-    def run(self, plan: Plan, per: int = 0) -> Generator[None, None, torch.Tensor]:
+    def run(self, plan: Plan, per: int = 0, out: torch.Tensor | None = None) -> Generator[None, None, torch.Tensor]:
         """Embedding, layers, final norm and logits of a planned step; yields after every `per`
-        layers (0: never), so that a graph runner can capture the step in parts."""
+        layers (0: never), so that a graph runner can capture the step in parts. out: where the
+        logits may be written (logits)."""
         be = self.backend
         x = embed_tokens(plan.ids, self.embed, self.shard, self.comm)  # the residual stream, float32
         whole = be.all_layers(x, self.k_cache, self.v_cache, plan)
         if whole is not None:
-            return self.logits(be.final(whole, None, self.norm, plan))
+            return self.logits(be.final(whole, None, self.norm, plan), out)
         carry = None
         n = len(self._layer_kv)
         for li, (layer, kc, vc) in enumerate(self._layer_kv):
@@ -208,10 +209,11 @@ class Decoder:
             x, carry = be.layer_out(layer, x, o, plan)
             if per and (li + 1) % per == 0 and li + 1 < n:
                 yield
-        return self.logits(be.final(x, carry, self.norm, plan))
+        return self.logits(be.final(x, carry, self.norm, plan), out)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """h: [N, hidden] float32, normed -> [N, local vocab] float32."""
+    def logits(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """h: [N, hidden] float32, normed -> [N, local vocab] float32: in out where the head's
+        refinement writes them there (backend.refine), else a tensor of their own."""
         if self.lm_head_q4 is None and self.lm_head_lowp is None:
             return F.linear(h, self.lm_head)
         # Low-precision logits for the whole vocabulary, then the best few recomputed in
@@ -219,7 +221,7 @@ class Decoder:
         q4, lowp = self.lm_head_q4, self.lm_head_lowp
         head = q4 if q4 is not None and (h.shape[0] <= 4 or lowp is None) else None
         raw = head(h) if head is not None else F.linear(h.to(lowp.dtype), lowp)  # type: ignore[union-attr]
-        return self.backend.refine(raw, self.lm_head, h, REFINE)
+        return self.backend.refine(raw, self.lm_head, h, REFINE, out)
 
 
 def weight_bytes_per_token(m: Decoder) -> int:

@@ -42,9 +42,9 @@ from switchyard.engine.model.parallel import CollectiveBackend
 from switchyard.engine.model.step import Step
 
 GRAPH_PARTS = 1  # graphs a decode step is captured in (4 before PDL and async decode: bench/engine_cuda_probe.py)
-# decode(ids, pos, ctx, tables, span, graphs on, layers a part) -> a generator yielding between
-# parts and returning the step's logits: Decoder.decode_step.
-DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool, int],
+# decode(ids, pos, ctx, tables, span, graphs on, layers a part, out) -> a generator yielding between
+# parts and returning the step's logits, in out where it could write them there: Decoder.decode_step.
+DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool, int, torch.Tensor],
                     Generator[None, None, torch.Tensor]]
 
 
@@ -135,8 +135,10 @@ class GraphRunner:
         step_out, with no host synchronisation: what a CUDA graph records, in parts."""
         per = max(1, -(-self.layers // max(1, self.parts)))
         rows, tables = _layout(self.inputs, S, L // self.d.block_size)
-        logits = yield from self.decode(rows[0], rows[1], rows[2], tables, L, self.graphs.enabled, per)
-        self.step_out[:S].copy_(logits)
+        out = self.step_out[:S]
+        logits = yield from self.decode(rows[0], rows[1], rows[2], tables, L, self.graphs.enabled, per, out)
+        if logits.data_ptr() != out.data_ptr():  # the head wrote them elsewhere (backend.refine)
+            out.copy_(logits)
 
 
 def _layout(buf: Any, S: int, nb: int) -> tuple[Any, Any]:

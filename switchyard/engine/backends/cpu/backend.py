@@ -246,7 +246,8 @@ class CpuBackend:
 
     # -- the logits' refinement ----------------------------------------------------------
 
-    def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
+    def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         logits = raw.float()
         top = self.ops.topk(logits, k)
         return logits.scatter_(1, top, self.ops.gather_dot(w, h.contiguous(), top))

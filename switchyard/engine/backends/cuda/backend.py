@@ -55,6 +55,7 @@ def fused_rows(hidden: int) -> int:
 class CudaBackend(TorchBackend):
     name = "cuda"
     TRITON_GLUE = True  # a decode step past the fused rows: norms and SiLU by Triton (False: torch's compiled ops)
+    SLOTS_FROM_TABLES = True  # a fused decode step's KV slots read by its QKV kernels from the tables (False: torch's ops)
 
     def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights], compile_ops: bool | None = None) -> None:
         super().__init__(dims, layers, compile_ops)
@@ -91,6 +92,11 @@ class CudaBackend(TorchBackend):
             p.ops = self.glue_ops
         return p
 
+    def decode_slots(self, pos: torch.Tensor, tables: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.SLOTS_FROM_TABLES and fused_rows(self.d.hidden) >= pos.shape[0]:
+            return None, None  # the fused QKV kernel reads each row's slot from its table (kernels.qkv_rope)
+        return super().decode_slots(pos, tables)
+
     def _shared(self, p: TorchPlan) -> None:
         # The decode kernels and the prefill's RoPE kernel read the whole tables at each row's
         # position, and the paged kernel takes no mask: nothing to gather once a step.
@@ -101,7 +107,8 @@ class CudaBackend(TorchBackend):
         if p.fused:
             d = self.d
             return x, ck.qkv_rope(x, layer.ln1, layer.qkv.w, layer.qkv.b, layer.qk_norm, d.cos, d.sin, p.pos,
-                                  p.w_blocks, p.w_offs, kc, vc, d.heads, d.kv_heads, d.eps, pdl=self.pdl)
+                                  p.w_blocks, p.w_offs, kc, vc, d.heads, d.kv_heads, d.eps, pdl=self.pdl,
+                                  tables=p.tables)
         return super().layer_in(layer, kc, vc, x, carry, p)
 
     def project_qkv(self, layer: LayerWeights, kc: torch.Tensor, vc: torch.Tensor, h: torch.Tensor,
@@ -140,12 +147,13 @@ class CudaBackend(TorchBackend):
             return pk.rms_norm(x, norm, self.d.eps, torch.float32)
         return super().final(x, carry, norm, p)
 
-    def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
+    def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         # Triton's interpreter sorts a row in ~0.3 s (the kernels' own test checks them there); an
         # int4 head's float32 logits take torch's path
         if raw.device.type != "cuda" or raw.element_size() != 2:
             return super().refine(raw, w, h, k)
-        return hk.refine(raw, w, h, k, pdl=self.pdl)
+        return hk.refine(raw, w, h, k, pdl=self.pdl, out=out)
 
     def silu_mul(self, gu: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         return super().silu_mul(gu, p) if p.decode else pk.silu_mul(gu)  # decode: p.ops's (glue_ops)

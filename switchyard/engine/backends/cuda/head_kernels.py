@@ -80,9 +80,12 @@ def _refine_kernel(keys_ptr, w_ptr, h_ptr, out_ptr, V, HID, NK, K: tl.constexpr,
     tl.store(out_ptr + row * V + pos, tl.sum(acc, axis=0))
 
 
-def refine(raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int, pdl: bool = False) -> torch.Tensor:
+def refine(raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int, pdl: bool = False,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """raw [N, V] logits of a 16-bit low-precision head; w [V, hidden] the float32 head; h [N, hidden]
-    float32 -> float32 [N, V]: raw, with each row's best k recomputed as h . w[i] in float32."""
+    float32 -> float32 [N, V]: raw, with each row's best k recomputed as h . w[i] in float32;
+    written into out (float32 [N, V], rows of V contiguous logits) where given: a graph's static
+    output without a copy after it (~2 us of SmolLM2's 0.40 ms step at batch 1)."""
     N, V = raw.shape
     hid = w.shape[1]
     assert raw.element_size() == 2 and raw.is_floating_point(), "a 16-bit head's logits"
@@ -93,7 +96,9 @@ def refine(raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int, pdl: boo
     chunk = max(2048, triton.next_power_of_2(triton.cdiv(V, 32)))
     assert chunk <= 65536, "a vocabulary of at most 2M"
     chunks = triton.cdiv(V, chunk)
-    out = torch.empty(N, V, dtype=torch.float32, device=raw.device)
+    if out is None:
+        out = torch.empty(N, V, dtype=torch.float32, device=raw.device)
+    assert out.shape == (N, V) and out.dtype == torch.float32 and out.stride() == (V, 1), "rows of V float32 logits"
     keys = torch.empty(N, chunks * k, dtype=torch.int64, device=raw.device)
     _chunk_top_kernel[(N, chunks)](raw, out, keys, V, CHUNK=chunk, K=k, PDL=pdl, num_warps=8, launch_pdl=pdl)
     _refine_kernel[(N, k)](keys, w, h, out, V, hid, chunks * k, K=k, NK_P=triton.next_power_of_2(chunks * k),

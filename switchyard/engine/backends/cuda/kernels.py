@@ -144,6 +144,20 @@ def _rope_inputs(rows, r, pos_ptr, cos_ptr, sin_ptr, blk_ptr, off_ptr, M, D: tl.
 
 
 @triton.jit
+def _rope_inputs_tabled(rows, r, pos_ptr, cos_ptr, sin_ptr, tab_ptr, tab_stride, M, D: tl.constexpr, BS: tl.constexpr):
+    """_rope_inputs with each row's cache slot read from its block table [M, tab_stride]: block
+    tables[m, pos // BS], offset pos % BS. A one-row decode step's three torch kernels (the
+    division, the gather, the remainder) a step less, ~2 us each with their gaps at SmolLM2's
+    0.40 ms batch-1 step."""
+    live = rows < M
+    pos = tl.load(pos_ptr + rows, mask=live, other=0)
+    c = tl.load(cos_ptr + pos[:, None] * D + r[None, :])
+    s = tl.load(sin_ptr + pos[:, None] * D + r[None, :])
+    blk = tl.load(tab_ptr + rows.to(tl.int64) * tab_stride + pos // BS, mask=live, other=0)
+    return c, s, blk, pos % BS
+
+
+@triton.jit
 def _rope_store(y1, y2, rows, r, head, qkn_ptr, c, s, blk, off, q_ptr, kc_ptr, vc_ptr, M, qk_eps, H: tl.constexpr,
                 HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, QK_NORM: tl.constexpr):
     """Columns r and r + D/2 of `head` of the QKV projection (y1, y2: float32 [rows, R], already
@@ -181,11 +195,11 @@ def _rope_store(y1, y2, rows, r, head, qkn_ptr, c, s, blk, off, q_ptr, kc_ptr, v
 
 @triton.jit
 def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, sin_ptr, pos_ptr,
-                     blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr, M, K, eps, qk_eps,
+                     blk_ptr, off_ptr, q_ptr, kc_ptr, vc_ptr, M, K, eps, qk_eps, tab_stride,
                      H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                      R: tl.constexpr, M_P: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
                      PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, UPCAST: tl.constexpr,
-                     PDL: tl.constexpr):
+                     TABLES: tl.constexpr, PDL: tl.constexpr):
     # Program (head, chunk): rows [c*R, c*R + R) of the head's first half and the same rows of
     # its second half, so that RoPE's pairs (i, i + D/2) meet in one program.
     head = tl.program_id(0)
@@ -195,7 +209,10 @@ def _qkv_rope_kernel(x_ptr, stride_x, ln_ptr, w_ptr, b_ptr, qkn_ptr, cos_ptr, si
     n1 = head * D + r
     n2 = n1 + HALF
     rows = tl.arange(0, M_P)
-    c, s, blk, off = _rope_inputs(rows, r, pos_ptr, cos_ptr, sin_ptr, blk_ptr, off_ptr, M, D)
+    if TABLES:  # blk_ptr: the rows' block tables
+        c, s, blk, off = _rope_inputs_tabled(rows, r, pos_ptr, cos_ptr, sin_ptr, blk_ptr, tab_stride, M, D, BS)
+    else:
+        c, s, blk, off = _rope_inputs(rows, r, pos_ptr, cos_ptr, sin_ptr, blk_ptr, off_ptr, M, D)
     a1, a2 = _matvec_pair(x_ptr, stride_x, ln_ptr, eps, w_ptr, K, n1, HALF, M, K, True, M_P, R, BLOCK_K,
                           NORM_BLOCK, PREFETCH, UPCAST, PDL)
     odt = q_ptr.dtype.element_ty
@@ -321,14 +338,20 @@ def tile_for(kind: str, M_P: int, n: int, k: int, elem: int = 2) -> Tile:
 
 def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
              qk_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-             pos: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor, k_cache: torch.Tensor,
+             pos: torch.Tensor, blocks: torch.Tensor | None, offs: torch.Tensor | None, k_cache: torch.Tensor,
              v_cache: torch.Tensor, heads: int, kv_heads: int, eps: float, tile: Tile | None = None,
-             pdl: bool = False) -> torch.Tensor:
+             pdl: bool = False, tables: torch.Tensor | None = None) -> torch.Tensor:
     """x float32 [M, hidden] -> q [M, heads, D] (model dtype); k and v of each row written into
-    k_cache/v_cache [blocks, kv_heads, block_size, D] at (blocks[m], offs[m]). qk_norm: Qwen3's
-    q_norm and k_norm weights, concatenated (float32 [2 D]), or None. pdl: launched with programmatic
-    dependent launch (triton_common.pdl_supported), as every launcher here may be."""
+    k_cache/v_cache [blocks, kv_heads, block_size, D] at (blocks[m], offs[m]), or, with blocks
+    and offs None, at (tables[m, pos[m] // block_size], pos[m] % block_size) of the rows' block
+    tables (int64 [M, nb], rows contiguous). qk_norm: Qwen3's q_norm and k_norm weights,
+    concatenated (float32 [2 D]), or None. pdl: launched with programmatic dependent launch
+    (triton_common.pdl_supported), as every launcher here may be."""
     M, K = x.shape
+    tabled = blocks is None
+    if tabled:
+        assert tables is not None and offs is None and tables.stride(1) == 1, "the rows' cache slots or their tables"
+        blocks, offs = tables, tables  # offs: not read
     D, bs = k_cache.shape[-1], k_cache.shape[-2]
     M_P = _rows_pad(M)
     t = tile or tile_for("qkv", M_P, w.shape[0] // 2, K, w.element_size())
@@ -338,9 +361,11 @@ def qkv_rope(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, bias: torch.Ten
     grid = (heads + 2 * kv_heads, (D // 2) // R)
     _qkv_rope_kernel[grid](x, x.stride(0), ln, w, bias if bias is not None else w,
                            qk_norm if qk_norm is not None else ln, cos, sin, pos, blocks, offs,
-                           q, k_cache, v_cache, M, K, eps, eps, H=heads, HKV=kv_heads, D=D, BS=bs, R=R, M_P=M_P,
+                           q, k_cache, v_cache, M, K, eps, eps, blocks.stride(0) if tabled else 0,
+                           H=heads, HKV=kv_heads, D=D, BS=bs, R=R, M_P=M_P,
                            BLOCK_K=t.block_k, NORM_BLOCK=_norm_block(M_P, K), PREFETCH=t.prefetch,
-                           HAS_BIAS=bias is not None, QK_NORM=qk_norm is not None, UPCAST=_UPCAST, PDL=pdl,
+                           HAS_BIAS=bias is not None, QK_NORM=qk_norm is not None, UPCAST=_UPCAST,
+                           TABLES=tabled, PDL=pdl,
                            num_warps=t.warps, num_stages=t.stages, launch_pdl=pdl)
     return q
 

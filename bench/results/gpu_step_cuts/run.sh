@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue #32, SmolLM2's batch-1 step (goal 2,500 tok/s, 0.40 ms): a one-row step's small launches cut, and the
+# grammar masks filled ahead served (chat/grammar.GrammarMasker.AHEAD). The cuts: the fused QKV kernel reads each
+# row's KV slot from its block table (kernels.qkv_rope(tables=)), not from torch's division, gather and remainder
+# once a step; the LM head's refinement writes the logits into the graph's output (head_kernels.refine(out=)),
+# without a copy after it. Bench backends undo them (engine_cuda_variants: cuda-torch-slots, cuda-logits-copy,
+# cuda-step-before: both).
+#
+#   STAGES="sweep profile ab regress" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # carry .whl, .cache/smollm2-tokenizer
+#   STAGES="full" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh
+#
+# sweep:   SmolLM2's one-row step by each backend in turn ($SWEEP_ROUNDS rounds, each one's median), then the 8B's;
+# profile: the kernels of a SmolLM2 batch-1 step, served / before, alternated, with one step's launches in order;
+# ab:      grammar / free at batch 1 and 16 (SmolLM2's and the 8B's shape), the masks filled ahead (served) against
+#          in line, alternated (bench/engine_cuda.py --grammar-ab);
+# regress: every GPU test; full: ours and the compiled peer ($FULL_SHAPES) at 1, 16, 64.
+# Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
+cd "$(dirname "$0")/../../.."
+. bench/device_env.sh gpu_step_cuts  # out, PY, log, left, stage, regress, engine_bench, pack
+sweep() {  # sweep NAME SHAPE BACKENDS ROUNDS: a one-row step by each backend in turn, each one's median step
+  timeout "$(( $(left) - 5 ))" $PY bench/engine_cuda.py --shapes "$2" --batches 1 --tokens 120 --skip-transformers \
+    --peer-batches= --ttft= --grammar-batches= --sweep --sweep-batches 1 --sweep-backends "$3" --parts-batches= \
+    --sweep-rounds "$4" --budget-s "$(( $(left) - 10 ))" --out "$out/$1" >"$out/$1.log" 2>&1
+  echo "$1 rc=$?" | tee -a "$log"; grep -E "median of" "$out/$1/engine_cuda.log" | tee -a "$log"
+}
+for s in ${STAGES:-sweep profile ab regress}; do
+  case $s in
+    sweep) stage sweep
+      sweep sweep_s smollm2-135m cuda,cuda-step-before,cuda-torch-slots,cuda-logits-copy "${SWEEP_ROUNDS:-7}"
+      sweep sweep_8b llama-8b cuda,cuda-step-before 3 ;;
+    profile) stage profile
+      timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/engine_cuda_profile.py --shape smollm2-135m \
+        --batch 1 --kernels 24 --backends cuda,cuda-step-before,cuda,cuda-step-before --out "$out/prof_b1" >"$out/prof_b1.log" 2>&1
+      echo "profile rc=$?" | tee -a "$log"; grep -hE "^## |steps:" "$out/prof_b1"/kernels_*.md | tee -a "$log" ;;
+    ab) stage ab
+      timeout "$(( $(left) < 200 ? $(left) - 5 : 200 ))" $PY bench/engine_cuda.py --shapes smollm2-135m,llama-8b \
+        --batches= --grammar-batches 1,16 --grammar-rounds 3 --grammar-ab --tokens 64 \
+        --skip-transformers --peer-batches= --ttft= --budget-s 190 --out "$out/ab" >"$out/ab.log" 2>&1
+      echo "ab rc=$?" | tee -a "$log"; grep -E "^\| (smollm2|llama)" "$out/ab/engine_cuda.md" | tail -n 8 | tee -a "$log" ;;
+    regress) regress ;;
+    full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
+  esac
+done
+pack  # everything in $out/all.tgz
