@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Issue #32's grammar goal (within 5% of free decoding at batch 1 and 16): the masks filled ahead on the
 # masker's thread, the masking kernel waiting on the GPU for the fill's ticket (chat/grammar.GrammarMasker,
-# backends/cuda/token_mask.py), against the in-line fill (served), in one process, alternated.
+# backends/cuda/token_mask.py), against the in-line fill, in one process, alternated (ahead served after call 5).
 #
 #   STAGES="tests ab" OUT=$OUT bash bench/results/gpu_grammar_ahead/run.sh   # carry .whl, .cache/smollm2-tokenizer
 #
 # tests: the mask kernel's and the masker's GPU tests (the waiting kernel, the masks filled ahead);
-# ab:    bench/engine_cuda.py --grammar-ab: free / grammar (in line) / filled ahead (3 GIL switch intervals) / ... alternated
+# ab:    bench/engine_cuda.py --grammar-ab: free / grammar (the tree's fill) / the other fill, alternated
 #        3 times at batch 1 and 16 ($AB_SHAPES, SmolLM2's and the 8B's shape);
 # profile: the GPU's kernels a step under the grammar, in line / ahead ($PROFILES: shape:batch ...);
 # split: the host's turn by part at SmolLM2 batch 1 (engine_cuda_profile.py --host-split free,items);
-# regress: every GPU test (regress-ahead: with GrammarMasker.AHEAD on in the device's copy); full: ours and the compiled peer ($FULL_SHAPES).
+# regress: every GPU test (regress-ahead: with GrammarMasker.AHEAD on in the device's copy, as served now); full: ours and the compiled peer ($FULL_SHAPES).
 # Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_grammar_ahead  # out, PY, log, left, stage, regress, engine_bench, pack
