@@ -6,6 +6,8 @@ on, bench/engine_cuda.decode_rate), for both shapes in one run:
   projections with the paged attention kernel at every batch), `cuda-torch-glue` (that cuBLAS
   path as it was before kernels.rope_write: torch's RoPE and KV-write ops) and
   `cuda-attention-by-span` (the attention split by the span alone, as before) at each batch;
+  NAME+copied-logits: that backend with the step's logits copied out of the graph's output, as
+  before the scheduler took a view of it (graph_runner.GraphRunner.VIEWS off for that view);
 - graph parts per decode step (model/graph_runner.GRAPH_PARTS, 1 since 2026-12-06; 4 before, so
   that the GPU started while the host launched the rest), 1 vs 4.
 
@@ -40,6 +42,7 @@ from switchyard.engine.model.graph_runner import GRAPH_PARTS  # noqa: E402
 BACKEND = "sweep: {}"
 PARTS = "sweep: graph parts {}"
 BACKENDS = "cuda,cuda-fused-rows-0,cuda-torch-glue,cuda-attention-by-span"
+COPIED = "+copied-logits"  # a backend's name + this: its view's graph runner copies the logits out (VIEWS off)
 
 
 def sweep(m: Decoder, c: ModelConfig, batches: list[int], parts_batches: list[int], tokens: int, tok: Any,
@@ -54,8 +57,11 @@ def sweep(m: Decoder, c: ModelConfig, batches: list[int], parts_batches: list[in
     if m.device.type == "cuda":
         points += [(BACKEND.format(b), b, {}, batches) for b in backends.split(",") if b]
     points += [(PARTS.format(p), m.backend_name, {"graph_parts": p}, parts_batches) for p in (1, 4)]
-    views = {engine: m.view(backend, cuda_graphs=True, max_slots=max(bs), **kw) for engine, backend, kw, bs in points
-             if bs}
+    views = {engine: m.view(backend.removesuffix(COPIED), cuda_graphs=True, max_slots=max(bs), **kw)
+             for engine, backend, kw, bs in points if bs}
+    for engine, backend, _, bs in points:
+        if bs and backend.endswith(COPIED) and views[engine].graph_runner is not None:
+            views[engine].graph_runner.VIEWS = False  # type: ignore[union-attr]  (this view's runner only)
     runs: dict[tuple[str, int], list[dict[str, float]]] = {}
     failed: set[str] = set()
     for i in range(rounds):

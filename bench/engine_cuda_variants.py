@@ -53,7 +53,8 @@ lost on an H200 stays here, as backends of the benches' own, not as options of t
   torch's ops once a step (a division, a gather, a remainder), as before kernels.qkv_rope read them
   from the block tables. `cuda-logits-copy`: with the LM head's refined logits in a tensor of their
   own, copied into the graph's output after it (as before head_kernels.refine took `out`).
-  `cuda-step-before`: both.
+  `cuda-head-cast`: with the LM head's bf16 input cast from the final norm's float32 rows by a
+  launch of its own (as before prefill_kernels.rms_norm wrote both). `cuda-step-before`: all three.
 
   import engine_cuda_variants  # registers them; then Decoder(..., backend=NAME) or decoder.view(NAME)
 """
@@ -151,9 +152,10 @@ def _compiled_glue() -> type:
     return CompiledGlueBackend
 
 
-def _step_cut(name: str, slots_in_kernel: bool, refine_out: bool) -> type:
-    """The cuda backend with a fused decode step's KV slots by torch's ops (slots_in_kernel False)
-    and/or its logits copied into the graph's output after the head (refine_out False)."""
+def _step_cut(name: str, slots_in_kernel: bool, refine_out: bool, norm_low: bool = True) -> type:
+    """The cuda backend with a fused decode step's KV slots by torch's ops (slots_in_kernel False),
+    its logits copied into the graph's output after the head (refine_out False), and/or the LM
+    head's input cast after the final norm (norm_low False)."""
     from switchyard.engine.backends.cuda.backend import CudaBackend
 
     class StepCutBackend(CudaBackend):
@@ -162,6 +164,13 @@ def _step_cut(name: str, slots_in_kernel: bool, refine_out: bool) -> type:
         def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int,
                    out: torch.Tensor | None = None) -> torch.Tensor:
             return super().refine(raw, w, h, k, out if refine_out else None)
+
+        def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, p: TorchPlan) -> torch.Tensor:
+            if p.fused and not norm_low:
+                from switchyard.engine.backends.cuda import prefill_kernels as pk
+
+                return pk.rms_norm(x, norm, self.d.eps, torch.float32)
+            return super().final(x, carry, norm, p)
 
     StepCutBackend.name = name
     return StepCutBackend
@@ -397,7 +406,8 @@ registry.register("cuda-chunk-refine", _lazy(_chunk_refine))  # type: ignore[arg
 registry.register("cuda-compiled-glue", _lazy(_compiled_glue))  # type: ignore[arg-type]
 registry.register("cuda-torch-slots", _lazy(_step_cut, "cuda-torch-slots", False, True))  # type: ignore[arg-type]
 registry.register("cuda-logits-copy", _lazy(_step_cut, "cuda-logits-copy", True, False))  # type: ignore[arg-type]
-registry.register("cuda-step-before", _lazy(_step_cut, "cuda-step-before", False, False))  # type: ignore[arg-type]
+registry.register("cuda-head-cast", _lazy(_step_cut, "cuda-head-cast", True, True, False))  # type: ignore[arg-type]
+registry.register("cuda-step-before", _lazy(_step_cut, "cuda-step-before", False, False, False))  # type: ignore[arg-type]
 registry.register("cuda-persistent", _lazy(_persistent, "cuda-persistent", 4096))  # type: ignore[arg-type]
 registry.register("cuda-persistent-2k", _lazy(_persistent, "cuda-persistent-2k", 2048))  # type: ignore[arg-type]
 for _n in (0, 1, 2, 4, 8, 16):

@@ -235,6 +235,14 @@ def test_add_rms_kernel_as_the_torch_op() -> None:
         torch.testing.assert_close(pk.rms_norm(x, w, 1e-5, out).float(), rms_norm(x, w, 1e-5, out).float(),
                                    **_tol(out))
         assert torch.equal(x, before)
+        # With a second copy in bf16 (the LM head's input): the first one cast (exactly on a GPU, which
+        # rounds to nearest as torch does; Triton's interpreter truncates).
+        low = torch.empty(shape, dtype=torch.bfloat16, device=DEV)
+        h = pk.rms_norm(x, w, 1e-5, torch.float32, low=low)
+        if DEV.type == "cuda":
+            assert torch.equal(low, h.to(torch.bfloat16))
+        else:
+            torch.testing.assert_close(low.float(), h, atol=0, rtol=2 ** -7)
 
 
 def test_tile_for_fits_shared_memory_and_takes_the_sweeps_shapes() -> None:

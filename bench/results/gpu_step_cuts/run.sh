@@ -4,10 +4,12 @@
 # row's KV slot from its block table (kernels.qkv_rope(tables=)), not from torch's division, gather and remainder
 # once a step; the LM head's refinement writes the logits into the graph's output (head_kernels.refine(out=)),
 # without a copy after it. Bench backends undo them (engine_cuda_variants: cuda-torch-slots, cuda-logits-copy,
-# cuda-step-before: both).
+# cuda-step-before: both). Call 2's cuts: the final norm writes the LM head's bf16 input too (undone:
+# cuda-head-cast), and the scheduler takes the step's logits as a view of the graph's output, not a copy
+# (undone: NAME+copied-logits; cuda-step-before+copied-logits undoes every cut).
 #
-#   STAGES="sweep profile ab regress" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # carry .whl, .cache/smollm2-tokenizer
-#   STAGES="full" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh
+#   STAGES="sweep profile ab regress" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 1; carry .whl, .cache/smollm2-tokenizer
+#   STAGES="sweep2 regress full" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh        # call 2
 #
 # sweep:   SmolLM2's one-row step by each backend in turn ($SWEEP_ROUNDS rounds, each one's median), then the 8B's;
 # profile: the kernels of a SmolLM2 batch-1 step, served / before, alternated, with one step's launches in order;
@@ -28,6 +30,8 @@ for s in ${STAGES:-sweep profile ab regress}; do
     sweep) stage sweep
       sweep sweep_s smollm2-135m cuda,cuda-step-before,cuda-torch-slots,cuda-logits-copy "${SWEEP_ROUNDS:-7}"
       sweep sweep_8b llama-8b cuda,cuda-step-before 3 ;;
+    sweep2) stage sweep2
+      sweep sweep2_s smollm2-135m cuda,cuda-step-before+copied-logits,cuda+copied-logits,cuda-head-cast "${SWEEP_ROUNDS:-7}" ;;
     profile) stage profile
       timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/engine_cuda_profile.py --shape smollm2-135m \
         --batch 1 --kernels 24 --backends cuda,cuda-step-before,cuda,cuda-step-before --out "$out/prof_b1" >"$out/prof_b1.log" 2>&1

@@ -57,6 +57,7 @@ class TorchPlan(Plan):
     ctx: torch.Tensor | None = None  # [S] positions each row attends to
     L: int = 0  # the span
     bias: torch.Tensor | None = None  # [S, 1, 1, L] additive mask, float32
+    head_in: torch.Tensor | None = None  # the final norm's rows in the model dtype too, where final() wrote them
     # eager
     lens: torch.Tensor | None = None  # [B] on the host
     sel: torch.Tensor | None = None  # the rows that are not padding (padding is not written)

@@ -313,7 +313,8 @@ class Scheduler:
         ctx = torch.tensor([s.ctx_len for s in run], dtype=torch.int64)
         tables = self._tables[slots, :self.pool.blocks_for(int(ctx.max()))]
         view = int(slots.max()) + 1
-        logits = self.runner.run(Step(ids, positions, slots, lens, ctx, view, tables))
+        # keep_logits=False: the output stage queues its work on them before the next step launches
+        logits = self.runner.run(Step(ids, positions, slots, lens, ctx, view, tables, keep_logits=False))
         for s in run:
             s.computed = s.ctx_len
             self.pool.commit(s.kv, s.tokens, s.computed)
@@ -351,7 +352,7 @@ class Scheduler:
         slots = torch.tensor([s.slot for s in run], dtype=torch.int64)
         tables = self._tables[slots, :self.pool.blocks_for(max(n))]
         logits = self.runner.run(Step(ids, (ctx - 1).view(B, 1), slots, torch.ones(B, dtype=torch.int64), ctx,
-                                      int(slots.max()) + 1, tables))
+                                      int(slots.max()) + 1, tables, keep_logits=False))  # sampled below, before the next
         self._inflight = None
         for s, k in zip(run, n, strict=True):
             s.computed = k

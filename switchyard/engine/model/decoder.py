@@ -200,7 +200,7 @@ class Decoder:
         x = embed_tokens(plan.ids, self.embed, self.shard, self.comm)  # the residual stream, float32
         whole = be.all_layers(x, self.k_cache, self.v_cache, plan)
         if whole is not None:
-            return self.logits(be.final(whole, None, self.norm, plan), out)
+            return self.logits(be.final(whole, None, self.norm, plan), out, getattr(plan, "head_in", None))
         carry = None
         n = len(self._layer_kv)
         for li, (layer, kc, vc) in enumerate(self._layer_kv):
@@ -209,18 +209,21 @@ class Decoder:
             x, carry = be.layer_out(layer, x, o, plan)
             if per and (li + 1) % per == 0 and li + 1 < n:
                 yield
-        return self.logits(be.final(x, carry, self.norm, plan), out)
+        return self.logits(be.final(x, carry, self.norm, plan), out, getattr(plan, "head_in", None))
 
-    def logits(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def logits(self, h: torch.Tensor, out: torch.Tensor | None = None, h_low: torch.Tensor | None = None) -> torch.Tensor:
         """h: [N, hidden] float32, normed -> [N, local vocab] float32: in out where the head's
-        refinement writes them there (backend.refine), else a tensor of their own."""
+        refinement writes them there (backend.refine), else a tensor of their own. h_low: h in a
+        low precision already (the backend's final norm wrote it too), used where it is the head's."""
         if self.lm_head_q4 is None and self.lm_head_lowp is None:
             return F.linear(h, self.lm_head)
         # Low-precision logits for the whole vocabulary, then the best few recomputed in
         # float32, so greedy choices and the top logprobs are exact.
         q4, lowp = self.lm_head_q4, self.lm_head_lowp
         head = q4 if q4 is not None and (h.shape[0] <= 4 or lowp is None) else None
-        raw = head(h) if head is not None else F.linear(h.to(lowp.dtype), lowp)  # type: ignore[union-attr]
+        if head is None and (h_low is None or h_low.dtype != lowp.dtype):  # type: ignore[union-attr]
+            h_low = h.to(lowp.dtype)  # type: ignore[union-attr]
+        raw = head(h) if head is not None else F.linear(h_low, lowp)
         return self.backend.refine(raw, self.lm_head, h, REFINE, out)
 
 

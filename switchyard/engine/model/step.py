@@ -15,7 +15,10 @@ class Step:
     new tokens per row; ctx_lens: [B] cached tokens after this step; tables: [B, W] int64, the
     KV blocks holding each row's positions (None: each slot's fixed run, model.slot_tables);
     slots and view_slots: the decode rows (the GPU decoder runs decode steps in slot space over
-    slots 0..view_slots-1)."""
+    slots 0..view_slots-1). keep_logits False: the caller queues its work on the step's logits
+    before it launches the next step, so they may be a view of a buffer that step overwrites (the
+    graph runner's output, without a copy); rank 0's scheduler says so, its followers never read
+    theirs."""
 
     ids: torch.Tensor
     positions: torch.Tensor
@@ -24,6 +27,7 @@ class Step:
     ctx_lens: torch.Tensor
     view_slots: int = 0
     tables: torch.Tensor | None = None
+    keep_logits: bool = True
 
     @classmethod
     def of(cls, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,

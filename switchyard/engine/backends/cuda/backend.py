@@ -144,7 +144,9 @@ class CudaBackend(TorchBackend):
 
     def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         if p.fused:  # no carry: the fused layers added their own residual
-            return pk.rms_norm(x, norm, self.d.eps, torch.float32)
+            if self.d.dtype != torch.float32:  # the LM head's input, in the same launch (Decoder.logits)
+                p.head_in = torch.empty(x.shape, dtype=self.d.dtype, device=x.device)
+            return pk.rms_norm(x, norm, self.d.eps, torch.float32, low=p.head_in)
         return super().final(x, carry, norm, p)
 
     def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int,
