@@ -41,6 +41,11 @@ for s in ${STAGES:-sweep profile ab regress}; do
         --batches= --grammar-batches 1,16 --grammar-rounds 3 --grammar-ab --tokens 64 \
         --skip-transformers --peer-batches= --ttft= --budget-s 190 --out "$out/ab" >"$out/ab.log" 2>&1
       echo "ab rc=$?" | tee -a "$log"; grep -E "^\| (smollm2|llama)" "$out/ab/engine_cuda.md" | tail -n 8 | tee -a "$log" ;;
+    tests) stage tests  # the GPU tests of what call 2's cuts touch (a short budget's regress)
+      timeout "$(( $(left) - 5 ))" $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_kernels.py \
+        tests/engine/test_cuda.py tests/engine/test_async_decode.py -k "add_rms or refine or qkv_rope or fused or graphs" \
+        >"$out/tests.log" 2>&1
+      echo "tests rc=$?" | tee -a "$log"; tail -n 2 "$out/tests.log" | tee -a "$log" ;;
     regress) regress ;;
     full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
   esac
