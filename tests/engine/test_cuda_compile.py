@@ -1,4 +1,4 @@
-"""The GPU decode kernels (and the sampler's argmax) compile for an H200 (sm90) with programmatic
+"""The GPU decode kernels (and the sampler's argmax, the final norm) compile for an H200 (sm90) with programmatic
 dependent launch (the grammar mask, waiting or not, without), and the persistent one-row kernel with its barriers (bench/persistent_kernel.py) and
 the one-kernel refinement (bench/chunk_refine.py), on a machine without a GPU: Triton's own compiler and ptxas, no device. The CPU tests run the kernels
 in Triton's interpreter, which takes code the compiler refuses (a module constant read in a
@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent('''
     from triton.compiler import ASTSource
     from switchyard.engine.backends.base import ModelDims
     from switchyard.engine.backends.cuda import head_kernels as hk, kernels as ck, paged_attention as pa
-    from switchyard.engine.backends.cuda import token_mask as tm
+    from switchyard.engine.backends.cuda import prefill_kernels as pk, token_mask as tm
     import persistent_kernel as persistent  # bench/: the persistent one-row kernel, a bench variant
     import chunk_refine  # bench/: the refinement in one kernel, a candidate
 
@@ -40,6 +40,10 @@ SCRIPT = textwrap.dedent('''
             {"CHUNK": 2048, "K": 32, "PDL": True})
     compile(hk._refine_kernel, {"keys_ptr": i64, "w_ptr": f32, "h_ptr": f32, "out_ptr": f32, "V": "i32", "HID": "i32",
             "NK": "i32"}, {"K": 32, "NK_P": 1024, "BLOCK": 1024, "PDL": True})
+    for low in (False, True):  # a fused step's final norm, with the LM head's bf16 input beside it or not
+        compile(pk._add_rms_kernel, {"x_ptr": f32, "y_ptr": f32, "w_ptr": f32, "xo_ptr": f32, "h_ptr": f32,
+                "lo_ptr": bf if low else f32, "N": "i32", "eps": "fp32"}, {"BLOCK": 1024, "ADD": False, "LOW": low},
+                launch_pdl=False)
     compile(hk._argmax_kernel, {"x_ptr": f32, "stride_x": "i32", "V": "i32", "keys_ptr": i64, "cnt_ptr": "*i32",
             "out_ptr": i64}, {"CHUNK": 2048, "CHUNKS_P": 64}, num_warps=8)
     compile(tm._bitmask_kernel, {"logits_ptr": f32, "stride_l": "i32", "bm_ptr": "*i32", "words": "i32",
@@ -91,4 +95,4 @@ def test_decode_kernels_compile_for_sm90_with_pdl() -> None:
            "PYTHONPATH": os.pathsep.join(p for p in (bench, os.environ.get("PYTHONPATH", "")) if p)}
     r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("compiled") == 16, r.stdout
+    assert r.stdout.count("compiled") == 18, r.stdout
