@@ -313,8 +313,7 @@ class Scheduler:
         ctx = torch.tensor([s.ctx_len for s in run], dtype=torch.int64)
         tables = self._tables[slots, :self.pool.blocks_for(int(ctx.max()))]
         view = int(slots.max()) + 1
-        # keep_logits=False: the output stage queues its work on them before the next step launches
-        logits = self.runner.run(Step(ids, positions, slots, lens, ctx, view, tables, keep_logits=False))
+        logits = self.runner.run(Step(ids, positions, slots, lens, ctx, view, tables, keep_logits=False))  # sampled below
         for s in run:
             s.computed = s.ctx_len
             self.pool.commit(s.kv, s.tokens, s.computed)

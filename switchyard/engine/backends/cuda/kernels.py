@@ -132,14 +132,19 @@ def _matvec_pair(x_ptr, stride_x, ln_ptr, eps, w_ptr, stride_w, n1, second, M, K
 
 
 @triton.jit
+def _rope_angles(rows, r, pos_ptr, cos_ptr, sin_ptr, M, D: tl.constexpr):
+    """The rows' positions and their RoPE angles at columns r (cos, sin [rows, R])."""
+    pos = tl.load(pos_ptr + rows, mask=rows < M, other=0)
+    return pos, tl.load(cos_ptr + pos[:, None] * D + r[None, :]), tl.load(sin_ptr + pos[:, None] * D + r[None, :])
+
+
+@triton.jit
 def _rope_inputs(rows, r, pos_ptr, cos_ptr, sin_ptr, blk_ptr, off_ptr, M, D: tl.constexpr):
     """What _rope_store takes besides the projection: the rows' RoPE angles at columns r (cos,
     sin [rows, R]) and their new keys' cache slots (block, offset [rows]). The step's inputs,
     written before its first layer: a PDL kernel loads them before its wait."""
     live = rows < M
-    pos = tl.load(pos_ptr + rows, mask=live, other=0)
-    c = tl.load(cos_ptr + pos[:, None] * D + r[None, :])
-    s = tl.load(sin_ptr + pos[:, None] * D + r[None, :])
+    _, c, s = _rope_angles(rows, r, pos_ptr, cos_ptr, sin_ptr, M, D)
     return c, s, tl.load(blk_ptr + rows, mask=live, other=0), tl.load(off_ptr + rows, mask=live, other=0)
 
 
@@ -147,13 +152,10 @@ def _rope_inputs(rows, r, pos_ptr, cos_ptr, sin_ptr, blk_ptr, off_ptr, M, D: tl.
 def _rope_inputs_tabled(rows, r, pos_ptr, cos_ptr, sin_ptr, tab_ptr, tab_stride, M, D: tl.constexpr, BS: tl.constexpr):
     """_rope_inputs with each row's cache slot read from its block table [M, tab_stride]: block
     tables[m, pos // BS], offset pos % BS. A one-row decode step's three torch kernels (the
-    division, the gather, the remainder) a step less, ~2 us each with their gaps at SmolLM2's
-    0.40 ms batch-1 step."""
-    live = rows < M
-    pos = tl.load(pos_ptr + rows, mask=live, other=0)
-    c = tl.load(cos_ptr + pos[:, None] * D + r[None, :])
-    s = tl.load(sin_ptr + pos[:, None] * D + r[None, :])
-    blk = tl.load(tab_ptr + rows.to(tl.int64) * tab_stride + pos // BS, mask=live, other=0)
+    division, the gather, the remainder) a step less: 6 us of SmolLM2's 0.42 ms batch-1 step on an
+    H100 (bench/results/gpu_step_cuts)."""
+    pos, c, s = _rope_angles(rows, r, pos_ptr, cos_ptr, sin_ptr, M, D)
+    blk = tl.load(tab_ptr + rows.to(tl.int64) * tab_stride + pos // BS, mask=rows < M, other=0)
     return c, s, blk, pos % BS
 
 
