@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grammar-rounds", type=int, default=1,
                     help="> 1: free and grammar decoding alternated this many times a batch, medians reported")
     ap.add_argument("--grammar-ab", action="store_true",
-                    help="with --grammar-rounds: also engine_cuda.grammar_variants() (the masks filled ahead)")
+                    help="with --grammar-rounds: also engine_cuda.grammar_variants() (the masks filled the other way)")
     ap.add_argument("--grammar-tools", action="store_true",
                     help="with --grammar-rounds: also a tool-call grammar (plain strings) in the same rounds")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")

@@ -80,11 +80,9 @@ def bench_batch(B: int, V: int, calls: int) -> None:
     fast = compiled[(grid[0], grid[1], 1)]
     # in place from pinned memory: the same masks as from the device copy?
     x, y = logits.clone(), logits.clone()
-    tm._bitmask_kernel[grid](x, x.stride(0), bm_dev, W, bm_dev, V,
-                             BLOCK=tm.BLOCK, ROWS=False)
+    tm._bitmask_kernel[grid](x, x.stride(0), bm_dev, W, bm_dev, V, BLOCK=tm.BLOCK, ROWS=False)
     try:
-        tm._bitmask_kernel[grid](y, y.stride(0), bm_host, W, bm_host, V,
-                                 BLOCK=tm.BLOCK, ROWS=False)
+        tm._bitmask_kernel[grid](y, y.stride(0), bm_host, W, bm_host, V, BLOCK=tm.BLOCK, ROWS=False)
         torch.cuda.synchronize()
         in_place = bool(torch.equal(x, y))
     except Exception as e:  # triton may refuse a host pointer
@@ -115,8 +113,7 @@ def bench_batch(B: int, V: int, calls: int) -> None:
     cases.update(staging_cases(B, V, tokens))
     if in_place:
         cases["mask kernel, pinned read in place, JIT"] = lambda: tm._bitmask_kernel[grid](
-            logits, logits.stride(0), bm_host, W, bm_host, V, BLOCK=tm.BLOCK,
-            ROWS=False)
+            logits, logits.stride(0), bm_host, W, bm_host, V, BLOCK=tm.BLOCK, ROWS=False)
     for name, fn in cases.items():
         print(f"  b={B:<3d} {name:40s} {per_call(fn, calls):8.1f} us", flush=True)
     print(f"  b={B} pinned masks read in place equal the device copy's: {in_place}")
