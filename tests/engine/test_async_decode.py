@@ -73,10 +73,16 @@ class Run:
 
 def drive(runner: Runner, tok: ChatTokenizer, requests: list[tuple[list[int], SamplingParams, Any]], overlap: bool,
           pool: BlockPool | None = None, abort: tuple[int, int] | None = None,
-          after: Callable[[Scheduler, list[Sequence]], None] | None = None) -> Run:
+          after: Callable[[Scheduler, list[Sequence]], None] | None = None, ahead: bool = False) -> Run:
     """Submit the requests (prompt, params, grammar) at once and step the scheduler until every one
-    finished (or, abort = (request, tokens), that request was aborted once it had that many)."""
+    finished (or, abort = (request, tokens), that request was aborted once it had that many).
+    ahead: grammar masks filled ahead on the masker's thread (as GPU logits get them; here the
+    waiting kernel is interpreted on the CPU logits)."""
     sched = Scheduler(runner, tok, MAX_SEQS, runner.max_model_len, pool=pool, overlap=overlap)
+    if ahead:
+        from switchyard.engine.chat.grammar import GrammarMasker
+
+        sched.output.masker = GrammarMasker(tok.vocab_size, ahead=True)
     assert sched.overlap == overlap
     events: list[list[dict[str, Any]]] = [[] for _ in requests]
     seqs = []
@@ -184,7 +190,8 @@ def test_seeded_sampling_and_logprobs_equal_the_synchronous_loop(smollm2: tuple[
 
 def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple[Runner, ChatTokenizer]) -> None:
     """Constrained rows' masks for step n+1 are filled after step n's tokens were accepted, while
-    step n+1 runs; the output, and where the structure completes, are the synchronous loop's."""
+    step n+1 runs (in line, and ahead on the masker's thread); the output, and where the structure
+    completes, are the synchronous loop's."""
     from switchyard.engine.chat.grammar import Grammars
     from switchyard.engine.chat.structured import constraint
 
@@ -203,6 +210,11 @@ def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple
     fast = drive(r, tok, reqs(), overlap=True)
     assert fast.overlapped >= 10
     assert_same(sync, fast)
+    # The masks filled ahead (the served form on a GPU): the same output, step after step.
+    ahead = drive(r, tok, reqs(), overlap=True, ahead=True)
+    assert ahead.overlapped >= 10 and ahead.sched.output.masker._filler is not None  # type: ignore[union-attr]
+    assert ahead.sched.output.masker._filler.ticket >= 10  # type: ignore[union-attr]
+    assert_same(sync, ahead)
     import json
 
     for i in (0, 2):
