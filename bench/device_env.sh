@@ -24,12 +24,13 @@ regress() {
   echo "regress rc=$?" | tee -a "$log"; tail -n 3 "$out/regress/gpu_tests.log" | tee -a "$log"
 }
 # engine_bench SHAPES GRAMMAR: bench/engine_cuda.py, ours and the compiled peer in one run at $BATCHES, the
-# shapes and grammar batches given (unless $SHAPES / $GRAMMAR say), $TOKENS tokens (64).
+# shapes and grammar batches given (unless $SHAPES / $GRAMMAR say), $TOKENS tokens (64); TOOLS=1: a tool-call
+# grammar's rows too, in the same rounds.
 engine_bench() {
   stage bench
   timeout "$(( $(left) - 5 ))" $PY bench/engine_cuda.py --shapes "${SHAPES:-$1}" --batches "$BATCHES" \
-    --tokens "${TOKENS:-64}" --ttft= --grammar-batches "${GRAMMAR:-$2}" --grammar-rounds 3 --skip-transformers \
-    --peer-batches "$BATCHES" --budget-s "$(( $(left) - 30 ))" --out "$out" >/dev/null 2>&1
+    --tokens "${TOKENS:-64}" --ttft= --grammar-batches "${GRAMMAR:-$2}" --grammar-rounds 3 ${TOOLS:+--grammar-tools} \
+    --skip-transformers --peer-batches "$BATCHES" --budget-s "$(( $(left) - 30 ))" --out "$out" >/dev/null 2>&1
   echo "bench rc=$?" | tee -a "$log"; grep -E "^\|" "$out/engine_cuda.md" | head -n 30 | tee -a "$log"
 }
 # pack: the last stage's mark, then everything under $out as one file, $out/all.tgz: a call's many files

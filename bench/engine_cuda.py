@@ -203,6 +203,23 @@ def grammar_factory(tok: Any, tool_calls: bool = False) -> Any:
     return lambda: g.compile(c)
 
 
+def lanes_factory(tok: Any, lanes: int, batch: int, tool_calls: bool = False) -> Any:
+    """grammar_factory's grammar compiled `lanes` times: the k-th of each `batch` calls gets a copy of
+    compilation k * lanes // batch, so llguidance's pool (which splits the rows into contiguous runs)
+    gives each thread matchers that share no lexer with another thread's (copies of one compilation
+    contend on it: bench/results/grammar_fill_threads.md)."""
+    import llguidance
+
+    from switchyard.engine.chat.grammar import Grammars, GrammarState
+
+    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
+    lark = grammar_constraint(tool_calls).grammar
+    tmpls = [llguidance.LLMatcher(g.tok, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+             for _ in range(lanes)]
+    calls = iter(range(1 << 62))
+    return lambda: GrammarState(tmpls[next(calls) % batch * lanes // batch].deep_copy(), vocab_size=tok.vocab_size)
+
+
 def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: bool = True, tok: Any = None,
                 grammar: Any = None, mask_threads: int | None = None,
                 on_step: Callable[[], None] | None = None) -> dict[str, float]:
@@ -272,9 +289,10 @@ def grammar_variants() -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
                    add: Callable[..., None], log: Callable[[str], None], tool_calls: Any = None,
-                   pool: int = 0) -> None:
+                   pools: tuple[int, ...] = (), gtok: Any = None) -> None:
     """Free and grammar decoding (and with `ab` grammar_variants(); with `tool_calls`, a factory,
-    the tool-call grammar; with `pool`, the masks filled by llguidance's pool of that many threads)
+    the tool-call grammar; with `pools`, the masks filled by llguidance's pool of each many threads,
+    the rows' matchers copied from one compilation, and from one per thread: lanes_factory(gtok))
     alternated `rounds` times at batch b; each figure the median of its rounds, so a ratio compares
     neighbours in time rather than two points minutes apart."""
     runs: dict[str, list[dict[str, float]]] = {}
@@ -285,8 +303,10 @@ def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens:
                     for k, (constrained, knobs) in grammar_variants().items()]
     if tool_calls is not None:
         engines.append(("ours (async, grammar, tool calls)", [], tool_calls, None))
-    if pool:
+    for pool in pools:
         engines.append((f"ours (async, grammar, pool of {pool})", [], make, pool))
+        engines.append((f"ours (async, grammar, pool of {pool}, a grammar each)", [], lanes_factory(gtok, pool, b),
+                        pool))
     for i in range(rounds):
         for engine, knobs, grammar, threads in engines:
             saved = [(h, k, getattr(h, k)) for h, k, _ in knobs]
@@ -442,14 +462,14 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
                 if a.grammar_rounds > 1:
                     grammar_rounds(m, b, make, a.grammar_rounds, a.grammar_ab, tokens, c.vocab_size, tok, add, log,
                                    grammar_factory(gtok, tool_calls=True) if a.grammar_tools else None,
-                                   a.mask_threads_ab if b >= 4 else 0)
+                                   tuple(ints(a.mask_threads_ab)) if b >= 4 else (), gtok)
                     continue
                 if b not in batches:
                     decode("ours (async)", m, b)
                 decode("ours (async, grammar)", m, b, grammar=make)
                 decode("ours (sync, grammar)", m, b, overlap=False, grammar=make)
-                if a.mask_threads_ab and b >= 4:  # llguidance's pool, beside the engine's in-line fill
-                    decode("ours (async, grammar, pool)", m, b, grammar=make, mask_threads=a.mask_threads_ab)
+                for pool in ints(a.mask_threads_ab) if b >= 4 else []:  # llguidance's pool, beside the served fill
+                    decode(f"ours (async, grammar, pool of {pool})", m, b, grammar=make, mask_threads=pool)
     if sweep_batches and clock.left() > 60:
         from engine_cuda_sweep import BACKENDS, sweep
 
@@ -586,12 +606,15 @@ def summary(rows: list[dict[str, Any]], bw: float) -> str:
                              f"{ratio(r['value'], val(sh, 'ours (async, grammar)', 'decode_tok_s', b))} | "
                              f"{r['note'].split(' (')[0]}" + (f"; {r['note'].split('), ')[-1]}" if "), " in r["note"]
                                                               else "") + " |")
-        pool = [(r["shape"], r["batch"], r["value"]) for r in rows if r["engine"].startswith("ours (async, grammar, pool")]
+        pool = [(r["shape"], r["batch"], r["engine"], r["value"]) for r in rows
+                if r["engine"].startswith("ours (async, grammar, pool")]
         if pool:
-            lines += ["", "The masks filled by llguidance's pool (--mask-threads-ab), against the in-line fill above:", "",
-                      "| shape | batch | grammar async tok/s, pool | pool / in line |", "| --- | --- | --- | --- |"]
-            lines += [f"| {shape} | {b} | {n(v)} | {ratio(v, val(shape, 'ours (async, grammar)', 'decode_tok_s', b))} |"
-                      for shape, b, v in pool]
+            lines += ["", "The masks filled by llguidance's pool (--mask-threads-ab), against the served fill above:",
+                      "", "| shape | batch | pool | grammar async tok/s | / served fill | / free |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+            lines += [f"| {shape} | {b} | {e[len('ours (async, grammar, '):-1]} | {n(v)} | "
+                      f"{ratio(v, val(shape, 'ours (async, grammar)', 'decode_tok_s', b))} | "
+                      f"{ratio(v, val(shape, 'ours (async)', 'decode_tok_s', b))} |" for shape, b, e, v in pool]
     if any(r["engine"].startswith("sweep:") for r in rows):
         from engine_cuda_sweep import sweep_table
 
@@ -614,8 +637,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--peer-batches", default="1,16", help="the compiled PyTorch peer's batches ('' for none)")
     ap.add_argument("--grammar-batches", default="", help="batches decoded under a grammar too (e.g. 1,16)")
-    ap.add_argument("--mask-threads-ab", type=int, default=0, help="grammar batches >= 4 also with the masks filled "
-                                                                   "by llguidance's pool of this many threads")
+    ap.add_argument("--mask-threads-ab", default="", help="grammar batches >= 4 also with the masks filled by "
+                    "llguidance's pool of each many threads (e.g. 4,8; with --grammar-rounds: copies of one "
+                    "grammar, and a grammar compiled per thread)")
     ap.add_argument("--grammar-rounds", type=int, default=1,
                     help="> 1: free and grammar decoding alternated this many times a batch, medians reported")
     ap.add_argument("--grammar-ab", action="store_true",

@@ -9,13 +9,15 @@
 # (undone: NAME+copied-logits; cuda-step-before+copied-logits undoes every cut).
 #
 #   STAGES="sweep profile ab regress" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 1; carry .whl, .cache/smollm2-tokenizer
-#   STAGES="sweep2 regress full" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh        # call 2
+#   TOOLS=1 STAGES="tests sweep2 full pools" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 2
 #
 # sweep:   SmolLM2's one-row step by each backend in turn ($SWEEP_ROUNDS rounds, each one's median), then the 8B's;
 # profile: the kernels of a SmolLM2 batch-1 step, served / before, alternated, with one step's launches in order;
 # ab:      grammar / free at batch 1 and 16 (SmolLM2's and the 8B's shape), the masks filled ahead (served) against
 #          in line, alternated (bench/engine_cuda.py --grammar-ab);
-# regress: every GPU test; full: ours and the compiled peer ($FULL_SHAPES) at 1, 16, 64.
+# regress: every GPU test; full: ours and the compiled peer ($FULL_SHAPES) at 1, 16, 64 (TOOLS=1: the tool-call
+#          grammar's rows too); pools: SmolLM2 batch 16 under the grammar, the fill thread handing the rows to
+#          llguidance's pool of $POOLS threads (copies of one grammar, and a grammar compiled per thread).
 # Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_step_cuts  # out, PY, log, left, stage, regress, engine_bench, pack
@@ -46,6 +48,11 @@ for s in ${STAGES:-sweep profile ab regress}; do
         tests/engine/test_cuda.py tests/engine/test_async_decode.py -k "add_rms or refine or qkv_rope or fused or graphs" \
         >"$out/tests.log" 2>&1
       echo "tests rc=$?" | tee -a "$log"; tail -n 2 "$out/tests.log" | tee -a "$log" ;;
+    pools) stage pools  # SmolLM2 batch 16 under the items grammar: the fill thread handing the rows to a pool
+      timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/engine_cuda.py --shapes smollm2-135m --batches= \
+        --grammar-batches 16 --grammar-rounds 3 --mask-threads-ab "${POOLS:-2,4,8}" --tokens 64 --skip-transformers \
+        --peer-batches= --ttft= --parts-batches= --budget-s 140 --out "$out/pools" >"$out/pools.log" 2>&1
+      echo "pools rc=$?" | tee -a "$log"; grep -E "^\| smollm2" "$out/pools/engine_cuda.md" | tail -n 8 | tee -a "$log" ;;
     regress) regress ;;
     full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
   esac
