@@ -193,31 +193,15 @@ def grammar_constraint(tool_calls: bool = False) -> Any:
     return c
 
 
-def grammar_factory(tok: Any, tool_calls: bool = False) -> Any:
-    """A fresh matcher per call of grammar_constraint(tool_calls)'s grammar, compiled once
-    (chat/grammar.Grammars)."""
+def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int | None = None) -> Any:
+    """A fresh matcher per call of grammar_constraint(tool_calls)'s grammar, compiled once per lane
+    (chat/grammar.Grammars; None: as many as a GPU replica's fill threads, as served)."""
     from switchyard.engine.chat.grammar import Grammars
+    from switchyard.engine.runner.options import auto_grammar_threads
 
-    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
+    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=lanes or auto_grammar_threads("cuda"))
     c = grammar_constraint(tool_calls)
     return lambda: g.compile(c)
-
-
-def lanes_factory(tok: Any, lanes: int, batch: int, tool_calls: bool = False) -> Any:
-    """grammar_factory's grammar compiled `lanes` times: the k-th of each `batch` calls gets a copy of
-    compilation k * lanes // batch, so llguidance's pool (which splits the rows into contiguous runs)
-    gives each thread matchers that share no lexer with another thread's (copies of one compilation
-    contend on it: bench/results/grammar_fill_threads.md)."""
-    import llguidance
-
-    from switchyard.engine.chat.grammar import Grammars, GrammarState
-
-    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
-    lark = grammar_constraint(tool_calls).grammar
-    tmpls = [llguidance.LLMatcher(g.tok, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
-             for _ in range(lanes)]
-    calls = iter(range(1 << 62))
-    return lambda: GrammarState(tmpls[next(calls) % batch * lanes // batch].deep_copy(), vocab_size=tok.vocab_size)
 
 
 def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: bool = True, tok: Any = None,
@@ -290,9 +274,9 @@ def grammar_variants() -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
                    add: Callable[..., None], log: Callable[[str], None], tool_calls: Any = None,
                    pools: tuple[int, ...] = (), gtok: Any = None) -> None:
-    """Free and grammar decoding (and with `ab` grammar_variants(); with `tool_calls`, a factory,
-    the tool-call grammar; with `pools`, the masks filled by llguidance's pool of each many threads,
-    the rows' matchers copied from one compilation, and from one per thread: lanes_factory(gtok))
+    """Free and grammar decoding (and with `ab` grammar_variants() and the masks filled by one thread;
+    with `tool_calls`, a factory, the tool-call grammar; with `pools`, the masks filled by llguidance's
+    pool of each many threads, the rows' matchers copied from one compilation, and from one per thread)
     alternated `rounds` times at batch b; each figure the median of its rounds, so a ratio compares
     neighbours in time rather than two points minutes apart."""
     runs: dict[str, list[dict[str, float]]] = {}
@@ -301,12 +285,13 @@ def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens:
     if ab:
         engines += [(f"ours (async, {k})", knobs, make if constrained else None, None)
                     for k, (constrained, knobs) in grammar_variants().items()]
+        engines.append(("ours (async, grammar, one fill thread)", [], grammar_factory(gtok, lanes=1), 1))
     if tool_calls is not None:
         engines.append(("ours (async, grammar, tool calls)", [], tool_calls, None))
     for pool in pools:
-        engines.append((f"ours (async, grammar, pool of {pool})", [], make, pool))
-        engines.append((f"ours (async, grammar, pool of {pool}, a grammar each)", [], lanes_factory(gtok, pool, b),
-                        pool))
+        engines.append((f"ours (async, grammar, pool of {pool})", [], grammar_factory(gtok, lanes=1), pool))
+        engines.append((f"ours (async, grammar, pool of {pool}, a grammar each)", [],
+                        grammar_factory(gtok, lanes=pool), pool))
     for i in range(rounds):
         for engine, knobs, grammar, threads in engines:
             saved = [(h, k, getattr(h, k)) for h, k, _ in knobs]

@@ -3,13 +3,21 @@ token counts from /tokenize, and a --max-model-len that defaults to the model's 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from engine_support import EngineServer, get, post
 
 from switchyard.engine.errors import ConfigError
-from switchyard.engine.runner.options import AVERAGE_SEQ_TOKENS, EngineOptions, auto_kv_blocks, resolved_len
+from switchyard.engine.runner.options import (
+    AUTO_GRAMMAR_THREADS,
+    AVERAGE_SEQ_TOKENS,
+    EngineOptions,
+    auto_grammar_threads,
+    auto_kv_blocks,
+    resolved_len,
+)
 
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is the weather in Paris?"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
@@ -76,6 +84,13 @@ def test_options_are_checked_once_from_flags_and_files(tmp_path: Path) -> None:
         EngineOptions(model_path=tmp_path, max_model_len=1024, num_kv_blocks=10)
     opts = EngineOptions.from_mapping({"model_path": str(tmp_path), "max-num-seqs": 4, "prefix_caching": False})
     assert opts.max_num_seqs == 4 and not opts.prefix_caching and opts.model_path == tmp_path
+    # The grammar masks' fill threads: auto is one on a CPU (its cores decode), up to 8 on a GPU's host.
+    assert EngineOptions(model_path=tmp_path).fill_threads == 1
+    assert EngineOptions(model_path=tmp_path, device="cuda").fill_threads == auto_grammar_threads("cuda")
+    assert 1 <= auto_grammar_threads("cuda") <= min(AUTO_GRAMMAR_THREADS, max(1, (os.cpu_count() or 2) // 2))
+    assert EngineOptions.from_mapping({"model_path": "x", "grammar-threads": 3}).fill_threads == 3
+    with pytest.raises(ConfigError, match="--grammar-threads must be at least 0"):
+        EngineOptions(model_path=tmp_path, grammar_threads=-1)
     for bad, why in (({"model_path": "x", "max_num_seqs": "4"}, "must be int"),
                      ({"model_path": "x", "max_num_seqs": True}, "must be int"),
                      ({"model_path": "x", "colective": "ring"}, "unknown engine option"),

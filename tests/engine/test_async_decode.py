@@ -73,16 +73,17 @@ class Run:
 
 def drive(runner: Runner, tok: ChatTokenizer, requests: list[tuple[list[int], SamplingParams, Any]], overlap: bool,
           pool: BlockPool | None = None, abort: tuple[int, int] | None = None,
-          after: Callable[[Scheduler, list[Sequence]], None] | None = None, ahead: bool = False) -> Run:
+          after: Callable[[Scheduler, list[Sequence]], None] | None = None, ahead: bool = False,
+          threads: int = 1) -> Run:
     """Submit the requests (prompt, params, grammar) at once and step the scheduler until every one
     finished (or, abort = (request, tokens), that request was aborted once it had that many).
     ahead: grammar masks filled ahead on the masker's thread (as GPU logits get them; here the
-    waiting kernel is interpreted on the CPU logits)."""
+    waiting kernel is interpreted on the CPU logits), by llguidance's pool of `threads` if more than one."""
     sched = Scheduler(runner, tok, MAX_SEQS, runner.max_model_len, pool=pool, overlap=overlap)
     if ahead:
         from switchyard.engine.chat.grammar import GrammarMasker
 
-        sched.output.masker = GrammarMasker(tok.vocab_size, ahead=True)
+        sched.output.masker = GrammarMasker(tok.vocab_size, threads=threads, ahead=True)
     assert sched.overlap == overlap
     events: list[list[dict[str, Any]]] = [[] for _ in requests]
     seqs = []
@@ -188,23 +189,24 @@ def test_seeded_sampling_and_logprobs_equal_the_synchronous_loop(smollm2: tuple[
     assert len(lps) == len(fast.outs[0]) and all(len(x["top"]) == 3 for x in lps)
 
 
-def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple[Runner, ChatTokenizer]) -> None:
+def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple[Runner, ChatTokenizer],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Constrained rows' masks for step n+1 are filled after step n's tokens were accepted, while
-    step n+1 runs (in line, and ahead on the masker's thread); the output, and where the structure
-    completes, are the synchronous loop's."""
-    from switchyard.engine.chat.grammar import Grammars
+    step n+1 runs (in line, ahead on the masker's thread, and ahead by a pool over two lanes, a
+    GPU replica's form); the output, and where the structure completes, are the synchronous loop's."""
+    from switchyard.engine.chat.grammar import GrammarMasker, Grammars
     from switchyard.engine.chat.structured import constraint
 
     r, tok = smollm2
     grammars = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
     rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}}
 
-    def reqs() -> list[tuple[list[int], SamplingParams, Any]]:  # fresh matchers for each run
+    def reqs(g: Grammars = grammars) -> list[tuple[list[int], SamplingParams, Any]]:  # fresh matchers each run
         return [(_chat(tok, "Weather in Paris for 3 days, as JSON."),
-                 SamplingParams(max_tokens=40, temperature=0.0), grammars.compile(constraint(rf, None))),
+                 SamplingParams(max_tokens=40, temperature=0.0), g.compile(constraint(rf, None))),
                 (_chat(tok, "Say hello."), SamplingParams(max_tokens=16, temperature=0.0), None),
                 (_chat(tok, "A city in Peru and a number of days, as JSON."),
-                 SamplingParams(max_tokens=40, temperature=0.7, seed=5), grammars.compile(constraint(rf, None)))]
+                 SamplingParams(max_tokens=40, temperature=0.7, seed=5), g.compile(constraint(rf, None)))]
 
     sync = drive(r, tok, reqs(), overlap=False)
     fast = drive(r, tok, reqs(), overlap=True)
@@ -215,6 +217,13 @@ def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple
     assert ahead.overlapped >= 10 and ahead.sched.output.masker._filler is not None  # type: ignore[union-attr]
     assert ahead.sched.output.masker._filler.ticket >= 10  # type: ignore[union-attr]
     assert_same(sync, ahead)
+    # A pool of two over two lanes (each request's grammar compiled for its lane), its two rows enough here.
+    monkeypatch.setattr(GrammarMasker, "PAR_ROWS", 2)
+    lanes = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=2)
+    pooled = drive(r, tok, reqs(lanes), overlap=True, ahead=True, threads=2)
+    assert lanes.compiled == 2 and pooled.sched.output.masker.executor is not None  # type: ignore[union-attr]
+    assert pooled.sched.output.masker._filler.ticket >= 10  # type: ignore[union-attr]
+    assert_same(sync, pooled)
     import json
 
     for i in (0, 2):

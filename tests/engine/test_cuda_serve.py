@@ -24,6 +24,7 @@ from engine_support import EngineServer, get
 
 from switchyard.engine.model.config import ModelConfig
 from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
+from switchyard.engine.runner.options import auto_grammar_threads
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 
@@ -105,6 +106,23 @@ def test_health_says_gpu_fused_kernels_and_structured_output(server: EngineServe
     assert dev["device"].startswith("cuda") and dev["decode_kernels"] == "fused" and dev["cuda_graphs"] is True
     assert dev["prefill_kernels"] == "fused"
     assert h["structured_output"]["supported"]
+    assert h["structured_output"]["lanes"] == auto_grammar_threads("cuda")  # the masks' fill threads, auto
+
+
+def test_concurrent_constrained_replies_validate_through_the_fill_pool_on_the_gpu(server: EngineServer) -> None:
+    """Eight constrained requests at once: their rows' masks filled by the pool of fill threads over
+    the grammar's lanes (a GPU replica's default), each reply still its schema's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    schema = SCHEMAS["get_weather"]
+    body = {"max_tokens": 200, "response_format": {"type": "json_schema",
+                                                     "json_schema": {"name": "f", "schema": schema, "strict": True}}}
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda k: chat(server, messages=[{"role": "user", "content": f"Forecast {k}."}],
+                                               temperature=0.8, seed=k, **body), range(8)))
+    for r in replies:
+        assert r["choices"][0]["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(r["choices"][0]["message"]["content"]), schema)
 
 
 def test_required_calls_and_json_schema_validate_on_the_gpu(server: EngineServer) -> None:

@@ -187,6 +187,33 @@ def test_masks_filled_by_the_pool_equal_those_filled_in_line() -> None:
             assert a.matcher.consume_token(t) and b.matcher.consume_token(t)
 
 
+def test_lanes_compile_once_each_and_the_pool_fills_each_lanes_rows_as_in_line() -> None:
+    """Grammars(lanes=2) deals requests to its lanes in turn, compiling a grammar once per lane on
+    its first request there; the pool (threads=2), which takes a step's rows sorted by lane, fills
+    them as the in-line loop fills copies of one compilation, each row's mask in its own row."""
+    from switchyard.engine.chat.grammar import GrammarMasker, Grammars
+    from switchyard.engine.chat.structured import constraint
+
+    tok, one = _smollm2_grammars()
+    lanes = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=2)
+    c = constraint({"tool_choice": "required"}, TOOLS)
+    pool_states = [lanes.compile(c) for _ in range(5)]
+    assert [s.lane for s in pool_states] == [0, 1, 0, 1, 0]
+    assert lanes.compiled == 2 and lanes.info()["cached_grammars"] == 1 and lanes.info()["lanes"] == 2
+    line_states = [one.compile(c) for _ in range(5)]
+    pool, line = GrammarMasker(tok.vocab_size, threads=2), GrammarMasker(tok.vocab_size, threads=1)
+    g = torch.Generator().manual_seed(4)
+    for _ in range(6):
+        x = torch.randn(6, tok.vocab_size, generator=g)
+        y = x.clone()
+        pool.apply(x, [pool_states[0], None, *pool_states[1:]])
+        line.apply(y, [line_states[0], None, *line_states[1:]])
+        assert torch.equal(x, y) and torch.isfinite(x[1]).all() and torch.isinf(x[0]).any()
+        for a, b, row in zip(pool_states, line_states, (0, 2, 3, 4, 5), strict=True):
+            t = int(x[row].argmax())
+            assert a.matcher.consume_token(t) and b.matcher.consume_token(t)
+
+
 def test_masks_filled_ahead_equal_those_filled_in_line() -> None:
     """Filled ahead (on the masker's thread, the masking kernel waiting for the fill's ticket;
     interpreted here on CPU logits), a batch's masks equal the in-line fill's step after step, the
@@ -517,6 +544,7 @@ def test_health_and_models_say_structured_output(server: EngineServer) -> None:
     assert status == 200 and so["supported"] and so["backend"].startswith("llguidance"), health
     assert "required" in so["tool_choice"] and "json_schema" in so["response_format"]
     assert so["compiled"] >= 1 and so["cached_grammars"] >= 1  # the tests above compiled some
+    assert so["lanes"] == 1  # a CPU replica fills its masks on one thread (its cores decode)
     status, models = get(server.url + "/v1/models")
     assert models["data"][0]["structured_output"] is True
 

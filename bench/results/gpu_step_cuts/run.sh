@@ -10,11 +10,12 @@
 #
 #   STAGES="sweep profile ab regress" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 1; carry .whl, .cache/smollm2-tokenizer
 #   TOOLS=1 STAGES="tests sweep2 full pools" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 2
+#   TOOLS=1 STAGES="regress ab full" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 3: the fill pool served
 #
 # sweep:   SmolLM2's one-row step by each backend in turn ($SWEEP_ROUNDS rounds, each one's median), then the 8B's;
 # profile: the kernels of a SmolLM2 batch-1 step, served / before, alternated, with one step's launches in order;
 # ab:      grammar / free at batch 1 and 16 (SmolLM2's and the 8B's shape), the masks filled ahead (served) against
-#          in line, alternated (bench/engine_cuda.py --grammar-ab);
+#          in line, and (call 3) against one fill thread, alternated (bench/engine_cuda.py --grammar-ab);
 # regress: every GPU test; full: ours and the compiled peer ($FULL_SHAPES) at 1, 16, 64 (TOOLS=1: the tool-call
 #          grammar's rows too); pools: SmolLM2 batch 16 under the grammar, the fill thread handing the rows to
 #          llguidance's pool of $POOLS threads (copies of one grammar, and a grammar compiled per thread).
@@ -40,7 +41,7 @@ for s in ${STAGES:-sweep profile ab regress}; do
       echo "profile rc=$?" | tee -a "$log"; grep -hE "^## |steps:" "$out/prof_b1"/kernels_*.md | tee -a "$log" ;;
     ab) stage ab
       timeout "$(( $(left) < 200 ? $(left) - 5 : 200 ))" $PY bench/engine_cuda.py --shapes smollm2-135m,llama-8b \
-        --batches= --grammar-batches 1,16 --grammar-rounds 3 --grammar-ab --tokens 64 \
+        --batches= --grammar-batches 1,16 --grammar-rounds 3 --grammar-ab ${TOOLS:+--grammar-tools} --tokens 64 \
         --skip-transformers --peer-batches= --ttft= --budget-s 190 --out "$out/ab" >"$out/ab.log" 2>&1
       echo "ab rc=$?" | tee -a "$log"; grep -E "^\| (smollm2|llama)" "$out/ab/engine_cuda.md" | tail -n 8 | tee -a "$log" ;;
     tests) stage tests  # the GPU tests of what call 2's cuts touch (a short budget's regress)

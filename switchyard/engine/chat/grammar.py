@@ -35,28 +35,35 @@ BACKEND = f"llguidance {llguidance.__version__}" if hasattr(llguidance, "__versi
 
 
 class Grammars:
-    """Compiles constraints for one tokenizer and keeps the last `cache_size` of them.
+    """Compiles constraints for one tokenizer and keeps the last `cache_size` of them per lane.
 
     A compiled grammar is a matcher in its start state; each request gets a copy (~10 us). Copies
     of one compiled grammar share its lexer, so a pool filling their masks contends on it (2
-    threads: 0.95-1.06x the in-line fill, bench/results/grammar_fill_threads.md). Compiling each
-    grammar once per thread ("lanes") took that contention away in isolation (1.87x with 8 threads
-    on the GPU host) but lost in the served loop, where a pool of 8 ran SmolLM2 batch 16 at 0.57x of
-    the in-line fill and the 8B at 0.60x (bench/results/gpu_grammar_lanes): one compilation it is.
+    threads: 0.95-1.06x the in-line fill, bench/results/grammar_fill_threads.md). `lanes`: each
+    grammar compiled once per lane, on the first request dealt to that lane (requests go to the
+    lanes in turn), so that each of the masker's `threads` fills rows that share no lexer with
+    another thread's (GrammarMasker sorts a step's rows by lane). With the fill on the masker's own
+    thread (filled ahead), a pool of 8 with 8 lanes ran SmolLM2's shape at batch 16 under the items
+    grammar 1.80x as fast as one fill thread (bench/results/gpu_step_cuts, call 2); filled in line,
+    on the engine's thread, it had lost (bench/results/gpu_grammar_lanes).
     """
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int], cache_size: int = 256) -> None:
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int], cache_size: int = 256,
+                 lanes: int = 1) -> None:
         # ~0.7 s for a 49k vocabulary: once per server, at start-up.
         self.tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_ids)
         self.vocab_size = vocab_size
-        self.cache_size = cache_size
-        self._cache: collections.OrderedDict[str, llguidance.LLMatcher] = collections.OrderedDict()
+        self.lanes = lanes
+        self.cache_size = cache_size * lanes
+        self._cache: collections.OrderedDict[tuple[str, int], llguidance.LLMatcher] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._dealt = 0  # requests dealt to the lanes so far
         self.compiled = 0  # cache misses, for /health
 
     def compile(self, c: Constraint) -> GrammarState:
-        key = c.key
         with self._lock:
+            lane, self._dealt = self._dealt % self.lanes, self._dealt + 1
+            key = (c.key, lane)
             tmpl = self._cache.get(key)
             if tmpl is not None:
                 self._cache.move_to_end(key)
@@ -69,7 +76,7 @@ class Grammars:
                 self._cache[key] = tmpl
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
-        return GrammarState(tmpl.deep_copy(), vocab_size=self.vocab_size)
+        return GrammarState(tmpl.deep_copy(), vocab_size=self.vocab_size, lane=lane)
 
     def _blame(self, c: Constraint, error: str) -> GrammarError:
         """The error, with the parameter whose schema causes it (each is compiled alone)."""
@@ -84,8 +91,8 @@ class Grammars:
 
     def info(self) -> dict[str, Any]:
         with self._lock:
-            cached = len(self._cache)
-        return {"backend": BACKEND, "cached_grammars": cached, "compiled": self.compiled}
+            cached = len({key for key, _ in self._cache})
+        return {"backend": BACKEND, "cached_grammars": cached, "compiled": self.compiled, "lanes": self.lanes}
 
 
 @dataclass
@@ -96,6 +103,7 @@ class GrammarState:
     matcher: llguidance.LLMatcher
     failed: bool = False
     vocab_size: int = 0  # the tokenizer's vocabulary the matcher masks (0: the logits' width)
+    lane: int = 0  # which of Grammars' compilations it was copied from
 
     def accept(self, token: int) -> None:
         if not self.failed and not self.matcher.consume_token(token):
@@ -117,10 +125,10 @@ class GrammarMasker:
     padded) never allow the padding.
 
     The bitmask is filled by llguidance on the host: row after row (threads=1), or, with at least
-    PAR_ROWS constrained rows, by its executor's pool (an opt-in: copies of one grammar share its
-    lexer, so on the H200's 16-core host a pool of 8 gave the in-line fill's rate,
-    bench/results/gpu_grammar, and one compilation per thread lost in the served loop, see
-    Grammars). GPU logits get their masks without the host waiting for the device: llguidance
+    PAR_ROWS constrained rows, by its executor's pool of `threads`, the rows sorted by their
+    grammar's lane (Grammars: the pool runs on the masker's thread, filled ahead, and wins only
+    when each thread's rows have a compilation of their own; a GPU replica's default,
+    runner/options.auto_grammar_threads). GPU logits get their masks without the host waiting for the device: llguidance
     writes straight into pinned memory (two buffers, used in turn, so a step's fill never
     overwrites bits still being read) and the masking is queued (one Triton kernel,
     backends/cuda/token_mask.py; torch's ops where triton is missing).
@@ -173,14 +181,17 @@ class GrammarMasker:
         Filled ahead, the masks may not exist yet on return: the masking is queued on the
         device, and the matchers are not to be touched before `wait()`."""
         self.wait()
-        todo = [(s.matcher, i) for i, s in enumerate(states) if s is not None]
-        if not todo:
+        live = [(i, s) for i, s in enumerate(states) if s is not None]
+        if not live:
             return
+        rows = [i for i, _ in live]
+        if self.executor is not None:  # the pool splits the rows into runs: one lane's rows run together
+            live.sort(key=lambda row: row[1].lane)
+        todo = [(s.matcher, i) for i, s in live]
         cuda = logits.device.type == "cuda"
         fused = _fused_mask() if self.FUSED and (cuda or self.ahead) else None
         ahead = fused is not None and (self.ahead if self.ahead is not None else self.AHEAD and cuda)
         bm = self._buffer(len(states), cuda)
-        rows = [i for _, i in todo]
         if ahead:
             if self._filler is None:
                 self._filler = _Filler(self, cuda)

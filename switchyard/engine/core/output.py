@@ -39,9 +39,10 @@ class OutputStage:
     REUSE_DOWNLOADS = True  # GPU steps' tokens come down into reused pinned buffers (False, at construction: new ones)
     GPU_ARGMAX = True  # greedy rows of GPU logits by head_kernels.RowArgmax (False, before the first step: torch's)
 
-    def __init__(self, tokenizer: ChatTokenizer, max_model_len: int) -> None:
+    def __init__(self, tokenizer: ChatTokenizer, max_model_len: int, grammar_threads: int = 1) -> None:
         self.tok = tokenizer
         self.max_model_len = max_model_len
+        self.grammar_threads = grammar_threads  # the masker's fill threads (as many as Grammars' lanes)
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0, "preemptions": 0}
         self.finished_by_reason: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
         self.ttft: list[float] = []
@@ -64,7 +65,7 @@ class OutputStage:
         if any(g is not None for g in grammars):
             if self.masker is None:
                 width = next(g.vocab_size for g in grammars if g is not None) or logits.shape[1]
-                self.masker = GrammarMasker(width)
+                self.masker = GrammarMasker(width, threads=self.grammar_threads)
             self.masker.apply(logits, grammars)
         if self.argmax is None and logits.device.type == "cuda" and self.GPU_ARGMAX:
             from switchyard.engine.backends.cuda.head_kernels import RowArgmax  # triton: only where a GPU is

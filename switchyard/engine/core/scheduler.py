@@ -72,7 +72,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._stop = False
         self.failed: str | None = None
-        self.output = OutputStage(tokenizer, max_model_len)
+        self.output = OutputStage(tokenizer, max_model_len, runner.opts.fill_threads if runner is not None else 1)
         self.stats = self.output.stats  # counters the output stage and the scheduler share
         # Async decode (see the module's docstring), where it can hold.
         self.overlap = overlap and can_overlap(runner)

@@ -82,6 +82,9 @@ def engine_serve(
              "their projections in FP8 (weights with a scale per output row, activations with a scale per token, "
              "as vLLM's --quantization fp8), decode stays on the bf16 weights; costs an FP8 copy of the "
              "projections (about 7 GB for an 8B model)"),
+    grammar_threads: int = typer.Option(
+        0, help="Threads filling a step's grammar masks (structured output, tool calls), each request's grammar "
+                "compiled once per thread (0: auto: up to 8, half the host's cores, on a GPU; 1 on a CPU)"),
 ) -> None:
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
@@ -98,7 +101,8 @@ def engine_serve(
             max_num_batched_tokens=max_num_batched_tokens, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
             block_size=block_size, num_kv_blocks=num_kv_blocks, prefix_caching=prefix_caching, threads=threads,
             collective_timeout_s=collective_timeout, device=device, cuda_graphs=cuda_graphs,
-            decode_kernels=decode_kernels, async_decode=async_decode, prefill_fp8=prefill_fp8)
+            decode_kernels=decode_kernels, async_decode=async_decode, prefill_fp8=prefill_fp8,
+            grammar_threads=grammar_threads)
     except ConfigError as e:
         raise typer.BadParameter(str(e)) from None
     except (registry.ModelNotFound, RuntimeError) as e:
