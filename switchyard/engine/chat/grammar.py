@@ -128,8 +128,8 @@ class GrammarMasker:
     PAR_ROWS constrained rows, by its executor's pool of `threads`, the rows sorted by their
     grammar's lane (Grammars: the pool runs on the masker's thread, filled ahead, and wins only
     when each thread's rows have a compilation of their own; a GPU replica's default,
-    runner/options.auto_grammar_threads). GPU logits get their masks without the host waiting for the device: llguidance
-    writes straight into pinned memory (two buffers, used in turn, so a step's fill never
+    runner/options.auto_grammar_threads). GPU logits get their masks without the host waiting
+    for the device: llguidance writes straight into pinned memory (two buffers, used in turn, so a step's fill never
     overwrites bits still being read) and the masking is queued (one Triton kernel,
     backends/cuda/token_mask.py; torch's ops where triton is missing).
 
