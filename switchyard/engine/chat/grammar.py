@@ -129,9 +129,9 @@ class GrammarMasker:
     grammar's lane (Grammars: the pool runs on the masker's thread, filled ahead, and wins only
     when each thread's rows have a compilation of their own; a GPU replica's default,
     runner/options.auto_grammar_threads). GPU logits get their masks without the host waiting
-    for the device: llguidance writes straight into pinned memory (two buffers, used in turn, so a step's fill never
-    overwrites bits still being read) and the masking is queued (one Triton kernel,
-    backends/cuda/token_mask.py; torch's ops where triton is missing).
+    for the device: llguidance writes straight into pinned memory (two buffers, used in turn, so
+    a step's fill never overwrites bits still being read) and the masking is queued (one Triton
+    kernel, backends/cuda/token_mask.py; torch's ops where triton is missing).
 
     Ahead (served for GPU logits, AHEAD; `ahead=True` for any): the fill runs on the masker's own
     thread while the engine's thread goes on: the masking kernel is queued at once and waits on
