@@ -205,9 +205,10 @@ class GrammarMasker:
         output stage's text work rather than after it. `apply_early` then queues their masking.
         Only where the masks are filled ahead (a step's apply has started the thread); the matchers
         are the thread's until `wait()`."""
-        self.wait()
+        self._early = None
         if self._filler is None:
             return
+        self.wait()
         rows, todo = self._rows(states)
         if rows:
             bm = self._buffer(len(states), self._pinned)
@@ -249,9 +250,7 @@ class GrammarMasker:
 
     def wait(self) -> None:
         """Until the step filled ahead is filled (its matchers free again); raises what the fill
-        raised, or EngineFailed if the GPU gave up waiting for it (its rows masked by whatever bits were there).
-        A fill handed over by fill_early and not masked since is dropped: its step is gone."""
-        self._early = None
+        raised, or EngineFailed if the GPU gave up waiting for it (its rows masked by whatever bits were there)."""
         if self._filler is not None:
             self._filler.join()
 
