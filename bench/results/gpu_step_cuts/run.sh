@@ -10,8 +10,7 @@
 #
 #   STAGES="sweep profile ab regress" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 1; carry .whl, .cache/smollm2-tokenizer
 #   TOOLS=1 STAGES="tests sweep2 full pools" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 2
-#   TOOLS=1 STAGES="ab regress" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 3: the fill pool, the early fill
-#   (gtests: the grammar's GPU tests alone, where the budget is short of regress's ~200 s)
+#   TOOLS=1 STAGES="regress ab full" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 3: the fill pool served
 #
 # sweep:   SmolLM2's one-row step by each backend in turn ($SWEEP_ROUNDS rounds, each one's median), then the 8B's;
 # profile: the kernels of a SmolLM2 batch-1 step, served / before, alternated, with one step's launches in order;
@@ -55,11 +54,6 @@ for s in ${STAGES:-sweep profile ab regress}; do
         --grammar-batches 16 --grammar-rounds 3 --mask-threads-ab "${POOLS:-2,4,8}" --tokens 64 --skip-transformers \
         --peer-batches= --ttft= --parts-batches= --budget-s 140 --out "$out/pools" >"$out/pools.log" 2>&1
       echo "pools rc=$?" | tee -a "$log"; grep -E "^\| smollm2" "$out/pools/engine_cuda.md" | tail -n 8 | tee -a "$log" ;;
-    gtests) stage gtests  # the GPU tests of the grammar's fill (a short budget's regress)
-      timeout "$(( $(left) - 5 ))" $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_serve.py \
-        tests/engine/test_structured.py tests/engine/test_async_decode.py tests/engine/test_cuda.py \
-        -k "grammar or mask or structured or constrained or fill or health or ahead or serve" >"$out/gtests.log" 2>&1
-      echo "gtests rc=$?" | tee -a "$log"; tail -n 2 "$out/gtests.log" | tee -a "$log" ;;
     regress) regress ;;
     full) BATCHES=1,16,64 engine_bench "${FULL_SHAPES:-smollm2-135m,llama-8b}" 1,16 ;;
   esac
