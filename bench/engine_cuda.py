@@ -261,17 +261,14 @@ def _knob(module: str, owner: str | None, attr: str, value: Any) -> tuple[Any, s
 def grammar_variants() -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
     """--grammar-ab's variants of the loop, by name: (under the grammar or free, the knobs set for one
     decode): the masks filled the other way than the tree's GrammarMasker.AHEAD (in line on the
-    engine's thread, or ahead on the masker's), and the next step's fill handed to the thread after
-    the output stage's text work rather than before it (OutputStage.EARLY_FILL off). (Until 2026-12-06 also torch's masking ops and the
+    engine's thread, or ahead on the masker's). (Until 2026-12-06 also torch's masking ops and the
     sampling stage's host cuts undone, bench/results/gpu_host_cuts; until the masks filled ahead were
     served, a 10 us GIL switch interval for them, which lost: bench/results/gpu_grammar_ahead.)"""
     from switchyard.engine.chat.grammar import GrammarMasker
 
     served = GrammarMasker.AHEAD
     other = _knob("switchyard.engine.chat.grammar", "GrammarMasker", "AHEAD", not served)
-    late = _knob("switchyard.engine.core.output", "OutputStage", "EARLY_FILL", False)
-    return {"grammar, in line" if served else "grammar, filled ahead": (True, [other]),
-            "grammar, fill handed over after the text": (True, [late])}
+    return {"grammar, in line" if served else "grammar, filled ahead": (True, [other])}
 
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,

@@ -20,7 +20,6 @@ import torch
 
 from switchyard.engine.chat.tokenizer import ChatTokenizer
 from switchyard.engine.core.kv_blocks import BlockPool
-from switchyard.engine.core.output import OutputStage
 from switchyard.engine.core.sampling import SamplingParams
 from switchyard.engine.core.scheduler import Scheduler, can_overlap
 from switchyard.engine.core.sequence import Sequence
@@ -217,20 +216,12 @@ def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple
     ahead = drive(r, tok, reqs(), overlap=True, ahead=True)
     assert ahead.overlapped >= 10 and ahead.sched.output.masker._filler is not None  # type: ignore[union-attr]
     assert ahead.sched.output.masker._filler.ticket >= 10  # type: ignore[union-attr]
-    assert ahead.sched.output.masker.early_steps >= 10  # type: ignore[union-attr]  # handed over before the text work
     assert_same(sync, ahead)
-    # The fill handed over after finish's text work (OutputStage.EARLY_FILL off): the same output.
-    monkeypatch.setattr(OutputStage, "EARLY_FILL", False)
-    late = drive(r, tok, reqs(), overlap=True, ahead=True)
-    assert late.sched.output.masker.early_steps == 0  # type: ignore[union-attr]
-    assert_same(sync, late)
-    monkeypatch.setattr(OutputStage, "EARLY_FILL", True)
     # A pool of two over two lanes (each request's grammar compiled for its lane), its two rows enough here.
     monkeypatch.setattr(GrammarMasker, "PAR_ROWS", 2)
     lanes = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=2)
     pooled = drive(r, tok, reqs(lanes), overlap=True, ahead=True, threads=2)
     assert lanes.compiled == 2 and pooled.sched.output.masker.executor is not None  # type: ignore[union-attr]
-    assert pooled.sched.output.masker.early_steps >= 10  # type: ignore[union-attr]
     assert pooled.sched.output.masker._filler.ticket >= 10  # type: ignore[union-attr]
     assert_same(sync, pooled)
     import json

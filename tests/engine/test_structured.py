@@ -232,11 +232,7 @@ def test_masks_filled_ahead_equal_those_filled_in_line() -> None:
     for step in range(4):
         x = torch.randn(4, tok.vocab_size, generator=g)
         y = x.clone()
-        if step % 2:  # handed to the thread before the logits exist (fill_early), masked once they do
-            ahead.fill_early([ahead_states[0], None, *ahead_states[1:]])
-            assert ahead.apply_early(x)
-        else:
-            ahead.apply(x, [ahead_states[0], None, *ahead_states[1:]])
+        ahead.apply(x, [ahead_states[0], None, *ahead_states[1:]])
         line.apply(y, [line_states[0], None, *line_states[1:]])
         ahead.wait()
         assert ahead._filler is not None and ahead._filler.ticket == step + 1
@@ -244,9 +240,7 @@ def test_masks_filled_ahead_equal_those_filled_in_line() -> None:
         for a, b, row in zip(ahead_states, line_states, (0, 2, 3), strict=True):
             t = int(x[row].argmax())
             assert a.matcher.consume_token(t) and b.matcher.consume_token(t)
-    assert line._filler is None and ahead.early_steps == 2
-    ahead.fill_early([None, None])  # no constrained row: nothing handed over, nothing to mask
-    assert not ahead.apply_early(torch.randn(2, tok.vocab_size))
+    assert line._filler is None
 
     class Broken:
         def unsafe_compute_mask_ptr(self, ptr: int, size: int) -> None:

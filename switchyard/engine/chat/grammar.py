@@ -166,8 +166,6 @@ class GrammarMasker:
         self.last_fill_s = 0.0  # the last step's llguidance time (bench/grammar.py reads it)
         self.last_ready_s = 0.0  # filled ahead: the last step's time from its submission to its ticket
         self._filler: _Filler | None = None  # made on the first step filled ahead
-        self._early: tuple[int, list[int], torch.Tensor, int] | None = None  # fill_early's rows, rows masked, bits, ticket
-        self.early_steps = 0  # steps masked by apply_early
 
     def _buffer(self, rows: int, pinned: bool) -> torch.Tensor:
         if pinned != self._pinned:
@@ -183,9 +181,13 @@ class GrammarMasker:
         Filled ahead, the masks may not exist yet on return: the masking is queued on the
         device, and the matchers are not to be touched before `wait()`."""
         self.wait()
-        rows, todo = self._rows(states)
-        if not rows:
+        live = [(i, s) for i, s in enumerate(states) if s is not None]
+        if not live:
             return
+        rows = [i for i, _ in live]
+        if self.executor is not None:  # the pool splits the rows into runs: one lane's rows run together
+            live.sort(key=lambda row: row[1].lane)
+        todo = [(s.matcher, i) for i, s in live]
         cuda = logits.device.type == "cuda"
         fused = _fused_mask() if self.FUSED and (cuda or self.ahead) else None
         ahead = fused is not None and (self.ahead if self.ahead is not None else self.AHEAD and cuda)
@@ -198,42 +200,6 @@ class GrammarMasker:
             return
         self.last_fill_s = self._fill(todo, bm)
         (fused or apply_token_bitmask)(logits, bm, rows)
-
-    def fill_early(self, states: list[GrammarState | None]) -> None:
-        """Hand the fill of the next step's masks to the thread now, for that step's rows (states[i]:
-        row i of its logits), as soon as their matchers have taken this step's tokens: before the
-        output stage's text work rather than after it. `apply_early` then queues their masking.
-        Only where the masks are filled ahead (a step's apply has started the thread); the matchers
-        are the thread's until `wait()`."""
-        self._early = None
-        if self._filler is None:
-            return
-        self.wait()
-        rows, todo = self._rows(states)
-        if rows:
-            bm = self._buffer(len(states), self._pinned)
-            self._early = (len(states), rows, bm, self._filler.submit(todo, bm))
-
-    def apply_early(self, logits: torch.Tensor) -> bool:
-        """Queue the masking of the rows `fill_early` handed to the thread ([B, V] logits, B its
-        rows); False (nothing queued) where it handed none."""
-        early, self._early = self._early, None
-        if early is None or self._filler is None:
-            return False
-        n, rows, bm, ticket = early
-        assert logits.shape[0] == n, f"masks filled early for {n} rows, logits of {logits.shape[0]}"
-        _fused_mask()(logits, bm, rows, (self._filler.flag, ticket))  # type: ignore[call-arg,misc]
-        self.early_steps += 1
-        return True
-
-    def _rows(self, states: list[GrammarState | None]) -> tuple[list[int], list[tuple[llguidance.LLMatcher, int]]]:
-        """The constrained rows, and their (matcher, row) in the order the fill takes them: by lane
-        with a pool (it splits the rows into runs, so one lane's rows run together)."""
-        live = [(i, s) for i, s in enumerate(states) if s is not None]
-        rows = [i for i, _ in live]
-        if self.executor is not None:
-            live.sort(key=lambda row: row[1].lane)
-        return rows, [(s.matcher, i) for i, s in live]
 
     def _fill(self, todo: list[tuple[llguidance.LLMatcher, int]], bm: torch.Tensor) -> float:
         """llguidance writes each (matcher, row)'s mask into bm's row; returns the seconds taken."""

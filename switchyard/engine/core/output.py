@@ -38,7 +38,6 @@ class Sampled:
 class OutputStage:
     REUSE_DOWNLOADS = True  # GPU steps' tokens come down into reused pinned buffers (False, at construction: new ones)
     GPU_ARGMAX = True  # greedy rows of GPU logits by head_kernels.RowArgmax (False, before the first step: torch's)
-    EARLY_FILL = True  # masks filled ahead: the next step's fill handed over before finish's text work (False: after)
 
     def __init__(self, tokenizer: ChatTokenizer, max_model_len: int, grammar_threads: int = 1) -> None:
         self.tok = tokenizer
@@ -55,18 +54,15 @@ class OutputStage:
         """Sample one token per sequence and stream it; returns the sequences that finished."""
         return self.finish(self.sample(seqs, logits))
 
-    def sample(self, seqs: list[Sequence], logits: torch.Tensor, rows: list[int] | None = None,
-               early: bool = False) -> Sampled:
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor, rows: list[int] | None = None) -> Sampled:
         """The device's share of a step: seqs[i]'s token from logits row rows[i] (rows None: row
         i), under its grammar's mask (filled now, on the host, from the grammar's state after the
-        tokens finish() has given it; early: the masks finish(next_step=) handed to the fill thread
-        for all of the logits' rows), and the logprobs asked for. Nothing here waits for the
+        tokens finish() has given it), and the logprobs asked for. Nothing here waits for the
         device."""
-        masked = early and self.masker is not None and self.masker.apply_early(logits)
         if rows is not None and rows != list(range(logits.shape[0])):
             logits = logits.index_select(0, upload(rows, torch.int64, logits.device))
         grammars = [s.grammar for s in seqs]
-        if not masked and any(g is not None for g in grammars):
+        if any(g is not None for g in grammars):
             if self.masker is None:
                 width = next(g.vocab_size for g in grammars if g is not None) or logits.shape[1]
                 self.masker = GrammarMasker(width, threads=self.grammar_threads)
@@ -84,25 +80,14 @@ class OutputStage:
             self.downloads = DownloadPool()
         return Sampled(list(seqs), tokens, lp_rows, Download(back, self.downloads))
 
-    def finish(self, sampled: Sampled, next_step: list[Sequence] | None = None) -> list[Sequence]:
+    def finish(self, sampled: Sampled) -> list[Sequence]:
         """The host's share: wait for the step's tokens, then stream them; returns the sequences
         that finished. A sequence that finished (an abort) since the step was sampled is skipped:
-        its token is dropped. next_step: the rows of the step launched meanwhile (async decode),
-        whose masks, filled ahead, go to the fill thread once the matchers have taken the tokens,
-        before the text work (EARLY_FILL; `sample(..., early=True)` queues their masking)."""
+        its token is dropped."""
         host = sampled.host.get()
         if self.masker is not None:
             self.masker.wait()  # the fill thread's matchers (masks filled ahead) are ours again
         tokens = host[0].tolist()
-        complete: set[int] = set()  # the sequences whose structure is complete (read before the fill takes the matchers)
-        for s, tok in zip(sampled.seqs, tokens, strict=True):
-            if s.grammar is not None and not s.finished:
-                s.grammar.accept(tok)
-                if s.grammar.done:
-                    complete.add(s.id)
-        if next_step is not None and self.masker is not None and self.EARLY_FILL:
-            self.masker.fill_early([s.grammar if s.grammar is not None and not s.finished and s.id not in complete
-                                    else None for s in next_step])
         lps: dict[int, tuple[float, list[float], list[int]]] = {}
         if sampled.lp_rows:
             chosen, vals, ids = (t.tolist() for t in host[1:])
@@ -117,6 +102,8 @@ class OutputStage:
                 self.ttft.append(now - s.arrived)
             p = s.params
             stop_tok = not p.ignore_eos and (tok in self.tok.eos_ids or tok in p.stop_token_ids)
+            if s.grammar is not None:
+                s.grammar.accept(tok)
             if not stop_tok:
                 s.out.append(tok)
                 self.stats["generation_tokens"] += 1
@@ -125,7 +112,7 @@ class OutputStage:
                 n = p.top_logprobs
                 s.pending_logprobs.append({"id": tok, "logprob": lp,
                                            "top": list(zip(top_ids[:n], top_vals[:n], strict=True))})
-            reason = "stop" if stop_tok else self._reason(s, tok, s.id in complete)
+            reason = "stop" if stop_tok else self._reason(s, tok)
             self._emit(s, final=reason is not None)
             if reason is not None:
                 s.finished = True
@@ -135,13 +122,13 @@ class OutputStage:
                 s.sink({"type": "finish", "reason": reason, "usage": usage(s)})
         return done
 
-    def _reason(self, s: Sequence, tok: int, complete: bool) -> str | None:
-        """Why s stops after taking tok (not a stop token), or None; complete: its grammar allows nothing more."""
+    def _reason(self, s: Sequence, tok: int) -> str | None:
+        """Why s stops after taking tok (not a stop token), or None."""
         assert s.detok is not None
         s.detok.push(tok)
         if s.params.stop and hit_stop(s):
             return "stop"
-        if complete:
+        if s.grammar is not None and s.grammar.done:
             return "stop"  # the structure is complete: nothing but EOS could follow
         if len(s.out) >= s.params.max_tokens or s.ctx_len >= self.max_model_len:
             return "length"

@@ -356,19 +356,19 @@ class Scheduler:
         for s, k in zip(run, n, strict=True):
             s.computed = k
         if prev is not None:
-            self._finish(prev, run)  # step n's tokens and output, while step n+1 runs (its masks handed to the fill)
+            self._finish(prev)  # step n's tokens and output, while step n+1 runs
         live = [i for i, s in enumerate(run) if not s.finished]
         if not live:
             return
         seqs = [run[i] for i in live]
-        self._inflight = self.output.sample(seqs, logits, live, early=prev is not None)
+        self._inflight = self.output.sample(seqs, logits, live)
         for s in seqs:
             s.inflight = 1
 
-    def _finish(self, sampled: Sampled, next_step: list[Sequence] | None = None) -> None:
+    def _finish(self, sampled: Sampled) -> None:
         """A step in flight's tokens through the output stage; its rows' blocks keyed up to the
-        tokens now known; the finished freed. next_step: the rows of the step launched meanwhile."""
-        done = self.output.finish(sampled, next_step)
+        tokens now known; the finished freed."""
+        done = self.output.finish(sampled)
         for s in sampled.seqs:
             s.inflight = 0
             if s.kv.table:
