@@ -10,7 +10,9 @@
 #
 #   STAGES="sweep profile ab regress" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 1; carry .whl, .cache/smollm2-tokenizer
 #   TOOLS=1 STAGES="tests sweep2 full pools" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 2
-#   TOOLS=1 STAGES="regress ab full" OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 3: the fill pool served
+#   TOOLS=1 STAGES="ab ..." OUT=$OUT bash bench/results/gpu_step_cuts/run.sh   # call 3: the fill pool served (its
+#   tree's run.sh also had a "gtests" stage, a pytest -k selection of test_cuda_serve, test_structured,
+#   test_async_decode and test_cuda that took CPU-only tests too: use regress; see the README)
 #
 # sweep:   SmolLM2's one-row step by each backend in turn ($SWEEP_ROUNDS rounds, each one's median), then the 8B's;
 # profile: the kernels of a SmolLM2 batch-1 step, served / before, alternated, with one step's launches in order;
