@@ -166,52 +166,33 @@ def _smollm2_grammars() -> tuple[Any, Any]:
 
 def test_masks_filled_by_the_pool_equal_those_filled_in_line() -> None:
     """llguidance's pool (GrammarMasker(threads > 1)) fills a batch's masks as the in-line loop
-    does, rows without a grammar left free, step after step (the host buffers used in turn)."""
-    from switchyard.engine.chat.grammar import GrammarMasker
-    from switchyard.engine.chat.structured import constraint
-
-    tok, grammars = _smollm2_grammars()
-    pool_states = [grammars.compile(constraint({"tool_choice": "required"}, TOOLS)) for _ in range(5)]
-    line_states = [grammars.compile(constraint({"tool_choice": "required"}, TOOLS)) for _ in range(5)]
-    pool, line = GrammarMasker(tok.vocab_size, threads=2), GrammarMasker(tok.vocab_size, threads=1)
-    assert pool.executor is not None and line.executor is None
-    g = torch.Generator().manual_seed(2)
-    for _ in range(4):
-        x = torch.randn(6, tok.vocab_size, generator=g)
-        y = x.clone()
-        pool.apply(x, [*pool_states[:2], None, *pool_states[2:]])
-        line.apply(y, [*line_states[:2], None, *line_states[2:]])
-        assert torch.equal(x, y) and torch.isfinite(x[2]).all() and torch.isinf(x[0]).any()
-        for a, b, row in zip(pool_states, line_states, (0, 1, 3, 4, 5), strict=True):
-            t = int(x[row].argmax())
-            assert a.matcher.consume_token(t) and b.matcher.consume_token(t)
-
-
-def test_lanes_compile_once_each_and_the_pool_fills_each_lanes_rows_as_in_line() -> None:
-    """Grammars(lanes=2) deals requests to its lanes in turn, compiling a grammar once per lane on
-    its first request there; the pool (threads=2), which takes a step's rows sorted by lane, fills
-    them as the in-line loop fills copies of one compilation, each row's mask in its own row."""
+    does, rows without a grammar left free, step after step (the host buffers used in turn), the
+    rows' matchers copied from one compilation or from one per lane: Grammars(lanes=2) deals
+    requests to its lanes in turn and compiles a grammar once per lane, on its first request there
+    (the pool takes a step's rows sorted by lane)."""
     from switchyard.engine.chat.grammar import GrammarMasker, Grammars
     from switchyard.engine.chat.structured import constraint
 
-    tok, one = _smollm2_grammars()
+    tok, grammars = _smollm2_grammars()
     lanes = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=2)
     c = constraint({"tool_choice": "required"}, TOOLS)
-    pool_states = [lanes.compile(c) for _ in range(5)]
-    assert [s.lane for s in pool_states] == [0, 1, 0, 1, 0]
+    by_lane = [lanes.compile(c) for _ in range(5)]
+    assert [s.lane for s in by_lane] == [0, 1, 0, 1, 0]
     assert lanes.compiled == 2 and lanes.info()["cached_grammars"] == 1 and lanes.info()["lanes"] == 2
-    line_states = [one.compile(c) for _ in range(5)]
-    pool, line = GrammarMasker(tok.vocab_size, threads=2), GrammarMasker(tok.vocab_size, threads=1)
-    g = torch.Generator().manual_seed(4)
-    for _ in range(6):
-        x = torch.randn(6, tok.vocab_size, generator=g)
-        y = x.clone()
-        pool.apply(x, [pool_states[0], None, *pool_states[1:]])
-        line.apply(y, [line_states[0], None, *line_states[1:]])
-        assert torch.equal(x, y) and torch.isfinite(x[1]).all() and torch.isinf(x[0]).any()
-        for a, b, row in zip(pool_states, line_states, (0, 2, 3, 4, 5), strict=True):
-            t = int(x[row].argmax())
-            assert a.matcher.consume_token(t) and b.matcher.consume_token(t)
+    for seed, pool_states in enumerate(([grammars.compile(c) for _ in range(5)], by_lane)):
+        line_states = [grammars.compile(c) for _ in range(5)]
+        pool, line = GrammarMasker(tok.vocab_size, threads=2), GrammarMasker(tok.vocab_size, threads=1)
+        assert pool.executor is not None and line.executor is None
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(5):
+            x = torch.randn(6, tok.vocab_size, generator=g)
+            y = x.clone()
+            pool.apply(x, [*pool_states[:2], None, *pool_states[2:]])
+            line.apply(y, [*line_states[:2], None, *line_states[2:]])
+            assert torch.equal(x, y) and torch.isfinite(x[2]).all() and torch.isinf(x[0]).any()
+            for a, b, row in zip(pool_states, line_states, (0, 1, 3, 4, 5), strict=True):
+                t = int(x[row].argmax())
+                assert a.matcher.consume_token(t) and b.matcher.consume_token(t)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU logits through the waiting kernel need Triton's interpreter, "
