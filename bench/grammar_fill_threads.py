@@ -13,13 +13,14 @@ For each grammar (`items`: bench/engine_cuda.py's worst case, strings under patt
 drawn once, as the GPU bench's random weights write them (each step the argmax of random logits
 under the mask), then replayed through each layout, the layouts alternated round by round:
 
-- `copies`: copies of one compiled grammar (the engine today), the rows split over T threads;
+- `copies`: copies of one compiled grammar, the rows split over T threads;
 - `own lexer`: each thread's rows copied from a grammar compiled for that thread alone;
 - `own tokenizer`: as `own lexer`, each thread's grammar also on a tokenizer of its own;
 - `engine pool`: the engine's own classes, copies from chat/grammar.Grammars filled by GrammarMasker(threads=T)
-  (llguidance's pool); its fill time as the masker records it. (Until 2026-12-06 this was the engine's
-  "lanes", a compilation per thread: 1.87x here with 8 threads on the GPU host, and a loss in the served
-  loop, bench/results/gpu_grammar_lanes; taken out.)
+  (llguidance's pool); its fill time as the masker records it. (Once the engine's "lanes", a compilation
+  per thread: 1.87x here with 8 threads on the GPU host, and a loss in the served loop while the fill ran on
+  the engine's thread, bench/results/gpu_grammar_lanes, so taken out; with the fill on the masker's own
+  thread they won, bench/results/gpu_step_cuts, and came back as Grammars(lanes=), a GPU replica's default.)
 
 T = 1 is the in-line fill. A step's time is from the first row's fill to the last's (the threads
 handed their rows and joined, as a masker would). Medians of the steps, then of the rounds.
