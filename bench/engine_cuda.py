@@ -273,10 +273,11 @@ def grammar_variants() -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
                    add: Callable[..., None], log: Callable[[str], None], tool_calls: Any = None,
-                   pools: tuple[int, ...] = (), gtok: Any = None) -> None:
+                   pools: tuple[str, ...] = (), gtok: Any = None) -> None:
     """Free and grammar decoding (and with `ab` grammar_variants() and the masks filled by one thread;
     with `tool_calls`, a factory, the tool-call grammar; with `pools`, the masks filled by llguidance's
-    pool of each many threads, the rows' matchers copied from one compilation, and from one per thread)
+    pool: an entry T, of T threads, the rows' matchers copied from one compilation, and from one per
+    thread; TxL, of T threads over L lanes (Grammars(lanes=L)); TxLt, the same under the tool-call grammar)
     alternated `rounds` times at batch b; each figure the median of its rounds, so a ratio compares
     neighbours in time rather than two points minutes apart."""
     runs: dict[str, list[dict[str, float]]] = {}
@@ -289,9 +290,17 @@ def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens:
     if tool_calls is not None:
         engines.append(("ours (async, grammar, tool calls)", [], tool_calls, None))
     for pool in pools:
-        engines.append((f"ours (async, grammar, pool of {pool})", [], grammar_factory(gtok, lanes=1), pool))
-        engines.append((f"ours (async, grammar, pool of {pool}, a grammar each)", [],
-                        grammar_factory(gtok, lanes=pool), pool))
+        threads, _, lanes = pool.partition("x")
+        if not lanes:
+            t = int(threads)
+            engines.append((f"ours (async, grammar, pool of {t})", [], grammar_factory(gtok, lanes=1), t))
+            engines.append((f"ours (async, grammar, pool of {t}, a grammar each)", [],
+                            grammar_factory(gtok, lanes=t), t))
+            continue
+        tools = lanes.endswith("t")
+        lanes = lanes.removesuffix("t")
+        engines.append((f"ours (async, grammar, pool of {threads} over {lanes} lanes{', tool calls' if tools else ''})",
+                        [], grammar_factory(gtok, tool_calls=tools, lanes=int(lanes)), int(threads)))
     for i in range(rounds):
         for engine, knobs, grammar, threads in engines:
             saved = [(h, k, getattr(h, k)) for h, k, _ in knobs]
@@ -447,7 +456,7 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
                 if a.grammar_rounds > 1:
                     grammar_rounds(m, b, make, a.grammar_rounds, a.grammar_ab, tokens, c.vocab_size, tok, add, log,
                                    grammar_factory(gtok, tool_calls=True) if a.grammar_tools else None,
-                                   tuple(ints(a.mask_threads_ab)) if b >= 4 else (), gtok)
+                                   tuple(x for x in a.mask_threads_ab.split(",") if x) if b >= 4 else (), gtok)
                     continue
                 if b not in batches:
                     decode("ours (async)", m, b)
@@ -624,7 +633,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grammar-batches", default="", help="batches decoded under a grammar too (e.g. 1,16)")
     ap.add_argument("--mask-threads-ab", default="", help="grammar batches >= 4 also with the masks filled by "
                     "llguidance's pool of each many threads (e.g. 4,8; with --grammar-rounds: copies of one "
-                    "grammar, and a grammar compiled per thread)")
+                    "grammar, and a grammar compiled per thread; TxL: T threads over L lanes, e.g. 8x16; "
+                    "TxLt: the same under the tool-call grammar)")
     ap.add_argument("--grammar-rounds", type=int, default=1,
                     help="> 1: free and grammar decoding alternated this many times a batch, medians reported")
     ap.add_argument("--grammar-ab", action="store_true",

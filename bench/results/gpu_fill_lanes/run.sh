@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue #32, SmolLM2's shape at batch 16 under a grammar (goal: within 5% of free). The served fill is a pool of
+# 8 threads over 8 lanes (chat/grammar.Grammars(lanes=), runner/options.auto_grammar_threads); on the items grammar
+# a step's fill is set by its costliest rows (~0.3 ms each on a 2-core EPYC: a string under `[a-z ]{4,24}`, where
+# 33k of the 49k tokens are allowed and llguidance's slices do not apply; most rows take 5-10 us).
+#
+#   STAGES="regress lanes split" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh   # carry .whl, .cache/smollm2-tokenizer
+#
+# regress: every GPU test (bench/gpu_check.sh tests);
+# lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
+#          tool-call grammar), alternated over three rounds (bench/engine_cuda.py --mask-threads-ab);
+# split:   the host's turn by part at SmolLM2 batch 16, free, items and tool calls (engine_cuda_profile --host-split).
+# Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
+cd "$(dirname "$0")/../../.."
+. bench/device_env.sh gpu_fill_lanes  # out, PY, log, left, stage, regress, engine_bench, pack
+for s in ${STAGES:-regress lanes split}; do
+  case $s in
+    regress) regress ;;
+    lanes) stage lanes
+      timeout "$(( $(left) < 170 ? $(left) - 5 : 170 ))" $PY bench/engine_cuda.py --shapes smollm2-135m --batches= \
+        --grammar-batches 16 --grammar-rounds 3 --grammar-tools --tokens 64 --skip-transformers --peer-batches= --ttft= \
+        --parts-batches= --mask-threads-ab "${POOLS:-8x16,12x12,16x16,8x8t,16x16t}" --budget-s 160 --out "$out/lanes" \
+        >"$out/lanes.log" 2>&1
+      echo "lanes rc=$?" | tee -a "$log"; grep -E "^\| smollm2" "$out/lanes/engine_cuda.md" | tail -n 12 | tee -a "$log" ;;
+    split) stage split
+      timeout "$(( $(left) < 120 ? $(left) - 5 : 120 ))" $PY bench/engine_cuda_profile.py --shape smollm2-135m \
+        --batch 16 --tokens 400 --host-split free,items,tools --rounds 2 >"$out/split.log" 2>&1
+      echo "split rc=$?" | tee -a "$log"; grep -E "^## |tok/s|fill|masks|accept|output" "$out/split.log" | tail -n 40 | tee -a "$log" ;;
+  esac
+done
+pack  # everything in $out/all.tgz
