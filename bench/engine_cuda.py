@@ -209,10 +209,10 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
                 on_step: Callable[[], None] | None = None) -> dict[str, float]:
     """`batch` prompts of PROMPT random tokens through the served engine's loop (Scheduler.step,
     not a copy of it), greedy, EOS ignored, each to WARM + `tokens` tokens: the decode rate from
-    when every sequence has WARM tokens to the last token read. overlap: async decode (else each
-    step's tokens are read before the next step is launched); grammar: a factory of each row's
-    grammar state (masks on); mask_threads: llguidance's threads for the masks (None: the engine's
-    default, one); on_step: called after each of the scheduler's steps (a profiler's schedule)."""
+    when every sequence has WARM tokens to the last token read while all `batch` rows ran. overlap:
+    async decode (else each step's tokens are read before the next step is launched); grammar: a
+    factory of each row's grammar state (masks on); mask_threads: llguidance's threads for the masks
+    (None: the engine's default, runner/options.auto_grammar_threads); on_step: called after each of the scheduler's steps (a profiler's schedule)."""
     tok = tok or Letters()
     sched = Scheduler(served_runner(m), tok, m.max_slots, m.max_len, overlap=overlap)
     hi = min(vocab, tok.vocab_size)
@@ -224,7 +224,8 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     if grammar is not None and mask_threads is not None:
         from switchyard.engine.chat.grammar import GrammarMasker
         sched.output.masker = GrammarMasker(seqs[0].grammar.vocab_size or vocab, threads=mask_threads)
-    marks: list[tuple[float, int, int]] = []  # after each turn: time, tokens so far, the fewest a row has
+    # after each turn: time, tokens so far, the fewest a row has, whether a row has finished
+    marks: list[tuple[float, int, int, bool]] = []
     fills: list[float] = []
     readies: list[float] = []  # masks filled ahead: submission to ticket (0 in line), a step each as `fills`
     t0 = time.perf_counter()
@@ -234,13 +235,16 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
             if on_step is not None:
                 on_step()
             n = [len(s.out) for s in seqs]
-            marks.append((time.perf_counter(), sum(n), min(n)))
+            marks.append((time.perf_counter(), sum(n), min(n), any(s.finished for s in seqs)))
             if grammar is not None and sched.output.masker is not None:
                 fills.append(sched.output.masker.last_fill_s)
                 readies.append(sched.output.masker.last_ready_s)
     sync(m.device)
     k = next(i for i, mk in enumerate(marks) if mk[2] >= WARM)
-    (t1, n1, _), (t2, n2, _) = marks[k], marks[-1]
+    # The clock stops at the first turn a row finished on (a tool call's row may end early): later steps
+    # run fewer rows, and a rate over them would not be batch `batch`'s.
+    end = next((i for i, mk in enumerate(marks) if i > k and mk[3]), len(marks) - 1)
+    (t1, n1, *_), (t2, n2, *_) = marks[k], marks[end]
     dt = max(t2 - t1, 1e-9)
     r = {"tok_s": (n2 - n1) / dt, "step_ms": dt / max(1, (n2 - n1) / batch) * 1000, "ready_s": t1 - t0}
     if fills:
