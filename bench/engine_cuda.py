@@ -178,8 +178,8 @@ def served_runner(m: Decoder) -> Runner:
 
 def grammar_constraint(tool_calls: bool = False) -> Any:
     """GRAMMAR_SCHEMA's constraint, or with tool_calls a `tool_choice: required` call of
-    bench/grammar.py's two tools (plain strings, where llguidance's slices apply; a row whose call
-    is complete stops early)."""
+    bench/grammar.py's two tools (plain strings, where llguidance's slices apply; under
+    grammar_factory a row whose call is complete starts another)."""
     from switchyard.engine.chat.structured import constraint
 
     if tool_calls:
@@ -195,13 +195,28 @@ def grammar_constraint(tool_calls: bool = False) -> Any:
 
 def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int | None = None) -> Any:
     """A fresh matcher per call of grammar_constraint(tool_calls)'s grammar, compiled once per lane
-    (chat/grammar.Grammars; None: as many as a GPU replica's fill threads, as served)."""
-    from switchyard.engine.chat.grammar import Grammars
-    from switchyard.engine.runner.options import auto_grammar_threads
+    (chat/grammar.Grammars; None: a GPU replica's lanes, as served). A tool call's row starts
+    another call when one is complete (its matcher reset, as bench/grammar_fill_threads.py's
+    streams do), so that no row finishes early and a batch stays whole to the end."""
+    from switchyard.engine.chat.grammar import Grammars, GrammarState
+    from switchyard.engine.runner.options import auto_grammar_threads, grammar_lanes
 
-    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=lanes or auto_grammar_threads("cuda"))
+    class EndlessCalls(GrammarState):
+        def accept(self, token: int) -> None:
+            super().accept(token)
+            if not self.failed and self.matcher.is_stopped():
+                self.matcher.reset()
+
+    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids),
+                 lanes=lanes or grammar_lanes(auto_grammar_threads("cuda")))
     c = grammar_constraint(tool_calls)
-    return lambda: g.compile(c)
+    if not tool_calls:
+        return lambda: g.compile(c)
+
+    def endless() -> GrammarState:
+        s = g.compile(c)
+        return EndlessCalls(s.matcher, vocab_size=s.vocab_size, lane=s.lane)
+    return endless
 
 
 def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: bool = True, tok: Any = None,

@@ -13,6 +13,7 @@ from switchyard.engine.errors import ConfigError
 from switchyard.engine.runner.options import (
     AUTO_GRAMMAR_THREADS,
     AVERAGE_SEQ_TOKENS,
+    LANES_PER_THREAD,
     EngineOptions,
     auto_grammar_threads,
     auto_kv_blocks,
@@ -89,6 +90,9 @@ def test_options_are_checked_once_from_flags_and_files(tmp_path: Path) -> None:
     assert EngineOptions(model_path=tmp_path, device="cuda").fill_threads == auto_grammar_threads("cuda")
     assert 1 <= auto_grammar_threads("cuda") <= min(AUTO_GRAMMAR_THREADS, max(1, (os.cpu_count() or 2) // 2))
     assert EngineOptions.from_mapping({"model_path": "x", "grammar-threads": 3}).fill_threads == 3
+    # Each grammar's compilations: one for one thread (nothing shared), LANES_PER_THREAD a thread for a pool.
+    assert EngineOptions(model_path=tmp_path).fill_lanes == 1
+    assert EngineOptions(model_path=tmp_path, grammar_threads=3).fill_lanes == 3 * LANES_PER_THREAD
     with pytest.raises(ConfigError, match="--grammar-threads must be at least 0"):
         EngineOptions(model_path=tmp_path, grammar_threads=-1)
     for bad, why in (({"model_path": "x", "max_num_seqs": "4"}, "must be int"),

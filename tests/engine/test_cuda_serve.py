@@ -24,7 +24,7 @@ from engine_support import EngineServer, get
 
 from switchyard.engine.model.config import ModelConfig
 from switchyard.engine.model.random_weights import SMOLLM2_135M, random_weights
-from switchyard.engine.runner.options import auto_grammar_threads
+from switchyard.engine.runner.options import auto_grammar_threads, grammar_lanes
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 
@@ -106,7 +106,7 @@ def test_health_says_gpu_fused_kernels_and_structured_output(server: EngineServe
     assert dev["device"].startswith("cuda") and dev["decode_kernels"] == "fused" and dev["cuda_graphs"] is True
     assert dev["prefill_kernels"] == "fused"
     assert h["structured_output"]["supported"]
-    assert h["structured_output"]["lanes"] == auto_grammar_threads("cuda")  # the masks' fill threads, auto
+    assert h["structured_output"]["lanes"] == grammar_lanes(auto_grammar_threads("cuda"))  # the fill pool's, auto
 
 
 def test_concurrent_constrained_replies_validate_through_the_fill_pool_on_the_gpu(server: EngineServer) -> None:

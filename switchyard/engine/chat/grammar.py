@@ -41,11 +41,13 @@ class Grammars:
     of one compiled grammar share its lexer, so a pool filling their masks contends on it (2
     threads: 0.95-1.06x the in-line fill, bench/results/grammar_fill_threads.md). `lanes`: each
     grammar compiled once per lane, on the first request dealt to that lane (requests go to the
-    lanes in turn), so that each of the masker's `threads` fills rows that share no lexer with
-    another thread's (GrammarMasker sorts a step's rows by lane). With the fill on the masker's own
-    thread (filled ahead), a pool of 8 with 8 lanes ran SmolLM2's shape at batch 16 under the items
-    grammar 1.80x as fast as one fill thread (bench/results/gpu_step_cuts, call 2); filled in line,
-    on the engine's thread, it had lost (bench/results/gpu_grammar_lanes).
+    lanes in turn), so that the masker's `threads` fill rows that share no lexer (GrammarMasker
+    sorts a step's rows by lane). With the fill on the masker's own thread (filled ahead), a pool
+    of 8 with 8 lanes ran SmolLM2's shape at batch 16 under the items grammar 1.80x as fast as one
+    fill thread (bench/results/gpu_step_cuts, call 2), and over 16 lanes (a GPU replica's,
+    runner/options.fill_lanes: a lane for each row of a batch of 16) 1.15-1.28x as fast again
+    (bench/results/gpu_fill_lanes); filled in line, on the engine's thread, the lanes had lost
+    (bench/results/gpu_grammar_lanes).
     """
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int], cache_size: int = 256,

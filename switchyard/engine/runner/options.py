@@ -19,9 +19,13 @@ DTYPES = ("auto", "float32", "bfloat16", "int4")
 DECODE_KERNELS = ("auto", "fused", "torch")
 DEVICES = ("cpu", "cuda")
 # GPU replicas fill a step's grammar masks with up to this many threads, each row's grammar compiled
-# once per thread (chat/grammar.Grammars' lanes): SmolLM2's shape at batch 16 under the items grammar
+# once per lane (chat/grammar.Grammars' lanes): SmolLM2's shape at batch 16 under the items grammar
 # ran 1.80x as fast with 8 as with one (0.89x of free decoding; H100, bench/results/gpu_step_cuts call 2).
 AUTO_GRAMMAR_THREADS = 8
+# A pool's lanes per fill thread: with twice as many lanes as threads, the rows of a batch of up to that
+# many share no lexer (the pool's threads take rows as they come, not a lane each): 8 threads over 16
+# lanes ran SmolLM2's batch 16 1.15-1.28x as fast as over 8 (H100, bench/results/gpu_fill_lanes call 1).
+LANES_PER_THREAD = 2
 # The auto KV pool: one sequence of the whole window, the others at this many tokens on
 # average (an agent turn is rarely near the window, and preemption handles the rare crowd).
 AVERAGE_SEQ_TOKENS = 2048
@@ -77,8 +81,14 @@ class EngineOptions:
 
     @property
     def fill_threads(self) -> int:
-        """The grammar masks' fill threads (and each grammar's compilations): --grammar-threads, or auto."""
+        """The grammar masks' fill threads: --grammar-threads, or auto."""
         return self.grammar_threads or auto_grammar_threads(self.device)
+
+    @property
+    def fill_lanes(self) -> int:
+        """Each grammar's compilations (chat/grammar.Grammars' lanes): LANES_PER_THREAD a fill thread
+        with a pool, one without (one thread shares nothing)."""
+        return grammar_lanes(self.fill_threads)
 
     @property
     def backend(self) -> str:
@@ -127,6 +137,11 @@ def auto_kv_blocks(max_num_seqs: int, max_len: int, block_size: int) -> int:
 
 def _flag(name: str) -> str:
     return {"collective_timeout_s": "collective-timeout"}.get(name, name.replace("_", "-"))
+
+
+def grammar_lanes(threads: int) -> int:
+    """The lanes for a pool of `threads` fill threads (options.fill_lanes)."""
+    return threads * LANES_PER_THREAD if threads > 1 else 1
 
 
 def auto_grammar_threads(device: str) -> int:

@@ -39,7 +39,7 @@ def _structured_output(state: EngineState, runner: Runner) -> None:
     assert state.tokenizer is not None and runner.config is not None
     try:
         state.grammars = Grammars(state.tokenizer.tok.to_str(), runner.config.vocab_size,
-                                  sorted(state.tokenizer.eos_ids), lanes=runner.opts.fill_threads)
+                                  sorted(state.tokenizer.eos_ids), lanes=runner.opts.fill_lanes)
     except Exception as e:  # a tokenizer llguidance cannot read
         state.grammars_reason = f"{type(e).__name__}: {e}"
         log.warning("structured output unavailable: %s", state.grammars_reason)
