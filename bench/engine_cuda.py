@@ -277,22 +277,28 @@ def _knob(module: str, owner: str | None, attr: str, value: Any) -> tuple[Any, s
     return (getattr(m, owner) if owner else m, attr, value)
 
 
-def grammar_variants() -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
+def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
     """--grammar-ab's variants of the loop, by name: (under the grammar or free, the knobs set for one
     decode): the masks filled the other way than the tree's GrammarMasker.AHEAD (in line on the
     engine's thread, or ahead on the masker's). (Until 2026-12-06 also torch's masking ops and the
     sampling stage's host cuts undone, bench/results/gpu_host_cuts; until the masks filled ahead were
-    served, a 10 us GIL switch interval for them, which lost: bench/results/gpu_grammar_ahead.)"""
+    served, a 10 us GIL switch interval for them, which lost: bench/results/gpu_grammar_ahead.)
+    switches_us: also the served fill under each of these GIL switch intervals (GrammarMasker.SWITCH_S,
+    set for the process when a decode's fill thread starts)."""
     from switchyard.engine.chat.grammar import GrammarMasker
 
     served = GrammarMasker.AHEAD
     other = _knob("switchyard.engine.chat.grammar", "GrammarMasker", "AHEAD", not served)
-    return {"grammar, in line" if served else "grammar, filled ahead": (True, [other])}
+    out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other])}
+    for us in switches_us:
+        out[f"grammar, {us} us switch"] = (True, [_knob("switchyard.engine.chat.grammar", "GrammarMasker",
+                                                        "SWITCH_S", us * 1e-6)])
+    return out
 
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
                    add: Callable[..., None], log: Callable[[str], None], tool_calls: Any = None,
-                   pools: tuple[str, ...] = (), gtok: Any = None) -> None:
+                   pools: tuple[str, ...] = (), gtok: Any = None, switches_us: tuple[int, ...] = ()) -> None:
     """Free and grammar decoding (and with `ab` grammar_variants() and the masks filled by one thread;
     with `tool_calls`, a factory, the tool-call grammar; with `pools`, the masks filled by llguidance's
     pool: an entry T, of T threads, the rows' matchers copied from one compilation, and from one per
@@ -304,7 +310,7 @@ def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens:
         ("ours (async)", [], None, None), ("ours (async, grammar)", [], make, None)]
     if ab:
         engines += [(f"ours (async, {k})", knobs, make if constrained else None, None)
-                    for k, (constrained, knobs) in grammar_variants().items()]
+                    for k, (constrained, knobs) in grammar_variants(switches_us).items()]
         engines.append(("ours (async, grammar, one fill thread)", [], grammar_factory(gtok, lanes=1), 1))
     if tool_calls is not None:
         engines.append(("ours (async, grammar, tool calls)", [], tool_calls, None))
@@ -475,7 +481,8 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
                 if a.grammar_rounds > 1:
                     grammar_rounds(m, b, make, a.grammar_rounds, a.grammar_ab, tokens, c.vocab_size, tok, add, log,
                                    grammar_factory(gtok, tool_calls=True) if a.grammar_tools else None,
-                                   tuple(x for x in a.mask_threads_ab.split(",") if x) if b >= 4 else (), gtok)
+                                   tuple(x for x in a.mask_threads_ab.split(",") if x) if b >= 4 else (), gtok,
+                                   tuple(ints(a.switch_ab)))
                     continue
                 if b not in batches:
                     decode("ours (async)", m, b)
@@ -658,6 +665,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="> 1: free and grammar decoding alternated this many times a batch, medians reported")
     ap.add_argument("--grammar-ab", action="store_true",
                     help="with --grammar-rounds: also engine_cuda.grammar_variants() (the masks filled the other way)")
+    ap.add_argument("--switch-ab", default="", help="with --grammar-ab: also the served fill under these GIL "
+                    "switch intervals, us (e.g. 50,20; served: GrammarMasker.SWITCH_S)")
     ap.add_argument("--grammar-tools", action="store_true",
                     help="with --grammar-rounds: also a tool-call grammar (plain strings) in the same rounds")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")

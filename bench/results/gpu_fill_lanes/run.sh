@@ -4,18 +4,34 @@
 # a step's fill is set by its costliest rows (~0.3 ms each on a 2-core EPYC: a string under `[a-z ]{4,24}`, where
 # 33k of the 49k tokens are allowed and llguidance's slices do not apply; most rows take 5-10 us).
 #
-#   STAGES="regress lanes split" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh   # carry .whl, .cache/smollm2-tokenizer
+#   STAGES="regress lanes split" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh   # call 1; carry .whl, .cache/smollm2-tokenizer
+#   STAGES="serve ab" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh               # call 2: 16 lanes served
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
 #          tool-call grammar), alternated over three rounds (bench/engine_cuda.py --mask-threads-ab);
-# split:   the host's turn by part at SmolLM2 batch 16, free, items and tool calls (engine_cuda_profile --host-split).
+# split:   the host's turn by part at SmolLM2 batch 16, free, items and tool calls (engine_cuda_profile --host-split);
+# serve:   tests/engine/test_cuda_serve.py (the served engine on the GPU: /health's lanes, the fill pool);
+# ab:      grammar / free at batch 1 and 16, SmolLM2's and the 8B's shape, items and tool calls, the served fill
+#          against in line, one fill thread, 8 threads over 8 lanes (call 1's served: $AB_POOLS) and GIL switch
+#          intervals of $SWITCHES us, alternated (three rounds).
 # Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_fill_lanes  # out, PY, log, left, stage, regress, engine_bench, pack
 for s in ${STAGES:-regress lanes split}; do
   case $s in
     regress) regress ;;
+    serve) stage serve
+      timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_serve.py \
+        >"$out/serve.log" 2>&1
+      echo "serve rc=$?" | tee -a "$log"; tail -n 2 "$out/serve.log" | tee -a "$log" ;;
+    ab) stage ab
+      timeout "$(( $(left) < 260 ? $(left) - 5 : 260 ))" $PY bench/engine_cuda.py --shapes smollm2-135m,llama-8b \
+        --batches= --grammar-batches 1,16 --grammar-rounds 3 --grammar-ab --switch-ab "${SWITCHES:-50,20}" --grammar-tools \
+        --mask-threads-ab "${AB_POOLS:-8x8}" --tokens 64 --skip-transformers --peer-batches= --ttft= --parts-batches= \
+        --budget-s 250 --out "$out/ab" \
+        >"$out/ab.log" 2>&1
+      echo "ab rc=$?" | tee -a "$log"; grep -E "^\| (smollm2|llama)" "$out/ab/engine_cuda.md" | tail -n 16 | tee -a "$log" ;;
     lanes) stage lanes
       timeout "$(( $(left) < 170 ? $(left) - 5 : 170 ))" $PY bench/engine_cuda.py --shapes smollm2-135m --batches= \
         --grammar-batches 16 --grammar-rounds 3 --grammar-tools --tokens 64 --skip-transformers --peer-batches= --ttft= \
