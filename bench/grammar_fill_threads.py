@@ -24,6 +24,12 @@ under the mask), then replayed through each layout, the layouts alternated round
 
 T = 1 is the in-line fill. A step's time is from the first row's fill to the last's (the threads
 handed their rows and joined, as a masker would). Medians of the steps, then of the rounds.
+
+--row-costs: instead, each row's fill timed alone (one thread): the percentiles of a row's time, a
+step's sum and its costliest row (no pool can fill a step faster than that row), and the text before
+the costliest fills with the number of tokens their masks allowed:
+
+  PYTHONPATH=. python bench/grammar_fill_threads.py --row-costs
 """
 
 from __future__ import annotations
@@ -144,12 +150,50 @@ def replay_engine(tok: Any, c: Any, tokens: list[list[int]], threads: int) -> fl
     return statistics.median(times) * 1000
 
 
+def row_costs(lt: Any, V: int, name: str, lark: str, rows: int, steps: int, slow_us: float = 150) -> None:
+    """Each row's fill timed alone over random-weight token streams (see --row-costs)."""
+    import collections
+
+    tokens = streams(lt, V, lark, rows, steps, seed=0)
+    r = Rows([lt], lark, rows, 1, "copies")
+    words = (V + 31) // 32
+    bm = torch.full((rows, words), -1, dtype=torch.int32)
+    bits = 1 << torch.arange(32, dtype=torch.int64)
+    each: list[float] = []
+    sums: list[float] = []
+    worst: list[float] = []
+    slow: collections.Counter[tuple[str, int]] = collections.Counter()
+    for s in range(steps):
+        ts = []
+        for i in range(rows):
+            t0 = time.perf_counter()
+            r.m[i].unsafe_compute_mask_ptr(bm.data_ptr() + i * words * 4, words * 4)
+            ts.append(time.perf_counter() - t0)
+            if ts[-1] * 1e6 > slow_us:
+                allowed = int(((bm[i].to(torch.int64).unsqueeze(-1) & bits) != 0).sum())
+                text = lt.decode_str([t if t >= 0 else ~t for t in tokens[i][:s]])
+                slow[(text[-24:], allowed)] += 1
+        each += ts
+        sums.append(sum(ts))
+        worst.append(max(ts))
+        for m, row in zip(r.m, tokens, strict=True):
+            take(m, row[s])
+
+    def us(v: list[float], q: float) -> str:
+        return f"{sorted(v)[int(q * (len(v) - 1))] * 1e6:.0f}"
+    print(f"  {name:5s} a row's fill, us: p50 {us(each, .5)}, p90 {us(each, .9)}, p99 {us(each, .99)}; a step's sum "
+          f"p50 {us(sums, .5)}; its costliest row p50 {us(worst, .5)}, p90 {us(worst, .9)}")
+    for (text, allowed), n in slow.most_common(5):
+        print(f"        {n:4d} fills over {slow_us:.0f} us after ...{text!r}: {allowed} tokens allowed")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (1: in line)")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--row-costs", action="store_true", help="each row's fill timed alone (see above)")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
     tok = tokenizer()
@@ -158,10 +202,14 @@ def main() -> None:
             for _ in range(max(threads))]
     from switchyard.engine.backends.cpu.native import cpu_model
 
-    print(f"{cpu_model()}, llguidance {getattr(llguidance, '__version__', '?')}, {a.rows} rows, {a.steps} steps, "
-          f"{a.rounds} rounds; ms a step's fill (median of steps; median and range of rounds)")
+    print(f"{cpu_model()}, llguidance {getattr(llguidance, '__version__', '?')}, {a.rows} rows, {a.steps} steps"
+          + ("; each row's fill alone" if a.row_costs else
+             f", {a.rounds} rounds; ms a step's fill (median of steps; median and range of rounds)"))
     for name, c in grammars().items():
         lark = c.grammar
+        if a.row_costs:
+            row_costs(toks[0], V, name, lark, a.rows, a.steps)
+            continue
         tokens = streams(toks[0], V, lark, a.rows, a.steps, seed=0)
         res: dict[tuple[str, int], list[float]] = {}
         for _ in range(a.rounds):
