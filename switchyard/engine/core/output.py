@@ -42,7 +42,7 @@ class OutputStage:
     def __init__(self, tokenizer: ChatTokenizer, max_model_len: int, grammar_threads: int = 1) -> None:
         self.tok = tokenizer
         self.max_model_len = max_model_len
-        self.grammar_threads = grammar_threads  # the masker's fill threads (as many as Grammars' lanes)
+        self.grammar_threads = grammar_threads  # the masker's fill threads (Grammars' lanes: options.fill_lanes)
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0, "preemptions": 0}
         self.finished_by_reason: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
         self.ttft: list[float] = []

@@ -83,8 +83,9 @@ def engine_serve(
              "as vLLM's --quantization fp8), decode stays on the bf16 weights; costs an FP8 copy of the "
              "projections (about 7 GB for an 8B model)"),
     grammar_threads: int = typer.Option(
-        0, help="Threads filling a step's grammar masks (structured output, tool calls), each request's grammar "
-                "compiled once per thread (0: auto: up to 8, half the host's cores, on a GPU; 1 on a CPU)"),
+        0, help="Threads filling a step's grammar masks (structured output, tool calls); with more than one, "
+                "each grammar is compiled for twice as many lanes (0: auto: up to 8, half the host's cores, on a "
+                "GPU; 1 on a CPU)"),
 ) -> None:
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
