@@ -6,12 +6,13 @@
 #
 #   STAGES="regress lanes split" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh   # call 1; carry .whl, .cache/smollm2-tokenizer
 #   STAGES="serve ab" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh               # call 2: 16 lanes served
-#   TOOLS=1 STAGES="full regress" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh   # call 3: the final tree
+#   TOOLS=1 STAGES="gil ab regress full" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh   # call 3: the final tree
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
 #          tool-call grammar), alternated over three rounds (bench/engine_cuda.py --mask-threads-ab);
 # split:   the host's turn by part at SmolLM2 batch 16, free, items and tool calls (engine_cuda_profile --host-split);
+# gil:     bench/gil_handoff.py (a hand-over between two Python threads);
 # full:    ours and the compiled peer at batches 1, 16, 64 (both shapes), grammar at 1 and 16;
 # serve:   tests/engine/test_cuda_serve.py (the served engine on the GPU: /health's lanes, the fill pool);
 # ab:      grammar / free at batch 1 and 16, SmolLM2's and the 8B's shape, items and tool calls, the served fill
@@ -23,6 +24,8 @@ cd "$(dirname "$0")/../../.."
 for s in ${STAGES:-regress lanes split}; do
   case $s in
     regress) regress ;;
+    gil) stage gil  # what a hand-over between two Python threads costs on this host (bench/gil_handoff.py)
+      timeout 60 $PY bench/gil_handoff.py >"$out/gil.log" 2>&1; echo "gil rc=$?" | tee -a "$log"; tee -a "$log" <"$out/gil.log" ;;
     full) BATCHES=1,16,64 engine_bench smollm2-135m,llama-8b 1,16 ;;  # ours and the compiled peer (TOOLS=1: tool calls)
     serve) stage serve
       timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_serve.py \
