@@ -227,7 +227,8 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     when every sequence has WARM tokens to the last token read while all `batch` rows ran. overlap:
     async decode (else each step's tokens are read before the next step is launched); grammar: a
     factory of each row's grammar state (masks on); mask_threads: llguidance's threads for the masks
-    (None: the engine's default, runner/options.auto_grammar_threads); on_step: called after each of the scheduler's steps (a profiler's schedule)."""
+    (None: the engine's default, runner/options.auto_grammar_threads); on_step: called after each of
+    the scheduler's steps (a profiler's schedule)."""
     tok = tok or Letters()
     sched = Scheduler(served_runner(m), tok, m.max_slots, m.max_len, overlap=overlap)
     hi = min(vocab, tok.vocab_size)

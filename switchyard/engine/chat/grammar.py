@@ -45,8 +45,8 @@ class Grammars:
     sorts a step's rows by lane). With the fill on the masker's own thread (filled ahead), a pool
     of 8 with 8 lanes ran SmolLM2's shape at batch 16 under the items grammar 1.80x as fast as one
     fill thread (bench/results/gpu_step_cuts, call 2), and over 16 lanes (a GPU replica's,
-    runner/options.fill_lanes: a lane for each row of a batch of 16) 1.15-1.28x as fast again
-    (bench/results/gpu_fill_lanes); filled in line, on the engine's thread, the lanes had lost
+    runner/options.fill_lanes: a lane for each row of a batch of 16) 1.13-1.17x as fast again
+    (bench/results/gpu_fill_lanes, two calls); filled in line, on the engine's thread, the lanes had lost
     (bench/results/gpu_grammar_lanes).
     """
 

@@ -24,7 +24,7 @@ DEVICES = ("cpu", "cuda")
 AUTO_GRAMMAR_THREADS = 8
 # A pool's lanes per fill thread: with twice as many lanes as threads, the rows of a batch of up to that
 # many share no lexer (the pool's threads take rows as they come, not a lane each): 8 threads over 16
-# lanes ran SmolLM2's batch 16 1.15-1.28x as fast as over 8 (H100, bench/results/gpu_fill_lanes call 1).
+# lanes ran SmolLM2's batch 16 1.13-1.17x as fast as over 8 (H100s, bench/results/gpu_fill_lanes calls 1-2).
 LANES_PER_THREAD = 2
 # The auto KV pool: one sequence of the whole window, the others at this many tokens on
 # average (an agent turn is rarely near the window, and preemption handles the rare crowd).
