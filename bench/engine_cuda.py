@@ -220,14 +220,15 @@ def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int | None = None
 
 
 def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: bool = True, tok: Any = None,
-                grammar: Any = None, mask_threads: int | None = None,
+                grammar: Any = None, mask_threads: int | Callable[[], Any] | None = None,
                 on_step: Callable[[], None] | None = None) -> dict[str, float]:
     """`batch` prompts of PROMPT random tokens through the served engine's loop (Scheduler.step,
     not a copy of it), greedy, EOS ignored, each to WARM + `tokens` tokens: the decode rate from
     when every sequence has WARM tokens to the last token read while all `batch` rows ran. overlap:
     async decode (else each step's tokens are read before the next step is launched); grammar: a
     factory of each row's grammar state (masks on); mask_threads: llguidance's threads for the masks
-    (None: the engine's default, runner/options.auto_grammar_threads); on_step: called after each of
+    (None: the engine's default, runner/options.auto_grammar_threads), or a factory of the masker
+    (grammar_fill_process.ProcessMasker); on_step: called after each of
     the scheduler's steps (a profiler's schedule)."""
     tok = tok or Letters()
     sched = Scheduler(served_runner(m), tok, m.max_slots, m.max_len, overlap=overlap)
@@ -237,7 +238,9 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
                      grammar=grammar() if grammar is not None else None) for _ in range(batch)]
     for s in seqs:
         sched.submit(s)
-    if grammar is not None and mask_threads is not None:
+    if grammar is not None and callable(mask_threads):
+        sched.output.masker = mask_threads()
+    elif grammar is not None and mask_threads is not None:
         from switchyard.engine.chat.grammar import GrammarMasker
         sched.output.masker = GrammarMasker(seqs[0].grammar.vocab_size or vocab, threads=mask_threads)
     # after each turn: time, tokens so far, the fewest a row has, whether a row has finished
@@ -299,15 +302,17 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
                    add: Callable[..., None], log: Callable[[str], None], tool_calls: Any = None,
-                   pools: tuple[str, ...] = (), gtok: Any = None, switches_us: tuple[int, ...] = ()) -> None:
+                   pools: tuple[str, ...] = (), gtok: Any = None, switches_us: tuple[int, ...] = (),
+                   process_fill: bool = False) -> None:
     """Free and grammar decoding (and with `ab` grammar_variants() and the masks filled by one thread;
     with `tool_calls`, a factory, the tool-call grammar; with `pools`, the masks filled by llguidance's
     pool: an entry T, of T threads, the rows' matchers copied from one compilation, and from one per
-    thread; TxL, of T threads over L lanes (Grammars(lanes=L)); TxLt, the same under the tool-call grammar)
+    thread; TxL, of T threads over L lanes (Grammars(lanes=L)); TxLt, the same under the tool-call grammar;
+    with `process_fill`, the masks filled by a process of their own, bench/grammar_fill_process.py)
     alternated `rounds` times at batch b; each figure the median of its rounds, so a ratio compares
     neighbours in time rather than two points minutes apart."""
     runs: dict[str, list[dict[str, float]]] = {}
-    engines: list[tuple[str, list[tuple[Any, str, Any]], Any, int | None]] = [
+    engines: list[tuple[str, list[tuple[Any, str, Any]], Any, Any]] = [
         ("ours (async)", [], None, None), ("ours (async, grammar)", [], make, None)]
     if ab:
         engines += [(f"ours (async, {k})", knobs, make if constrained else None, None)
@@ -315,6 +320,12 @@ def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens:
         engines.append(("ours (async, grammar, one fill thread)", [], grammar_factory(gtok, lanes=1), 1))
     if tool_calls is not None:
         engines.append(("ours (async, grammar, tool calls)", [], tool_calls, None))
+    if process_fill:
+        from grammar_fill_process import process_fill as fill_in_process
+
+        for tools in (False, True) if tool_calls is not None else (False,):
+            engines.append((f"ours (async, grammar, fill process{', tool calls' if tools else ''})", [],
+                            *fill_in_process(gtok, grammar_constraint(tools), tools)))
     for pool in pools:
         threads, _, lanes = pool.partition("x")
         if not lanes:
@@ -327,13 +338,22 @@ def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens:
         lanes = lanes.removesuffix("t")
         engines.append((f"ours (async, grammar, pool of {threads} over {lanes} lanes{', tool calls' if tools else ''})",
                         [], grammar_factory(gtok, tool_calls=tools, lanes=int(lanes)), int(threads)))
+    failed: set[str] = set()
     for i in range(rounds):
         for engine, knobs, grammar, threads in engines:
+            if engine in failed:
+                continue
             saved = [(h, k, getattr(h, k)) for h, k, _ in knobs]
             for h, k, v in knobs:
                 setattr(h, k, v)
             try:
                 r = decode_rate(m, b, tokens, vocab, tok=tok, grammar=grammar, mask_threads=threads)
+            except Exception as e:  # a prototype's failure (the fill process) must not lose the other figures
+                if "fill process" not in engine:
+                    raise
+                log(f"    round {i} b={b} {engine}: FAILED {type(e).__name__}: {str(e)[:200]}")
+                failed.add(engine)
+                continue
             finally:
                 for h, k, v in saved:
                     setattr(h, k, v)
@@ -483,7 +503,7 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
                     grammar_rounds(m, b, make, a.grammar_rounds, a.grammar_ab, tokens, c.vocab_size, tok, add, log,
                                    grammar_factory(gtok, tool_calls=True) if a.grammar_tools else None,
                                    tuple(x for x in a.mask_threads_ab.split(",") if x) if b >= 4 else (), gtok,
-                                   tuple(ints(a.switch_ab)))
+                                   tuple(ints(a.switch_ab)), a.process_fill)
                     continue
                 if b not in batches:
                     decode("ours (async)", m, b)
@@ -668,6 +688,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="with --grammar-rounds: also engine_cuda.grammar_variants() (the masks filled the other way)")
     ap.add_argument("--switch-ab", default="", help="with --grammar-ab: also the served fill under these GIL "
                     "switch intervals, us (e.g. 50,20; served: GrammarMasker.SWITCH_S)")
+    ap.add_argument("--process-fill", action="store_true", help="with --grammar-rounds: also the masks filled "
+                    "by a process of their own (bench/grammar_fill_process.py; with --grammar-tools, both grammars)")
     ap.add_argument("--grammar-tools", action="store_true",
                     help="with --grammar-rounds: also a tool-call grammar (plain strings) in the same rounds")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")
