@@ -8,6 +8,8 @@
 #   STAGES="serve ab" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh               # call 2: 16 lanes served
 #   PROCESS=1 SWITCHES= STAGES="gil ab regress" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh   # call 3: the fill
 #   in a process (bench/grammar_fill_process.py) beside the served fill, and every GPU test on the final tree
+#   AB_SHAPES=smollm2-135m AB_ROUNDS=5 PROCESS=1 SWITCHES= STAGES=ab OUT=$OUT bash ...run.sh   # call 4: the process's
+#   row table written at once
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
@@ -33,8 +35,8 @@ for s in ${STAGES:-regress lanes split}; do
         >"$out/serve.log" 2>&1
       echo "serve rc=$?" | tee -a "$log"; tail -n 2 "$out/serve.log" | tee -a "$log" ;;
     ab) stage ab
-      timeout "$(( $(left) < 260 ? $(left) - 5 : 260 ))" $PY bench/engine_cuda.py --shapes smollm2-135m,llama-8b \
-        --batches= --grammar-batches 1,16 --grammar-rounds 3 --grammar-ab --switch-ab "${SWITCHES-50,20}" --grammar-tools ${PROCESS:+--process-fill} \
+      timeout "$(( $(left) < 260 ? $(left) - 5 : 260 ))" $PY bench/engine_cuda.py --shapes "${AB_SHAPES:-smollm2-135m,llama-8b}" \
+        --batches= --grammar-batches 1,16 --grammar-rounds "${AB_ROUNDS:-3}" --grammar-ab --switch-ab "${SWITCHES-50,20}" --grammar-tools ${PROCESS:+--process-fill} \
         --mask-threads-ab "${AB_POOLS:-8x8}" --tokens 64 --skip-transformers --peer-batches= --ttft= --parts-batches= \
         --budget-s 250 --out "$out/ab" \
         >"$out/ab.log" 2>&1
