@@ -199,6 +199,7 @@ def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int | None = None
     another call when one is complete (its matcher reset, as bench/grammar_fill_threads.py's
     streams do), so that no row finishes early and a batch stays whole to the end."""
     from switchyard.engine.chat.grammar import Grammars, GrammarState
+    from switchyard.engine.chat.grammar_process import RESET
     from switchyard.engine.runner.options import auto_grammar_threads, grammar_lanes
 
     class EndlessCalls(GrammarState):
@@ -206,6 +207,8 @@ def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int | None = None
             super().accept(token)
             if not self.failed and self.matcher.is_stopped():
                 self.matcher.reset()
+                if self.new is not None:  # a fill process's mirror resets too
+                    self.new.append(RESET)
 
     g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids),
                  lanes=lanes or grammar_lanes(auto_grammar_threads("cuda")))
@@ -215,20 +218,20 @@ def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int | None = None
 
     def endless() -> GrammarState:
         s = g.compile(c)
-        return EndlessCalls(s.matcher, vocab_size=s.vocab_size, lane=s.lane)
+        return EndlessCalls(s.matcher, vocab_size=s.vocab_size, lane=s.lane, grammar=s.grammar)
     return endless
 
 
 def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: bool = True, tok: Any = None,
-                grammar: Any = None, mask_threads: int | Callable[[], Any] | None = None,
+                grammar: Any = None, mask_threads: int | None = None,
                 on_step: Callable[[], None] | None = None) -> dict[str, float]:
     """`batch` prompts of PROMPT random tokens through the served engine's loop (Scheduler.step,
     not a copy of it), greedy, EOS ignored, each to WARM + `tokens` tokens: the decode rate from
     when every sequence has WARM tokens to the last token read while all `batch` rows ran. overlap:
     async decode (else each step's tokens are read before the next step is launched); grammar: a
     factory of each row's grammar state (masks on); mask_threads: llguidance's threads for the masks
-    (None: the engine's default, runner/options.auto_grammar_threads), or a factory of the masker
-    (grammar_fill_process.ProcessMasker); on_step: called after each of
+    (None: the engine's default, runner/options.auto_grammar_threads, filled as served: a process on a
+    GPU; a number: on a thread, GrammarMasker(threads=)); on_step: called after each of
     the scheduler's steps (a profiler's schedule)."""
     tok = tok or Letters()
     sched = Scheduler(served_runner(m), tok, m.max_slots, m.max_len, overlap=overlap)
@@ -238,9 +241,7 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
                      grammar=grammar() if grammar is not None else None) for _ in range(batch)]
     for s in seqs:
         sched.submit(s)
-    if grammar is not None and callable(mask_threads):
-        sched.output.masker = mask_threads()
-    elif grammar is not None and mask_threads is not None:
+    if grammar is not None and mask_threads is not None:
         from switchyard.engine.chat.grammar import GrammarMasker
         sched.output.masker = GrammarMasker(seqs[0].grammar.vocab_size or vocab, threads=mask_threads)
     # after each turn: time, tokens so far, the fewest a row has, whether a row has finished
@@ -290,25 +291,29 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     switches_us: also the served fill under each of these GIL switch intervals (GrammarMasker.SWITCH_S,
     set for the process when a decode's fill thread starts)."""
     from switchyard.engine.chat.grammar import GrammarMasker
+    from switchyard.engine.core.output import OutputStage
 
     served = GrammarMasker.AHEAD
     other = _knob("switchyard.engine.chat.grammar", "GrammarMasker", "AHEAD", not served)
-    out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other])}
-    for us in switches_us:
-        out[f"grammar, {us} us switch"] = (True, [_knob("switchyard.engine.chat.grammar", "GrammarMasker",
-                                                        "SWITCH_S", us * 1e-6)])
+    # In line and the fill thread: on the fill thread's masker (a GPU replica's is a process).
+    thread = _knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS", False)
+    out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other, thread]),
+           "grammar, fill thread" if OutputStage.FILL_PROCESS else "grammar, fill process":
+               (True, [_knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS",
+                             not OutputStage.FILL_PROCESS)])}
+    for us in switches_us:  # the fill thread's
+        out[f"grammar, {us} us switch"] = (True, [thread, _knob("switchyard.engine.chat.grammar", "GrammarMasker",
+                                                                "SWITCH_S", us * 1e-6)])
     return out
 
 
 def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
                    add: Callable[..., None], log: Callable[[str], None], tool_calls: Any = None,
-                   pools: tuple[str, ...] = (), gtok: Any = None, switches_us: tuple[int, ...] = (),
-                   process_fill: bool = False) -> None:
+                   pools: tuple[str, ...] = (), gtok: Any = None, switches_us: tuple[int, ...] = ()) -> None:
     """Free and grammar decoding (and with `ab` grammar_variants() and the masks filled by one thread;
     with `tool_calls`, a factory, the tool-call grammar; with `pools`, the masks filled by llguidance's
     pool: an entry T, of T threads, the rows' matchers copied from one compilation, and from one per
-    thread; TxL, of T threads over L lanes (Grammars(lanes=L)); TxLt, the same under the tool-call grammar;
-    with `process_fill`, the masks filled by a process of their own, bench/grammar_fill_process.py)
+    thread; TxL, of T threads over L lanes (Grammars(lanes=L)); TxLt, the same under the tool-call grammar)
     alternated `rounds` times at batch b; each figure the median of its rounds, so a ratio compares
     neighbours in time rather than two points minutes apart."""
     runs: dict[str, list[dict[str, float]]] = {}
@@ -320,12 +325,9 @@ def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens:
         engines.append(("ours (async, grammar, one fill thread)", [], grammar_factory(gtok, lanes=1), 1))
     if tool_calls is not None:
         engines.append(("ours (async, grammar, tool calls)", [], tool_calls, None))
-    if process_fill:
-        from grammar_fill_process import process_fill as fill_in_process
-
-        for tools in (False, True) if tool_calls is not None else (False,):
-            engines.append((f"ours (async, grammar, fill process{', tool calls' if tools else ''})", [],
-                            *fill_in_process(gtok, grammar_constraint(tools), tools)))
+    if ab and tool_calls is not None:
+        engines += [(f"ours (async, {k}, tool calls)", knobs, tool_calls, None)
+                    for k, (_, knobs) in grammar_variants().items() if k.startswith("grammar, fill")]
     for pool in pools:
         threads, _, lanes = pool.partition("x")
         if not lanes:
@@ -348,9 +350,7 @@ def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens:
                 setattr(h, k, v)
             try:
                 r = decode_rate(m, b, tokens, vocab, tok=tok, grammar=grammar, mask_threads=threads)
-            except Exception as e:  # a prototype's failure (the fill process) must not lose the other figures
-                if "fill process" not in engine:
-                    raise
+            except Exception as e:  # one variant's failure must not lose the other figures
                 log(f"    round {i} b={b} {engine}: FAILED {type(e).__name__}: {str(e)[:200]}")
                 failed.add(engine)
                 continue
@@ -503,7 +503,7 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
                     grammar_rounds(m, b, make, a.grammar_rounds, a.grammar_ab, tokens, c.vocab_size, tok, add, log,
                                    grammar_factory(gtok, tool_calls=True) if a.grammar_tools else None,
                                    tuple(x for x in a.mask_threads_ab.split(",") if x) if b >= 4 else (), gtok,
-                                   tuple(ints(a.switch_ab)), a.process_fill)
+                                   tuple(ints(a.switch_ab)))
                     continue
                 if b not in batches:
                     decode("ours (async)", m, b)
@@ -688,8 +688,6 @@ def main(argv: list[str] | None = None) -> None:
                     help="with --grammar-rounds: also engine_cuda.grammar_variants() (the masks filled the other way)")
     ap.add_argument("--switch-ab", default="", help="with --grammar-ab: also the served fill under these GIL "
                     "switch intervals, us (e.g. 50,20; served: GrammarMasker.SWITCH_S)")
-    ap.add_argument("--process-fill", action="store_true", help="with --grammar-rounds: also the masks filled "
-                    "by a process of their own (bench/grammar_fill_process.py; with --grammar-tools, both grammars)")
     ap.add_argument("--grammar-tools", action="store_true",
                     help="with --grammar-rounds: also a tool-call grammar (plain strings) in the same rounds")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")

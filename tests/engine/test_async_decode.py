@@ -74,12 +74,15 @@ class Run:
 def drive(runner: Runner, tok: ChatTokenizer, requests: list[tuple[list[int], SamplingParams, Any]], overlap: bool,
           pool: BlockPool | None = None, abort: tuple[int, int] | None = None,
           after: Callable[[Scheduler, list[Sequence]], None] | None = None, ahead: bool = False,
-          threads: int = 1) -> Run:
+          threads: int = 1, process: bool = False) -> Run:
     """Submit the requests (prompt, params, grammar) at once and step the scheduler until every one
     finished (or, abort = (request, tokens), that request was aborted once it had that many).
     ahead: grammar masks filled ahead on the masker's thread (as GPU logits get them; here the
-    waiting kernel is interpreted on the CPU logits), by llguidance's pool of `threads` if more than one."""
+    waiting kernel is interpreted on the CPU logits), by llguidance's pool of `threads` if more than one;
+    process: filled by a process of their own (the output stage's own choice, as --grammar-fill process)."""
     sched = Scheduler(runner, tok, MAX_SEQS, runner.max_model_len, pool=pool, overlap=overlap)
+    if process:
+        sched.output.grammar_process, sched.output.grammar_threads = True, threads
     if ahead:
         from switchyard.engine.chat.grammar import GrammarMasker
 
@@ -192,8 +195,9 @@ def test_seeded_sampling_and_logprobs_equal_the_synchronous_loop(smollm2: tuple[
 def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple[Runner, ChatTokenizer],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Constrained rows' masks for step n+1 are filled after step n's tokens were accepted, while
-    step n+1 runs (in line, ahead on the masker's thread, and ahead by a pool over two lanes, a
-    GPU replica's form); the output, and where the structure completes, are the synchronous loop's."""
+    step n+1 runs (in line, ahead on the masker's thread, ahead by a pool over two lanes, and by a
+    process of their own, a GPU replica's form); the output, and where the structure completes, are
+    the synchronous loop's."""
     from switchyard.engine.chat.grammar import GrammarMasker, Grammars
     from switchyard.engine.chat.structured import constraint
 
@@ -224,6 +228,17 @@ def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple
     assert lanes.compiled == 2 and pooled.sched.output.masker.executor is not None  # type: ignore[union-attr]
     assert pooled.sched.output.masker._filler.ticket >= 10  # type: ignore[union-attr]
     assert_same(sync, pooled)
+    # Filled by a process of their own (a GPU replica's default, chat/grammar_process): its mirror matchers,
+    # fed the tokens the engine's took, give the same masks step after step.
+    from switchyard.engine.chat.grammar_process import ProcessMasker
+
+    processed = drive(r, tok, reqs(), overlap=True, threads=2, process=True)
+    masker = processed.sched.output.masker
+    try:
+        assert isinstance(masker, ProcessMasker) and masker.ticket >= 10 and masker.proc.is_alive()
+        assert_same(sync, processed)
+    finally:
+        masker.close()  # type: ignore[union-attr]
     import json
 
     for i in (0, 2):

@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
-from engine_support import EngineServer, get
+from engine_support import INT4_SERVER_ARGS, EngineServer, get
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +240,59 @@ def test_masks_filled_ahead_equal_those_filled_in_line() -> None:
         ahead.wait()
 
 
+def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
+    """Filled by a process of their own (chat/grammar_process; the kernel waiting for its ticket,
+    interpreted here on CPU logits), rows under two grammars beside a free row get the in-line fill's
+    masks step after step; a row whose state is gone frees its mirror and a new row takes a new
+    one; a fill that fails and a process that died are EngineFailed on the engine's thread."""
+    import gc
+
+    from switchyard.engine.chat.grammar import GrammarMasker
+    from switchyard.engine.chat.grammar_process import ProcessMasker
+    from switchyard.engine.chat.structured import constraint
+    from switchyard.engine.errors import EngineFailed
+
+    tok, grammars = _smollm2_grammars()
+    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {
+        "type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{2,8}$"}}, "required": ["city"]}}}}
+    cs = [constraint({"tool_choice": "required"}, TOOLS), constraint(rf, None)]
+    proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8,
+                         pinned=False)
+    try:
+        line = GrammarMasker(tok.vocab_size, ahead=False)
+        pairs = [(grammars.compile(cs[k % 2]), grammars.compile(cs[k % 2])) for k in range(3)]
+        g = torch.Generator().manual_seed(5)
+        for step in range(6):
+            if step == 3:  # the first row's request is gone (its state collected), a new one comes
+                del pairs[0]
+                gc.collect()
+                pairs.append((grammars.compile(cs[1]), grammars.compile(cs[1])))
+            x = torch.randn(len(pairs) + 1, tok.vocab_size, generator=g)
+            y = x.clone()
+            proc.apply(x, [pairs[0][0], None, *(a for a, _ in pairs[1:])])
+            line.apply(y, [pairs[0][1], None, *(b for _, b in pairs[1:])])
+            proc.wait()
+            assert torch.equal(x, y) and torch.isfinite(x[1]).all() and torch.isinf(x[0]).any()
+            for (a, b), row in zip(pairs, (0, *range(2, len(pairs) + 1)), strict=True):
+                t = int(x[row].argmax())
+                a.accept(t)
+                b.accept(t)
+                assert not a.failed and not b.failed
+        assert proc.ticket == 6 and proc._slots == 4 and not proc._freed  # slot 0's free went with step 4
+        bad = grammars.compile(cs[0])
+        bad.grammar = "start: nonsense("  # the process cannot compile its mirror: that step's fill fails
+        proc.apply(torch.randn(1, tok.vocab_size), [bad])
+        with pytest.raises(EngineFailed, match="grammar fill failed"):
+            proc.wait()
+        proc.proc.kill()
+        proc.proc.join()
+        proc.ticket += 1  # a step the dead process never fills
+        with pytest.raises(EngineFailed, match="process died"):
+            proc.wait()
+    finally:
+        proc.close()
+
+
 def test_call_parser_streams_what_the_whole_text_gives() -> None:
     from switchyard.engine.chat.tool_stream import ToolCallStream
 
@@ -327,6 +380,29 @@ def test_named_function_calls_validate_over_a_dozen_prompts(server: EngineServer
         assert choice.finish_reason == "tool_calls", (p, choice)
         assert choice.message.content is None, (p, choice.message.content)
         assert [n for n, _ in _valid_calls(choice)] == [_fitting_tool(p)], (p, choice.message.tool_calls)
+
+
+def test_a_fill_process_gives_the_fill_threads_replies(server: EngineServer, gguf_path: Path,
+                                                      tmp_path: Path) -> None:
+    """`engine serve --grammar-fill process` (a GPU replica's default; here the CPU's logits, the
+    masking kernel interpreted): four constrained requests at once get the replies of the server
+    whose masks a thread fills, token for token."""
+    s = EngineServer(gguf_path, tmp_path / "engine.log",
+                     extra=[*INT4_SERVER_ARGS, "--grammar-fill", "process", "--grammar-threads", "2"])
+    try:
+        def one(srv: EngineServer, p: str) -> Any:
+            return _ask(srv, p, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=80)
+
+        for srv in (s, server):
+            with ThreadPoolExecutor(4) as pool:
+                replies = [r.choices[0] for r in pool.map(lambda p, srv=srv: one(srv, p), PROMPTS[:4])]
+            if srv is s:
+                processed = replies
+        for p, a, b in zip(PROMPTS, processed, replies, strict=False):
+            assert a.finish_reason == b.finish_reason == "tool_calls", (p, a, b)
+            assert _valid_calls(a) == _valid_calls(b), p
+    finally:
+        s.close()
 
 
 def test_parallel_calls_validate(server: EngineServer) -> None:

@@ -7,9 +7,11 @@
 #   STAGES="regress lanes split" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh   # call 1; carry .whl, .cache/smollm2-tokenizer
 #   STAGES="serve ab" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh               # call 2: 16 lanes served
 #   PROCESS=1 SWITCHES= STAGES="gil ab regress" OUT=$OUT bash bench/results/gpu_fill_lanes/run.sh   # call 3: the fill
-#   in a process (bench/grammar_fill_process.py) beside the served fill, and every GPU test on the final tree
-#   AB_SHAPES=smollm2-135m AB_ROUNDS=5 PROCESS=1 SWITCHES= STAGES=ab OUT=$OUT bash ...run.sh   # call 4: the process's
-#   row table written at once
+#   in a process (a prototype then, bench/grammar_fill_process.py and --process-fill of 7ec1006) beside the fill thread
+#   AB_SHAPES=smollm2-135m AB_ROUNDS=5 PROCESS=1 SWITCHES= STAGES=ab OUT=$OUT bash ...run.sh   # call 4: the same, the
+#   prototype's row table written at once (its tree: 02e46ae)
+#   AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="ab serve" OUT=$OUT bash ...run.sh   # call 5: the fill process
+#   served (chat/grammar_process.py; the ab's "fill thread" variants the thread's)
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
@@ -20,7 +22,7 @@
 # serve:   tests/engine/test_cuda_serve.py (the served engine on the GPU: /health's lanes, the fill pool);
 # ab:      grammar / free at batch 1 and 16, SmolLM2's and the 8B's shape, items and tool calls, the served fill
 #          against in line, one fill thread, 8 threads over 8 lanes (call 1's served: $AB_POOLS) and GIL switch
-#          intervals of $SWITCHES us (PROCESS=1: the fill in a process of its own too), alternated (three rounds).
+#          intervals of $SWITCHES us, alternated (three rounds; $AB_ROUNDS).
 # Everything lands in $OUT/all.tgz (one file back); progress in its run.log.
 cd "$(dirname "$0")/../../.."
 . bench/device_env.sh gpu_fill_lanes  # out, PY, log, left, stage, regress, engine_bench, pack
@@ -36,7 +38,7 @@ for s in ${STAGES:-regress lanes split}; do
       echo "serve rc=$?" | tee -a "$log"; tail -n 2 "$out/serve.log" | tee -a "$log" ;;
     ab) stage ab
       timeout "$(( $(left) < 260 ? $(left) - 5 : 260 ))" $PY bench/engine_cuda.py --shapes "${AB_SHAPES:-smollm2-135m,llama-8b}" \
-        --batches= --grammar-batches 1,16 --grammar-rounds "${AB_ROUNDS:-3}" --grammar-ab --switch-ab "${SWITCHES-50,20}" --grammar-tools ${PROCESS:+--process-fill} \
+        --batches= --grammar-batches 1,16 --grammar-rounds "${AB_ROUNDS:-3}" --grammar-ab --switch-ab "${SWITCHES-50,20}" --grammar-tools \
         --mask-threads-ab "${AB_POOLS:-8x8}" --tokens 64 --skip-transformers --peer-batches= --ttft= --parts-batches= \
         --budget-s 250 --out "$out/ab" \
         >"$out/ab.log" 2>&1

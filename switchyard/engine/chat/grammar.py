@@ -78,7 +78,7 @@ class Grammars:
                 self._cache[key] = tmpl
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
-        return GrammarState(tmpl.deep_copy(), vocab_size=self.vocab_size, lane=lane)
+        return GrammarState(tmpl.deep_copy(), vocab_size=self.vocab_size, lane=lane, grammar=c.grammar)
 
     def _blame(self, c: Constraint, error: str) -> GrammarError:
         """The error, with the parameter whose schema causes it (each is compiled alone)."""
@@ -106,10 +106,15 @@ class GrammarState:
     failed: bool = False
     vocab_size: int = 0  # the tokenizer's vocabulary the matcher masks (0: the logits' width)
     lane: int = 0  # which of Grammars' compilations it was copied from
+    grammar: str = ""  # the lark text it was compiled from (a fill process compiles its mirror from it)
+    slot: int = -1  # its mirror's slot in a fill process (chat/grammar_process), once masked there
+    new: list[int] | None = None  # with a fill process: the tokens accepted since its last step there
 
     def accept(self, token: int) -> None:
         if not self.failed and not self.matcher.consume_token(token):
             self.failed = True
+        if self.new is not None:
+            self.new.append(token)
 
     @property
     def done(self) -> bool:

@@ -10,6 +10,7 @@ it; `finish` waits for those values and does the host's share. `advance` is both
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,10 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from switchyard.engine.backends.transfer import Download, DownloadPool, upload
-from switchyard.engine.chat.grammar import GrammarMasker
+from switchyard.engine.chat.grammar import GrammarMasker, _fused_mask
 from switchyard.engine.chat.tokenizer import ChatTokenizer
 from switchyard.engine.core.sampling import row_logprobs, sample_tokens
 from switchyard.engine.core.sequence import Event, Sequence
+from switchyard.engine.errors import EngineFailed
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,11 +42,15 @@ class Sampled:
 class OutputStage:
     REUSE_DOWNLOADS = True  # GPU steps' tokens come down into reused pinned buffers (False, at construction: new ones)
     GPU_ARGMAX = True  # greedy rows of GPU logits by head_kernels.RowArgmax (False, before the first step: torch's)
+    FILL_PROCESS = True  # with grammar_process, the masks filled by a process (False, before the first step: a thread)
 
-    def __init__(self, tokenizer: ChatTokenizer, max_model_len: int, grammar_threads: int = 1) -> None:
+    def __init__(self, tokenizer: ChatTokenizer, max_model_len: int, grammar_threads: int = 1,
+                 grammar_process: bool = False, max_rows: int = 256) -> None:
         self.tok = tokenizer
         self.max_model_len = max_model_len
         self.grammar_threads = grammar_threads  # the masker's fill threads (Grammars' lanes: options.fill_lanes)
+        self.grammar_process = grammar_process  # masks filled by a process of their own (--grammar-fill)
+        self.max_rows = max_rows  # the most rows a step has (the scheduler's slots)
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0, "preemptions": 0}
         self.finished_by_reason: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
         self.ttft: list[float] = []
@@ -65,7 +73,7 @@ class OutputStage:
         if any(g is not None for g in grammars):
             if self.masker is None:
                 width = next(g.vocab_size for g in grammars if g is not None) or logits.shape[1]
-                self.masker = GrammarMasker(width, threads=self.grammar_threads)
+                self.masker = self._masker(width, logits.device.type == "cuda")
             self.masker.apply(logits, grammars)
         if self.argmax is None and logits.device.type == "cuda" and self.GPU_ARGMAX:
             from switchyard.engine.backends.cuda.head_kernels import RowArgmax  # triton: only where a GPU is
@@ -79,6 +87,19 @@ class OutputStage:
         if self.downloads is None and tokens.device.type == "cuda" and self.REUSE_DOWNLOADS:
             self.downloads = DownloadPool()
         return Sampled(list(seqs), tokens, lp_rows, Download(back, self.downloads))
+
+    def _masker(self, width: int, cuda: bool) -> GrammarMasker:
+        """A process of its own fills the masks where asked (FILL_PROCESS, --grammar-fill), else a thread."""
+        if self.grammar_process and self.FILL_PROCESS and _fused_mask() is not None:  # its masking waits on triton's kernel
+            from switchyard.engine.chat.grammar_process import ProcessMasker
+            from switchyard.engine.runner.options import grammar_lanes
+
+            try:
+                return ProcessMasker(width, self.tok.tok.to_str(), sorted(self.tok.eos_ids), self.grammar_threads,
+                                     grammar_lanes(self.grammar_threads), self.max_rows, pinned=cuda)
+            except EngineFailed as e:
+                log.warning("grammar masks filled on a thread: %s", e)
+        return GrammarMasker(width, threads=self.grammar_threads)
 
     def finish(self, sampled: Sampled) -> list[Sequence]:
         """The host's share: wait for the step's tokens, then stream them; returns the sequences

@@ -72,7 +72,8 @@ class Scheduler:
         self._cv = threading.Condition()
         self._stop = False
         self.failed: str | None = None
-        self.output = OutputStage(tokenizer, max_model_len, runner.opts.fill_threads if runner is not None else 1)
+        self.output = OutputStage(tokenizer, max_model_len, runner.opts.fill_threads if runner is not None else 1,
+                                  runner is not None and runner.opts.fill_process, max_num_seqs)
         self.stats = self.output.stats  # counters the output stage and the scheduler share
         # Async decode (see the module's docstring), where it can hold.
         self.overlap = overlap and can_overlap(runner)

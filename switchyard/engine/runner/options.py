@@ -18,6 +18,7 @@ COLLECTIVES = ("ring", "oneshot", "auto")
 DTYPES = ("auto", "float32", "bfloat16", "int4")
 DECODE_KERNELS = ("auto", "fused", "torch")
 DEVICES = ("cpu", "cuda")
+GRAMMAR_FILLS = ("auto", "process", "thread")
 # GPU replicas fill a step's grammar masks with up to this many threads, each row's grammar compiled
 # once per lane (chat/grammar.Grammars' lanes): SmolLM2's shape at batch 16 under the items grammar
 # ran 1.80x as fast with 8 as with one (0.89x of free decoding; H100, bench/results/gpu_step_cuts call 2).
@@ -53,11 +54,12 @@ class EngineOptions:
     async_decode: bool = True  # launch decode step n+1 before reading step n's tokens (where it holds)
     prefill_fp8: bool = False  # GPU, cuda backend: long prefills' projections in FP8 (backends/cuda/fp8.py)
     grammar_threads: int = 0  # rank 0's threads filling the grammar masks; 0: auto_grammar_threads(device)
+    grammar_fill: str = "auto"  # where they fill: a process of their own | a thread | auto (process on a GPU)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_path", Path(self.model_path))
         for name, allowed in (("collective", COLLECTIVES), ("dtype", DTYPES), ("kv_cache_dtype", KV_CACHE_DTYPES),
-                              ("decode_kernels", DECODE_KERNELS), ("device", DEVICES)):
+                              ("decode_kernels", DECODE_KERNELS), ("device", DEVICES), ("grammar_fill", GRAMMAR_FILLS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"--{_flag(name)} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for name, lo in (("tp", 1), ("max_num_seqs", 1), ("max_model_len", 0), ("max_waiting", 0),
@@ -83,6 +85,12 @@ class EngineOptions:
     def fill_threads(self) -> int:
         """The grammar masks' fill threads: --grammar-threads, or auto."""
         return self.grammar_threads or auto_grammar_threads(self.device)
+
+    @property
+    def fill_process(self) -> bool:
+        """Whether the grammar masks are filled by a process of their own (chat/grammar_process): asked for,
+        or auto on a GPU, whose step is short enough for the fill thread's GIL hand-overs to show."""
+        return self.grammar_fill == "process" or (self.grammar_fill == "auto" and self.device == "cuda")
 
     @property
     def fill_lanes(self) -> int:

@@ -86,6 +86,9 @@ def engine_serve(
         0, help="Threads filling a step's grammar masks (structured output, tool calls); with more than one, "
                 "each grammar is compiled for twice as many lanes (0: auto: up to 8, half the host's cores, on a "
                 "GPU; 1 on a CPU)"),
+    grammar_fill: str = typer.Option(
+        "auto", help="Where the grammar masks are filled: process (a process of their own, polling shared memory: "
+                     "no GIL hand-overs with the engine), thread, or auto (process on a GPU, thread on a CPU)"),
 ) -> None:
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
@@ -103,7 +106,7 @@ def engine_serve(
             block_size=block_size, num_kv_blocks=num_kv_blocks, prefix_caching=prefix_caching, threads=threads,
             collective_timeout_s=collective_timeout, device=device, cuda_graphs=cuda_graphs,
             decode_kernels=decode_kernels, async_decode=async_decode, prefill_fp8=prefill_fp8,
-            grammar_threads=grammar_threads)
+            grammar_threads=grammar_threads, grammar_fill=grammar_fill)
     except ConfigError as e:
         raise typer.BadParameter(str(e)) from None
     except (registry.ModelNotFound, RuntimeError) as e:

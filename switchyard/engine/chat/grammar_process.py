@@ -1,0 +1,255 @@
+"""A GPU replica's grammar masks filled by a process of their own (`--grammar-fill process`).
+
+The masker's fill thread (chat/grammar.GrammarMasker, filled ahead) shares the engine's interpreter: it
+takes the GIL to start a step's fill and again to write its ticket, and each hand-over costs the thread
+that waits a wake-up (~0.1 ms on the GPU hosts, bench/gil_handoff.py), at SmolLM2's 0.4 ms step a
+quarter of it. Here a process mirrors each constrained row's matcher and the two sides meet in shared
+memory, each polling it without sleeping:
+
+- the engine's thread (ProcessMasker.apply) writes, for each constrained row, its slot, its bitmask row and
+  the tokens its matcher accepted since the last step, then the step's ticket, and queues the masking
+  kernel, which waits on the GPU for the ticket to come back (as for the fill thread's; the segment is
+  registered with CUDA, so the GPU reads the bits and the ticket in place);
+- the process spins on the ticket, feeds the tokens to its mirror matchers, fills their masks into the
+  shared bitmask (llguidance's pool for four rows or more, rows spread over lanes as Grammars does) and
+  writes the ticket back. A row's grammar reaches it once, over a pipe, when the row is first masked; a
+  row's matcher is dropped once its state is (weakref.finalize).
+
+The engine keeps its own matchers (the output stage's accepts, `done`, `accepting`), so the process's
+are a mirror, fed the same tokens. On an H100, SmolLM2's shape at batches 1 and 16 ran a tool call's
+grammar 0.99x and 0.98x as fast as free decoding this way, the fill thread 0.96x and 0.96x
+(bench/results/gpu_fill_lanes, call 4).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import weakref
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+import torch
+
+from switchyard.engine.chat.grammar import GrammarMasker, GrammarState, _fused_mask
+from switchyard.engine.errors import EngineFailed
+
+# The header's int64 words: the ticket done (the masking kernel's flag[0]), a ticket the kernel gave up on
+# (its flag[1]), the step's ticket, its rows, its bitmask buffer, the pipe's messages sent, stop, the
+# fill's ns, the process ready, the ticket whose fill raised.
+DONE, GAVE_UP, TICKET, ROWS, BUF, MESSAGES, STOP, FILL_NS, READY, FAILED = range(10)
+HEADER = 16
+ERROR_BYTES = 1024  # the text of the fill's error, after the header
+NEW = 1 << 40  # a slot word with this bit: the row's first step (its matcher made from the pipe's grammar)
+RESET = -1  # a token word: the row's matcher reset (a bench's row that starts another reply)
+MAX_NEW = 4  # tokens a row may carry into a step (one, at most a reset and another beside it)
+IDLE_S = 0.005  # the process spins for steps until none came for this long, then naps 1 ms at a time
+
+
+def _views(buf: Any, words: int, max_rows: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], int]:
+    """The segment's header, row table [max_rows, 3 + MAX_NEW], two bitmask buffers [max_rows, words] and
+    the error text's offset."""
+    hdr = np.ndarray((HEADER,), np.int64, buf)
+    err = HEADER * 8
+    table = np.ndarray((max_rows, 3 + MAX_NEW), np.int64, buf, err + ERROR_BYTES)
+    off = err + ERROR_BYTES + table.nbytes
+    bms = [np.ndarray((max_rows, words), np.int32, buf, off + i * max_rows * words * 4) for i in range(2)]
+    return hdr, table, bms, err
+
+
+def _size(words: int, max_rows: int) -> int:
+    return HEADER * 8 + ERROR_BYTES + max_rows * (3 + MAX_NEW) * 8 + 2 * max_rows * words * 4
+
+
+def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str, vocab: int, eos: list[int],
+           lanes: int, threads: int, cache_size: int) -> None:
+    """The fill process's loop: mirror matchers, filled when a step's ticket comes."""
+    import llguidance
+
+    shm = shared_memory.SharedMemory(name=name)
+    hdr, table, bms, err_at = _views(shm.buf, words, max_rows)
+    tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=eos)
+    executor = llguidance.LLExecutor(threads) if threads > 1 else None
+    compiled: dict[tuple[str, int], Any] = {}  # (grammar, lane) -> a matcher in its start state
+    matchers: dict[int, Any] = {}
+    grammars: dict[int, str] = {}  # a new slot's grammar, until its first step
+    row_bytes = words * 4
+    received, seen, parent, spins, last = 0, 0, os.getppid(), 0, time.perf_counter()
+    hdr[READY] = 1
+    while not hdr[STOP]:
+        t = int(hdr[TICKET])
+        if t == seen:
+            spins += 1
+            if spins & 0xFFFF == 0 and os.getppid() != parent:
+                return  # the engine is gone
+            if time.perf_counter() - last > IDLE_S:
+                time.sleep(0.001)
+            continue
+        seen = t
+        t0 = time.perf_counter_ns()
+        try:
+            while received < hdr[MESSAGES]:
+                kind, arg, grammar = conn.recv()
+                received += 1
+                if kind == "new":
+                    grammars[arg] = grammar
+                else:  # "free": slots whose rows are gone
+                    for slot in arg:
+                        matchers.pop(slot, None)
+            n, bm = int(hdr[ROWS]), bms[int(hdr[BUF])]
+            todo = []
+            for slot, row, k, *new in table[:n].tolist():  # one conversion: numpy's scalars loop slowly
+                if slot & NEW:
+                    slot ^= NEW
+                    key = (grammars.pop(slot), slot % lanes)
+                    tmpl = compiled.get(key)
+                    if tmpl is None:
+                        tmpl = llguidance.LLMatcher(tok, llguidance.LLMatcher.grammar_from_lark(key[0]), log_level=0)
+                        if tmpl.is_error():  # the engine compiled it: a mirror that cannot is a bug, said once
+                            raise RuntimeError(tmpl.get_error())
+                        compiled[key] = tmpl
+                        while len(compiled) > cache_size:
+                            del compiled[next(iter(compiled))]
+                    matchers[slot] = tmpl.deep_copy()
+                m = matchers[slot]
+                for x in new[:k]:  # a token it refuses, the engine's matcher refused too: that row stops
+                    if x == RESET:
+                        m.reset()
+                    else:
+                        m.consume_token(x)
+                todo.append((m, row))
+            base = bm.ctypes.data
+            if executor is not None and n >= GrammarMasker.PAR_ROWS:
+                executor.unsafe_compute_mask_ptr(todo, base, row_bytes, bm.shape[0])
+            else:
+                for m, row in todo:
+                    m.unsafe_compute_mask_ptr(base + row * row_bytes, row_bytes)
+        except Exception as e:  # the engine's thread raises it; the ticket still comes (the GPU must not hang)
+            text = f"{type(e).__name__}: {e}".encode()[:ERROR_BYTES - 1]
+            shm.buf[err_at:err_at + len(text) + 1] = text + b"\0"
+            hdr[FAILED] = t
+        hdr[FILL_NS] = time.perf_counter_ns() - t0
+        hdr[DONE] = t  # last: the GPU reads the bits once it sees this
+        last = time.perf_counter()
+
+
+class ProcessMasker(GrammarMasker):
+    """GrammarMasker's apply() and wait(), the masks filled by a process of their own (see above). Made
+    by the output stage for GPU logits; raises EngineFailed if the process cannot start or its segment
+    cannot be pinned (the caller then fills on a thread)."""
+
+    def __init__(self, vocab_size: int, tokenizer_json: str, eos_ids: list[int], threads: int, lanes: int,
+                 max_rows: int, cache_size: int = 256, pinned: bool = True) -> None:
+        super().__init__(vocab_size, threads=1, ahead=True)
+        self.max_rows = max_rows
+        size = _size(self.words, max_rows)
+        self.shm = shared_memory.SharedMemory(create=True, size=size)
+        self.hdr, self.table, _, self._err_at = _views(self.shm.buf, self.words, max_rows)
+        self.hdr[:] = 0
+        whole = torch.frombuffer(self.shm.buf, dtype=torch.uint8)
+        self._pinned = pinned
+        if pinned:  # in place for the GPU: the masking kernel reads the ticket and the bits over the bus
+            err = torch.cuda.cudart().cudaHostRegister(whole.data_ptr(), size, 0)
+            if int(err) != 0 or not whole.is_pinned():
+                self._release(registered=False)
+                raise EngineFailed(f"the grammar fill's shared memory could not be pinned ({err})")
+        self.flag = whole[:16].view(torch.int64)
+        off = size - 2 * max_rows * self.words * 4
+        self.bitmasks = [whole[off + i * max_rows * self.words * 4: off + (i + 1) * max_rows * self.words * 4]
+                         .view(torch.int32).view(max_rows, self.words) for i in range(2)]
+        del whole
+        self.ticket = 0
+        self._slots = 0
+        self._messages = 0
+        self._freed: list[int] = []  # slots whose rows' states are gone, for the next step's message
+        self._conn, child = mp.get_context("spawn").Pipe()
+        self.proc = mp.get_context("spawn").Process(
+            target=_serve, name="switchyard-grammar-fill", daemon=True,
+            args=(self.shm.name, child, self.words, max_rows, tokenizer_json, vocab_size, eos_ids, lanes, threads,
+                  cache_size))
+        self.proc.start()
+        deadline = time.monotonic() + 120
+        while not self.hdr[READY]:  # its tokenizer read (~1 s): no step's masking may wait on its start-up
+            if not self.proc.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise EngineFailed("the grammar fill process did not start")
+            time.sleep(0.01)
+
+    def apply(self, logits: torch.Tensor, states: list[GrammarState | None]) -> None:
+        self.wait()
+        live = [(i, s) for i, s in enumerate(states) if s is not None]
+        if not live:
+            return
+        if len(states) > self.max_rows:
+            raise EngineFailed(f"{len(states)} rows for a grammar fill made for {self.max_rows}")
+        if self._freed:
+            freed, self._freed = self._freed, []
+            self._send("free", freed, "")
+        table = []
+        for i, s in live:
+            slot = s.slot
+            if slot < 0:  # the row's first step: its grammar goes to the process, its tokens are kept from now
+                s.slot = slot = self._slots
+                self._slots += 1
+                s.new = []
+                weakref.finalize(s, self._freed.append, slot)
+                self._send("new", slot, s.grammar)
+                slot |= NEW
+            new = s.new or []
+            if len(new) > MAX_NEW:
+                raise EngineFailed(f"a constrained row took {len(new)} tokens in one step")
+            table.append([slot, i, len(new), *new, *(0,) * (MAX_NEW - len(new))])
+            s.new = []
+        self.table[:len(table)] = table  # one write: a numpy assignment a row cost ~3 us
+        self.ticket += 1
+        buf = self.ticket & 1
+        self.hdr[ROWS], self.hdr[BUF] = len(table), buf
+        self.hdr[TICKET] = self.ticket  # last: the process reads the rows once it sees this
+        fused = _fused_mask()
+        if fused is None:
+            raise EngineFailed("the grammar fill process needs the masking kernel (triton)")
+        fused(logits, self.bitmasks[buf][:len(states)], [i for i, _ in live],  # type: ignore[call-arg]
+              (self.flag, self.ticket))
+
+    def _send(self, kind: str, arg: Any, grammar: str) -> None:
+        self._conn.send((kind, arg, grammar))
+        self._messages += 1
+        self.hdr[MESSAGES] = self._messages
+
+    def wait(self) -> None:
+        """Until the last step is filled (by the time its tokens are read, it is); raises what its fill
+        raised, or EngineFailed if the process died or the GPU gave up waiting."""
+        if self.ticket == 0:
+            return
+        spins = 0
+        while self.hdr[DONE] < self.ticket:
+            spins += 1
+            if spins % 100_000 == 0 and not self.proc.is_alive():
+                raise EngineFailed("the grammar fill process died")
+        if self.hdr[FAILED] == self.ticket:
+            text = bytes(self.shm.buf[self._err_at:self._err_at + ERROR_BYTES]).split(b"\0")[0].decode()
+            self.hdr[FAILED] = 0
+            raise EngineFailed(f"the grammar fill failed: {text}")
+        if self.hdr[GAVE_UP]:
+            ticket, self.hdr[GAVE_UP] = int(self.hdr[GAVE_UP]), 0
+            raise EngineFailed(f"the GPU gave up waiting for the grammar masks of fill {ticket}")
+        self.last_fill_s = int(self.hdr[FILL_NS]) * 1e-9
+
+    def close(self) -> None:
+        """Stop the process and free the segment (the GPU done with it)."""
+        self.hdr[STOP] = 1
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+        self._release(registered=self._pinned)
+
+    def _release(self, registered: bool) -> None:
+        if registered:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaHostUnregister(self.flag.data_ptr())
+        for name in ("hdr", "table", "flag", "bitmasks"):  # the segment's views, before it is closed
+            self.__dict__.pop(name, None)
+        self.shm.close()
+        self.shm.unlink()
