@@ -291,16 +291,13 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     switches_us: also the served fill under each of these GIL switch intervals (GrammarMasker.SWITCH_S,
     set for the process when a decode's fill thread starts)."""
     from switchyard.engine.chat.grammar import GrammarMasker
-    from switchyard.engine.core.output import OutputStage
 
     served = GrammarMasker.AHEAD
     other = _knob("switchyard.engine.chat.grammar", "GrammarMasker", "AHEAD", not served)
-    # In line and the fill thread: on the fill thread's masker (a GPU replica's is a process).
+    # The served fill's other forms on its thread, and the fill by a process (--grammar-fill process).
     thread = _knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS", False)
     out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other, thread]),
-           "grammar, fill thread" if OutputStage.FILL_PROCESS else "grammar, fill process":
-               (True, [_knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS",
-                             not OutputStage.FILL_PROCESS)])}
+           "grammar, fill process": (True, [_knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS", True)])}
     for us in switches_us:  # the fill thread's
         out[f"grammar, {us} us switch"] = (True, [thread, _knob("switchyard.engine.chat.grammar", "GrammarMasker",
                                                                 "SWITCH_S", us * 1e-6)])

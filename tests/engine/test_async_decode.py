@@ -195,9 +195,9 @@ def test_seeded_sampling_and_logprobs_equal_the_synchronous_loop(smollm2: tuple[
 def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple[Runner, ChatTokenizer],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Constrained rows' masks for step n+1 are filled after step n's tokens were accepted, while
-    step n+1 runs (in line, ahead on the masker's thread, ahead by a pool over two lanes, and by a
-    process of their own, a GPU replica's form); the output, and where the structure completes, are
-    the synchronous loop's."""
+    step n+1 runs (in line, ahead on the masker's thread, ahead by a pool over two lanes, a GPU
+    replica's form, and by a process of their own, --grammar-fill process); the output, and where the
+    structure completes, are the synchronous loop's."""
     from switchyard.engine.chat.grammar import GrammarMasker, Grammars
     from switchyard.engine.chat.structured import constraint
 
@@ -228,7 +228,7 @@ def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple
     assert lanes.compiled == 2 and pooled.sched.output.masker.executor is not None  # type: ignore[union-attr]
     assert pooled.sched.output.masker._filler.ticket >= 10  # type: ignore[union-attr]
     assert_same(sync, pooled)
-    # Filled by a process of their own (a GPU replica's default, chat/grammar_process): its mirror matchers,
+    # Filled by a process of their own (--grammar-fill process, chat/grammar_process): its mirror matchers,
     # fed the tokens the engine's took, give the same masks step after step.
     from switchyard.engine.chat.grammar_process import ProcessMasker
 

@@ -384,9 +384,9 @@ def test_named_function_calls_validate_over_a_dozen_prompts(server: EngineServer
 
 def test_a_fill_process_gives_the_fill_threads_replies(server: EngineServer, gguf_path: Path,
                                                       tmp_path: Path) -> None:
-    """`engine serve --grammar-fill process` (a GPU replica's default; here the CPU's logits, the
-    masking kernel interpreted): four constrained requests at once get the replies of the server
-    whose masks a thread fills, token for token."""
+    """`engine serve --grammar-fill process` (for a GPU replica; here the CPU's logits, the masking
+    kernel interpreted): four constrained requests at once get the replies of the server whose
+    masks a thread fills, token for token."""
     s = EngineServer(gguf_path, tmp_path / "engine.log",
                      extra=[*INT4_SERVER_ARGS, "--grammar-fill", "process", "--grammar-threads", "2"])
     try:

@@ -42,7 +42,7 @@ class Sampled:
 class OutputStage:
     REUSE_DOWNLOADS = True  # GPU steps' tokens come down into reused pinned buffers (False, at construction: new ones)
     GPU_ARGMAX = True  # greedy rows of GPU logits by head_kernels.RowArgmax (False, before the first step: torch's)
-    FILL_PROCESS = True  # with grammar_process, the masks filled by a process (False, before the first step: a thread)
+    FILL_PROCESS: bool | None = None  # masks filled by a process: as grammar_process says (None), or always, or never
 
     def __init__(self, tokenizer: ChatTokenizer, max_model_len: int, grammar_threads: int = 1,
                  grammar_process: bool = False, max_rows: int = 256) -> None:
@@ -89,8 +89,9 @@ class OutputStage:
         return Sampled(list(seqs), tokens, lp_rows, Download(back, self.downloads))
 
     def _masker(self, width: int, cuda: bool) -> GrammarMasker:
-        """A process of its own fills the masks where asked (FILL_PROCESS, --grammar-fill), else a thread."""
-        if self.grammar_process and self.FILL_PROCESS and _fused_mask() is not None:  # its masking waits on triton's kernel
+        """A process of its own fills the masks where asked (--grammar-fill, FILL_PROCESS), else a thread."""
+        process = self.grammar_process if self.FILL_PROCESS is None else self.FILL_PROCESS
+        if process and _fused_mask() is not None:  # its masking waits on triton's kernel
             from switchyard.engine.chat.grammar_process import ProcessMasker
             from switchyard.engine.runner.options import grammar_lanes
 
