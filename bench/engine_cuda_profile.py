@@ -200,8 +200,8 @@ def host_split(run: Any, repeat: int) -> list[str]:
                 calls[_label] += 1
         setattr(holder, attr, functools.wraps(fn)(timed))
         undo.append((holder, attr, fn))
-    # grammar._fused_mask keeps the kernel's entry it found first: find the timed one now, the plain one after
-    fused = importlib.import_module("switchyard.engine.chat.grammar")._fused_mask
+    # grammar.fused_mask keeps the kernel's entry it found first: find the timed one now, the plain one after
+    fused = importlib.import_module("switchyard.engine.chat.grammar").fused_mask
     fused.cache_clear()
     try:
         rs = [run() for _ in range(repeat)]

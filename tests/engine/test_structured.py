@@ -390,15 +390,13 @@ def test_a_fill_process_gives_the_fill_threads_replies(server: EngineServer, ggu
     s = EngineServer(gguf_path, tmp_path / "engine.log",
                      extra=[*INT4_SERVER_ARGS, "--grammar-fill", "process", "--grammar-threads", "2"])
     try:
-        def one(srv: EngineServer, p: str) -> Any:
-            return _ask(srv, p, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=80)
-
-        for srv in (s, server):
+        def replies(srv: EngineServer) -> list[Any]:  # four at once: one step masks them together
             with ThreadPoolExecutor(4) as pool:
-                replies = [r.choices[0] for r in pool.map(lambda p, srv=srv: one(srv, p), PROMPTS[:4])]
-            if srv is s:
-                processed = replies
-        for p, a, b in zip(PROMPTS, processed, replies, strict=False):
+                return [r.choices[0] for r in pool.map(
+                    lambda p: _ask(srv, p, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                                   max_tokens=80), PROMPTS[:4])]
+
+        for p, a, b in zip(PROMPTS[:4], replies(s), replies(server), strict=True):
             assert a.finish_reason == b.finish_reason == "tool_calls", (p, a, b)
             assert _valid_calls(a) == _valid_calls(b), p
     finally:

@@ -196,7 +196,7 @@ class GrammarMasker:
             live.sort(key=lambda row: row[1].lane)
         todo = [(s.matcher, i) for i, s in live]
         cuda = logits.device.type == "cuda"
-        fused = _fused_mask() if self.FUSED and (cuda or self.ahead) else None
+        fused = fused_mask() if self.FUSED and (cuda or self.ahead) else None
         ahead = fused is not None and (self.ahead if self.ahead is not None else self.AHEAD and cuda)
         bm = self._buffer(len(states), cuda)
         if ahead:
@@ -274,7 +274,7 @@ class _Filler:
 
 
 @functools.cache
-def _fused_mask() -> Callable[[torch.Tensor, torch.Tensor, list[int]], None] | None:
+def fused_mask() -> Callable[[torch.Tensor, torch.Tensor, list[int]], None] | None:
     """The Triton masking kernel's entry, or None where triton does not load (then torch's ops).
     Imported on the first GPU step only: a CPU server never loads triton for its masks."""
     try:

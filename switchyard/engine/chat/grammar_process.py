@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from switchyard.engine.chat.grammar import GrammarMasker, GrammarState, _fused_mask
+from switchyard.engine.chat.grammar import GrammarMasker, GrammarState, fused_mask
 from switchyard.engine.errors import EngineFailed
 
 # The header's int64 words: the ticket done (the masking kernel's flag[0]), a ticket the kernel gave up on
@@ -208,7 +208,7 @@ class ProcessMasker(GrammarMasker):
         buf = self.ticket & 1
         self.hdr[ROWS], self.hdr[BUF] = len(table), buf
         self.hdr[TICKET] = self.ticket  # last: the process reads the rows once it sees this
-        fused = _fused_mask()
+        fused = fused_mask()
         if fused is None:
             raise EngineFailed("the grammar fill process needs the masking kernel (triton)")
         fused(logits, self.bitmasks[buf][:len(states)], [i for i, _ in live],  # type: ignore[call-arg]

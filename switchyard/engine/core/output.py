@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from switchyard.engine.backends.transfer import Download, DownloadPool, upload
-from switchyard.engine.chat.grammar import GrammarMasker, _fused_mask
+from switchyard.engine.chat.grammar import GrammarMasker, fused_mask
 from switchyard.engine.chat.tokenizer import ChatTokenizer
 from switchyard.engine.core.sampling import row_logprobs, sample_tokens
 from switchyard.engine.core.sequence import Event, Sequence
@@ -91,7 +91,7 @@ class OutputStage:
     def _masker(self, width: int, cuda: bool) -> GrammarMasker:
         """A process of its own fills the masks where asked (--grammar-fill, FILL_PROCESS), else a thread."""
         process = self.grammar_process if self.FILL_PROCESS is None else self.FILL_PROCESS
-        if process and _fused_mask() is not None:  # its masking waits on triton's kernel
+        if process and fused_mask() is not None:  # its masking waits on triton's kernel
             from switchyard.engine.chat.grammar_process import ProcessMasker
             from switchyard.engine.runner.options import grammar_lanes
 
