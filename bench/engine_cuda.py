@@ -294,9 +294,10 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
 
     served = GrammarMasker.AHEAD
     other = _knob("switchyard.engine.chat.grammar", "GrammarMasker", "AHEAD", not served)
-    # The served fill's other forms on its thread, and the fill by a process (--grammar-fill process).
+    # The fill on a thread (ahead, and the other way) and by a process (--grammar-fill; a GPU's default: process).
     thread = _knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS", False)
     out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other, thread]),
+           "grammar, fill thread": (True, [thread]),
            "grammar, fill process": (True, [_knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS", True)])}
     for us in switches_us:  # the fill thread's
         out[f"grammar, {us} us switch"] = (True, [thread, _knob("switchyard.engine.chat.grammar", "GrammarMasker",

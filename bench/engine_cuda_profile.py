@@ -38,6 +38,7 @@ import collections
 import re
 import statistics
 import sys
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -130,6 +131,92 @@ def kernel_table(prof: Any, steps: int, gpu: bool) -> list[str]:
         lines.append(f"| `{name}` | {len(ts) / steps:.1f} | {sum(ts) / len(ts):.2f} | {sum(ts) / steps / 1000:.3f} | "
                      f"{sum(ts) / busy:.1%} |")
     return lines + step_order(evs, {n for n, ts in per.items() if len(ts) >= 8 * steps})
+
+
+KINDS = (("attention", ("sdpa", "flash", "fmha", "attention", "attn")),
+         ("GEMM", ("gemm", "nvjet", "xmma", "cutlass", "cublas")))
+
+
+def kernel_kind(name: str) -> str:
+    """A prefill kernel's part: attention, GEMM (the projections and the head) or other."""
+    low = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
+
+
+def prefill_flops(c: Any, n: int) -> dict[str, float]:
+    """What an n-token prompt asks for: the projections' and the head's multiply-adds (the head on
+    the last row only) and causal attention's (QK^T and PV, half the square), as FLOPs."""
+    h, q, kv = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * c.intermediate_size
+    return {"GEMM": 2.0 * (n * per_layer * c.num_layers + h * c.vocab_size),
+            "attention": 2.0 * 2 * c.num_layers * c.num_heads * c.head_dim * n * (n + 1) / 2}
+
+
+def prefill_profile(m: Any, c: Any, n: int) -> list[str]:
+    """Markdown lines: one n-token prefill's GPU time by part (kernel_kind) and its kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = m.device.type == "cuda"
+    ec.ttft(m, n, c.vocab_size, reps=1)  # compiles, warms cuBLAS's and cuDNN's choices
+    wall = ec.ttft(m, n, c.vocab_size, reps=3)
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+        ec.ttft(m, n, c.vocab_size, reps=1)
+    evs = [e for e in prof.events() if e.device_type == (DeviceType.CUDA if gpu else DeviceType.CPU)]
+    if not evs:
+        return ["no events recorded"]
+    span = max(e.time_range.end for e in evs) - min(e.time_range.start for e in evs)
+    by_kind: dict[str, float] = collections.defaultdict(float)
+    per: dict[str, list[float]] = collections.defaultdict(list)
+    for e in evs:
+        t = e.time_range.end - e.time_range.start
+        by_kind[kernel_kind(e.name)] += t
+        per[_short(e.name)].append(t)
+    flops = prefill_flops(c, n)
+    busy = sum(by_kind.values())
+    lines = [f"{n}-token prefill: {wall:.1f} ms wall (median of 3, unprofiled); GPU span {span / 1000:.1f} ms, "
+             f"kernels {busy / 1000:.1f} ms, {len(evs)} kernels and copies", "",
+             "| part | ms | share of kernels | TFLOP/s |", "| --- | --- | --- | --- |"]
+    for kind in ("GEMM", "attention", "other"):
+        t = by_kind.get(kind, 0.0)
+        rate = f"{flops[kind] / (t * 1e-6) / 1e12:.0f}" if kind in flops and t else ""
+        lines.append(f"| {kind} | {t / 1000:.2f} | {t / busy:.1%} | {rate} |")
+    lines += ["", f"FLOPs asked: GEMM {flops['GEMM'] / 1e12:.1f} T, attention {flops['attention'] / 1e12:.1f} T", "",
+              "| kernel | part | count | ms | share |", "| --- | --- | --- | --- | --- |"]
+    for name, ts in sorted(per.items(), key=lambda kv: -sum(kv[1]))[:20]:
+        lines.append(f"| `{name}` | {kernel_kind(name)} | {len(ts)} | {sum(ts) / 1000:.2f} | {sum(ts) / busy:.1%} |")
+    return lines
+
+
+def attention_rates(c: Any, n: int, dev: torch.device) -> list[str]:
+    """Markdown lines: one layer's causal attention over an n-token prompt through each of SDPA's
+    kernels, with the KV heads shared (enable_gqa) and expanded to the query heads beforehand (what a
+    kernel without GQA needs; the expansion's copy not counted): which kernel a prefill should ask for."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
+    q = torch.randn(1, H, n, D, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, Hkv, n, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    wide = [t.repeat_interleave(H // Hkv, dim=1) for t in (k, v)]
+    flops = prefill_flops(c, n)["attention"] / c.num_layers
+    lines = ["| SDPA kernel | KV heads | ms a layer | TFLOP/s |", "| --- | --- | --- | --- |"]
+    for kernel in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        for label, (kk, vv), gqa in (("shared", (k, v), True), ("expanded", wide, False)):
+            try:
+                with sdpa_kernel([kernel]):
+                    for _ in range(2):
+                        sdpa(q, kk, vv, is_causal=True, enable_gqa=gqa)
+                    ec.sync(dev)
+                    t0 = time.perf_counter()
+                    for _ in range(5):
+                        sdpa(q, kk, vv, is_causal=True, enable_gqa=gqa)
+                    ec.sync(dev)
+                    ms = (time.perf_counter() - t0) * 1000 / 5
+                lines.append(f"| {kernel.name} | {label} | {ms:.3f} | {flops / (ms * 1e-3) / 1e12:.0f} |")
+            except RuntimeError as e:  # the kernel refuses this shape or GPU
+                lines.append(f"| {kernel.name} | {label} | refused: {str(e).splitlines()[0][:80]} | |")
+    return lines
 
 
 def step_order(evs: list[Any], layered: set[str]) -> list[str]:
@@ -239,14 +326,21 @@ def main() -> None:
     ap.add_argument("--backends", default="auto", help="--kernels: the decode backends profiled (registry names; "
                     "'peer': the compiled PyTorch peer, bench/peer_compiled.py; NAME+inline-masks: grammar masks filled in line, not ahead)")
     ap.add_argument("--out", default="", help="--kernels: the folder its table goes to")
+    ap.add_argument("--prefill", type=int, default=0, help="profile one prefill of this many tokens (see above)")
     a = ap.parse_args()
     ec.PROMPT = a.prompt  # decode_rate's prompts
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     c = ec.SHAPES[a.shape]
     w = ec.random_weights(c, seed=0, device=dev, dtype=torch.bfloat16)
     m = ec.Decoder(c, ec.Shard(0, 1, c), w, ec.SingleRank(), max_slots=a.batch,
-                   max_len=ec.PROMPT + ec.WARM + max(a.tokens, a.kernels + 16) + 16, device=dev, dtype=torch.bfloat16,
+                   max_len=max(ec.PROMPT + ec.WARM + max(a.tokens, a.kernels + 16), a.prefill) + 16, device=dev, dtype=torch.bfloat16,
                    cuda_graphs=True, backend="auto" if dev.type == "cuda" else "torch")
+    if a.prefill:
+        print("\n".join([f"# A prefill's GPU time by part: {a.shape}, "
+                         f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}", "",
+                         *prefill_profile(m, c, a.prefill), "", "## Attention alone, a layer", "",
+                         *attention_rates(c, a.prefill, dev)]), flush=True)
+        return
     tok = ec.shape_tokenizer(c)
     gtok = ec.smollm2_tokenizer() or tok  # the grammars' tokenizer (the 8B shape's wraps SmolLM2's, as the bench's does)
     make = ec.grammar_factory(gtok, tool_calls=a.grammar == "tools") if a.grammar else None

@@ -93,10 +93,12 @@ def test_options_are_checked_once_from_flags_and_files(tmp_path: Path) -> None:
     # Each grammar's compilations: one for one thread (nothing shared), LANES_PER_THREAD a thread for a pool.
     assert EngineOptions(model_path=tmp_path).fill_lanes == 1
     assert EngineOptions(model_path=tmp_path, grammar_threads=3).fill_lanes == 3 * LANES_PER_THREAD
-    # Where they fill: a thread unless a process is asked for (chat/grammar_process).
-    assert not EngineOptions(model_path=tmp_path, device="cuda").fill_process
+    # Where they fill: a process of their own on a GPU (chat/grammar_process), a thread on a CPU or when asked.
+    assert EngineOptions(model_path=tmp_path, device="cuda").fill_process
+    assert not EngineOptions(model_path=tmp_path).fill_process
+    assert not EngineOptions(model_path=tmp_path, device="cuda", grammar_fill="thread").fill_process
     assert EngineOptions.from_mapping({"model_path": "x", "grammar-fill": "process"}).fill_process
-    with pytest.raises(ConfigError, match="--grammar-fill must be one of thread, process"):
+    with pytest.raises(ConfigError, match="--grammar-fill must be one of auto, thread, process"):
         EngineOptions(model_path=tmp_path, grammar_fill="fork")
     with pytest.raises(ConfigError, match="--grammar-threads must be at least 0"):
         EngineOptions(model_path=tmp_path, grammar_threads=-1)

@@ -107,11 +107,12 @@ def test_health_says_gpu_fused_kernels_and_structured_output(server: EngineServe
     assert dev["prefill_kernels"] == "fused"
     assert h["structured_output"]["supported"]
     assert h["structured_output"]["lanes"] == grammar_lanes(auto_grammar_threads("cuda"))  # the fill pool's, auto
+    assert h["structured_output"]["fill"] == "process"  # a GPU replica's default: a process of their own
 
 
 def test_concurrent_constrained_replies_validate_through_the_fill_pool_on_the_gpu(server: EngineServer) -> None:
-    """Eight constrained requests at once: their rows' masks filled by the pool of fill threads over
-    the grammar's lanes (a GPU replica's default), each reply still its schema's."""
+    """Eight constrained requests at once: their rows' masks filled by the fill process's pool of threads
+    over the grammar's lanes (a GPU replica's default), each reply still its schema's."""
     from concurrent.futures import ThreadPoolExecutor
 
     schema = SCHEMAS["get_weather"]
@@ -123,6 +124,7 @@ def test_concurrent_constrained_replies_validate_through_the_fill_pool_on_the_gp
     for r in replies:
         assert r["choices"][0]["finish_reason"] == "stop"
         jsonschema.validate(json.loads(r["choices"][0]["message"]["content"]), schema)
+    assert get(server.url + "/health")[1]["structured_output"]["fill"] == "process"  # made, not fallen back
 
 
 def test_required_calls_and_json_schema_validate_on_the_gpu(server: EngineServer) -> None:

@@ -399,6 +399,7 @@ def test_a_fill_process_gives_the_fill_threads_replies(server: EngineServer, ggu
         for p, a, b in zip(PROMPTS[:4], replies(s), replies(server), strict=True):
             assert a.finish_reason == b.finish_reason == "tool_calls", (p, a, b)
             assert _valid_calls(a) == _valid_calls(b), p
+        assert get(s.url + "/health")[1]["structured_output"]["fill"] == "process"  # not a thread fallen back to
     finally:
         s.close()
 
@@ -601,7 +602,7 @@ def test_health_and_models_say_structured_output(server: EngineServer) -> None:
     assert status == 200 and so["supported"] and so["backend"].startswith("llguidance"), health
     assert "required" in so["tool_choice"] and "json_schema" in so["response_format"]
     assert so["compiled"] >= 1 and so["cached_grammars"] >= 1  # the tests above compiled some
-    assert so["lanes"] == 1  # a CPU replica fills its masks on one thread (its cores decode)
+    assert so["lanes"] == 1 and so["fill"] == "thread"  # a CPU replica fills on one thread (its cores decode)
     status, models = get(server.url + "/v1/models")
     assert models["data"][0]["structured_output"] is True
 

@@ -12,11 +12,15 @@
 #   prototype's row table written at once (its tree: 02e46ae)
 #   AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="ab serve" OUT=$OUT bash ...run.sh   # call 5: the fill process
 #   served (chat/grammar_process.py; the ab's "fill thread" variants the thread's)
+#   AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="serve ab prefill" OUT=$OUT bash ...run.sh   # call 5: the
+#   fill process the GPU's default (--grammar-fill auto), served and in the ab; the 8k prefill's profile
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
 #          tool-call grammar), alternated over three rounds (bench/engine_cuda.py --mask-threads-ab);
 # split:   the host's turn by part at SmolLM2 batch 16, free, items and tool calls (engine_cuda_profile --host-split);
+# prefill: the 8B shape's 8k-token prefill by part (GEMMs, attention, the rest) and SDPA's kernels on one
+#          layer's attention (bench/engine_cuda_profile.py --prefill);
 # gil:     bench/gil_handoff.py (a hand-over between two Python threads);
 # full:    ours and the compiled peer at batches 1, 16, 64 (both shapes), grammar at 1 and 16;
 # serve:   tests/engine/test_cuda_serve.py (the served engine on the GPU: /health's lanes, the fill pool);
@@ -49,6 +53,10 @@ for s in ${STAGES:-regress lanes split}; do
         --parts-batches= --mask-threads-ab "${POOLS:-8x16,12x12,16x16,8x8t,16x16t}" --budget-s 160 --out "$out/lanes" \
         >"$out/lanes.log" 2>&1
       echo "lanes rc=$?" | tee -a "$log"; grep -E "^\| smollm2" "$out/lanes/engine_cuda.md" | tail -n 12 | tee -a "$log" ;;
+    prefill) stage prefill
+      timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/engine_cuda_profile.py --shape llama-8b \
+        --prefill "${PREFILL:-8192}" >"$out/prefill.log" 2>&1
+      echo "prefill rc=$?" | tee -a "$log"; tail -n 45 "$out/prefill.log" | tee -a "$log" ;;
     split) stage split
       timeout "$(( $(left) < 120 ? $(left) - 5 : 120 ))" $PY bench/engine_cuda_profile.py --shape smollm2-135m \
         --batch 16 --tokens 400 --host-split free,items,tools --rounds 2 >"$out/split.log" 2>&1

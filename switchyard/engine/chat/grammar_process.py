@@ -141,6 +141,8 @@ class ProcessMasker(GrammarMasker):
     by the output stage for GPU logits; raises EngineFailed if the process cannot start or its segment
     cannot be pinned (the caller then fills on a thread)."""
 
+    WHERE = "process"
+
     def __init__(self, vocab_size: int, tokenizer_json: str, eos_ids: list[int], threads: int, lanes: int,
                  max_rows: int, cache_size: int = 256, pinned: bool = True) -> None:
         super().__init__(vocab_size, threads=1, ahead=True)

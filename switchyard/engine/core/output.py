@@ -90,8 +90,7 @@ class OutputStage:
 
     def _masker(self, width: int, cuda: bool) -> GrammarMasker:
         """A process of its own fills the masks where asked (--grammar-fill, FILL_PROCESS), else a thread."""
-        process = self.grammar_process if self.FILL_PROCESS is None else self.FILL_PROCESS
-        if process and fused_mask() is not None:  # its masking waits on triton's kernel
+        if self._process_wanted():
             from switchyard.engine.chat.grammar_process import ProcessMasker
             from switchyard.engine.runner.options import grammar_lanes
 
@@ -101,6 +100,19 @@ class OutputStage:
             except EngineFailed as e:
                 log.warning("grammar masks filled on a thread: %s", e)
         return GrammarMasker(width, threads=self.grammar_threads)
+
+    @property
+    def fill(self) -> str:
+        """Where the grammar masks fill: the masker's WHERE once a constrained step made it, else
+        where it will try to."""
+        if self.masker is not None:
+            return self.masker.WHERE
+        return "process" if self._process_wanted() else "thread"
+
+    def _process_wanted(self) -> bool:
+        """--grammar-fill's process (or FILL_PROCESS's), where triton's kernel is: its masking waits on it."""
+        wanted = self.grammar_process if self.FILL_PROCESS is None else self.FILL_PROCESS
+        return wanted and fused_mask() is not None
 
     def finish(self, sampled: Sampled) -> list[Sequence]:
         """The host's share: wait for the step's tokens, then stream them; returns the sequences

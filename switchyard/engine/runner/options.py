@@ -18,7 +18,7 @@ COLLECTIVES = ("ring", "oneshot", "auto")
 DTYPES = ("auto", "float32", "bfloat16", "int4")
 DECODE_KERNELS = ("auto", "fused", "torch")
 DEVICES = ("cpu", "cuda")
-GRAMMAR_FILLS = ("thread", "process")
+GRAMMAR_FILLS = ("auto", "thread", "process")
 # GPU replicas fill a step's grammar masks with up to this many threads, each row's grammar compiled
 # once per lane (chat/grammar.Grammars' lanes): SmolLM2's shape at batch 16 under the items grammar
 # ran 1.80x as fast with 8 as with one (0.89x of free decoding; H100, bench/results/gpu_step_cuts call 2).
@@ -54,7 +54,7 @@ class EngineOptions:
     async_decode: bool = True  # launch decode step n+1 before reading step n's tokens (where it holds)
     prefill_fp8: bool = False  # GPU, cuda backend: long prefills' projections in FP8 (backends/cuda/fp8.py)
     grammar_threads: int = 0  # rank 0's threads filling the grammar masks; 0: auto_grammar_threads(device)
-    grammar_fill: str = "thread"  # where they fill: a thread of the engine's | a process of their own
+    grammar_fill: str = "auto"  # where they fill: a thread of the engine's | a process of their own | auto
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_path", Path(self.model_path))
@@ -89,9 +89,10 @@ class EngineOptions:
     @property
     def fill_process(self) -> bool:
         """Whether the grammar masks are filled by a process of their own (chat/grammar_process), which
-        spares a GPU replica's short steps the fill thread's GIL hand-overs. Opt-in: measured on GPUs as
-        a bench prototype only (bench/results/gpu_fill_lanes, calls 3-4), not yet as served."""
-        return self.grammar_fill == "process"
+        spares a GPU replica's short steps the fill thread's GIL hand-overs (bench/results/gpu_fill_lanes):
+        auto on a GPU. A CPU replica's steps are long enough to hide the thread's; there the process
+        would only cost a core's spinning."""
+        return self.grammar_fill == "process" or (self.grammar_fill == "auto" and self.device == "cuda")
 
     @property
     def fill_lanes(self) -> int:

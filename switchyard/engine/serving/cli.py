@@ -87,8 +87,9 @@ def engine_serve(
                 "each grammar is compiled for twice as many lanes (0: auto: up to 8, half the host's cores, on a "
                 "GPU; 1 on a CPU)"),
     grammar_fill: str = typer.Option(
-        "thread", help="Where the grammar masks are filled: thread (a thread of the engine's), or process (a process "
-                       "of their own, meeting the engine in shared memory: no GIL hand-overs; for GPU replicas)"),
+        "auto", help="Where the grammar masks are filled: thread (a thread of the engine's), process (a process "
+                     "of their own, meeting the engine in shared memory: no GIL hand-overs), or auto (process on "
+                     "a GPU, thread on a CPU)"),
 ) -> None:
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),

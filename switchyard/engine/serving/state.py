@@ -35,7 +35,8 @@ class EngineState:
         """What /health and /v1/models say about constrained decoding."""
         if self.grammars is None:
             return {"supported": False, "reason": self.grammars_reason or self.phase}
-        return {"supported": True, **self.grammars.info(),
+        fill = {"fill": self.scheduler.output.fill} if self.scheduler is not None else {}
+        return {"supported": True, **self.grammars.info(), **fill,
                 "tool_choice": ["none", "auto", "required", "function"],
                 "response_format": ["text", "json_object", "json_schema"], "parallel_tool_calls": True}
 
