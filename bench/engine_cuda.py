@@ -249,17 +249,20 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     fills: list[float] = []
     readies: list[float] = []  # masks filled ahead: submission to ticket (0 in line), a step each as `fills`
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        while not all(s.finished for s in seqs):
-            sched.step()
-            if on_step is not None:
-                on_step()
-            n = [len(s.out) for s in seqs]
-            marks.append((time.perf_counter(), sum(n), min(n), any(s.finished for s in seqs)))
-            if grammar is not None and sched.output.masker is not None:
-                fills.append(sched.output.masker.last_fill_s)
-                readies.append(sched.output.masker.last_ready_s)
-    sync(m.device)
+    try:
+        with torch.inference_mode():
+            while not all(s.finished for s in seqs):
+                sched.step()
+                if on_step is not None:
+                    on_step()
+                n = [len(s.out) for s in seqs]
+                marks.append((time.perf_counter(), sum(n), min(n), any(s.finished for s in seqs)))
+                if grammar is not None and sched.output.masker is not None:
+                    fills.append(sched.output.masker.last_fill_s)
+                    readies.append(sched.output.masker.last_ready_s)
+        sync(m.device)
+    finally:
+        sched.output.close()  # a fill process's, before the next decode's (as the served loop's end does)
     k = next(i for i, mk in enumerate(marks) if mk[2] >= WARM)
     # The clock stops at the first turn a row finished on (a tool call's row may end early): later steps
     # run fewer rows, and a rate over them would not be batch `batch`'s.
@@ -294,11 +297,10 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
 
     served = GrammarMasker.AHEAD
     other = _knob("switchyard.engine.chat.grammar", "GrammarMasker", "AHEAD", not served)
-    # The fill on a thread (ahead, and the other way) and by a process (--grammar-fill; a GPU's default: process).
+    # The fill on a thread, ahead and the other way (the served fill, --grammar-fill auto, is a process on a GPU).
     thread = _knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS", False)
     out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other, thread]),
-           "grammar, fill thread": (True, [thread]),
-           "grammar, fill process": (True, [_knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS", True)])}
+           "grammar, fill thread": (True, [thread])}
     for us in switches_us:  # the fill thread's
         out[f"grammar, {us} us switch"] = (True, [thread, _knob("switchyard.engine.chat.grammar", "GrammarMasker",
                                                                 "SWITCH_S", us * 1e-6)])

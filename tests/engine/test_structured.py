@@ -144,6 +144,39 @@ def test_gpu_masks_equal_the_cpu_kernel() -> None:
             assert st.matcher.consume_token(int(x[row].argmax()))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+def test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does() -> None:
+    """A fill process's segment pinned in place for the GPU (a GPU replica's default fill): its masks
+    are the CPU's step after step; closed, its segment is unregistered, so the next masker's (often
+    mapped at the same address) pins too and masks alike, with no CUDA error left behind."""
+    from switchyard.engine.chat.grammar import GrammarMasker
+    from switchyard.engine.chat.grammar_process import ProcessMasker
+    from switchyard.engine.chat.structured import constraint
+
+    tok, grammars = _smollm2_grammars()
+    c = constraint({"tool_choice": "required"}, TOOLS)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8)
+        try:
+            line = GrammarMasker(tok.vocab_size, ahead=False)
+            pairs = [(grammars.compile(c), grammars.compile(c)) for _ in range(5)]
+            for _ in range(3):
+                x = torch.randn(6, tok.vocab_size, generator=g)
+                y = x.to("cuda")
+                proc.apply(y, [*(a for a, _ in pairs[:2]), None, *(a for a, _ in pairs[2:])])
+                line.apply(x, [*(b for _, b in pairs[:2]), None, *(b for _, b in pairs[2:])])
+                proc.wait()
+                assert torch.equal(torch.isinf(y.cpu()), torch.isinf(x))
+                for (a, b), row in zip(pairs, (0, 1, 3, 4, 5), strict=True):
+                    t = int(x[row].argmax())
+                    a.accept(t)
+                    b.accept(t)
+        finally:
+            proc.close()
+    torch.cuda.synchronize()  # nothing left for a later launch's check to raise
+
+
 def _smollm2_grammars() -> tuple[Any, Any]:
     """SmolLM2's tokenizer and its Grammars: from the GGUF, or on a device run the carried copy
     (SWITCHYARD_TEST_TOKENIZER_DIR, as test_cuda_serve reads it; the GGUF is 98 MB)."""
@@ -291,6 +324,24 @@ def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
             proc.wait()
     finally:
         proc.close()
+
+
+def test_closing_a_fill_process_ends_it_and_frees_its_segment() -> None:
+    """What the engine loop's end (and a bench between decodes) relies on: close() stops the process,
+    unlinks its shared memory, and a second close() has nothing left to do."""
+    from multiprocessing import shared_memory
+
+    from switchyard.engine.chat.grammar_process import ProcessMasker
+
+    tok, _ = _smollm2_grammars()
+    proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=1, lanes=1, max_rows=2,
+                         pinned=False)
+    assert proc.proc.is_alive()
+    proc.close()
+    assert not proc.proc.is_alive() and proc.proc.exitcode == 0  # stopped, not killed
+    with pytest.raises(FileNotFoundError):
+        shared_memory.SharedMemory(name=proc.shm.name)
+    proc.close()
 
 
 def test_call_parser_streams_what_the_whole_text_gives() -> None:

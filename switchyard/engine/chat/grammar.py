@@ -228,6 +228,9 @@ class GrammarMasker:
         if self._filler is not None:
             self._filler.join()
 
+    def close(self) -> None:
+        """Nothing to free: the fill thread is a daemon, its buffers torch's (ProcessMasker's are not)."""
+
 
 class _Filler:
     """The masker's fill thread: one step's rows at a time, each step's ticket written to the

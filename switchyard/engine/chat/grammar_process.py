@@ -154,10 +154,13 @@ class ProcessMasker(GrammarMasker):
         whole = torch.frombuffer(self.shm.buf, dtype=torch.uint8)
         self._pinned = pinned
         if pinned:  # in place for the GPU: the masking kernel reads the ticket and the bits over the bus
-            err = torch.cuda.cudart().cudaHostRegister(whole.data_ptr(), size, 0)
-            if int(err) != 0 or not whole.is_pinned():
+            cudart = torch.cuda.cudart()
+            err = int(cudart.cudaHostRegister(whole.data_ptr(), size, 0))
+            if err != 0 or not whole.is_pinned():
+                cudart.cudaGetLastError()  # else the next kernel launch's check raises it
+                del whole
                 self._release(registered=False)
-                raise EngineFailed(f"the grammar fill's shared memory could not be pinned ({err})")
+                raise EngineFailed(f"the grammar fill's shared memory could not be pinned (cudaError {err})")
         self.flag = whole[:16].view(torch.int64)
         off = size - 2 * max_rows * self.words * 4
         self.bitmasks = [whole[off + i * max_rows * self.words * 4: off + (i + 1) * max_rows * self.words * 4]
@@ -241,7 +244,10 @@ class ProcessMasker(GrammarMasker):
         self.last_fill_s = int(self.hdr[FILL_NS]) * 1e-9
 
     def close(self) -> None:
-        """Stop the process and free the segment (the GPU done with it)."""
+        """Stop the process and free the segment, unregistered once the GPU is done with it (an address
+        left registered would refuse the next segment mapped there). The output stage's, once its loop ends."""
+        if "hdr" not in self.__dict__:  # closed already
+            return
         self.hdr[STOP] = 1
         self.proc.join(5)
         if self.proc.is_alive():

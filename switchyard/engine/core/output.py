@@ -101,6 +101,15 @@ class OutputStage:
                 log.warning("grammar masks filled on a thread: %s", e)
         return GrammarMasker(width, threads=self.grammar_threads)
 
+    def close(self) -> None:
+        """Free the masker's process and shared memory (chat/grammar_process), if it has them; at the end
+        of the engine's loop, so a failure here is logged rather than raised over the loop's own."""
+        if self.masker is not None:
+            try:
+                self.masker.close()
+            except Exception as e:  # a GPU already failed
+                log.warning("the grammar masker did not close: %s: %s", type(e).__name__, e)
+
     @property
     def fill(self) -> str:
         """Where the grammar masks fill: the masker's WHERE once a constrained step made it, else

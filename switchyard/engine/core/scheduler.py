@@ -127,6 +127,8 @@ class Scheduler:
         except BaseException as e:
             self.fail(f"{type(e).__name__}: {e}")
             raise
+        finally:
+            self.output.close()
 
     def step(self, wait: bool = False) -> bool:
         """One turn of the engine loop: admit what fits, then a prefill step or a decode step
