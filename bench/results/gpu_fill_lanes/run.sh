@@ -13,7 +13,9 @@
 #   AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="ab serve" OUT=$OUT bash ...run.sh   # call 5: the fill process
 #   served (chat/grammar_process.py; the ab's "fill thread" variants the thread's)
 #   AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="serve ab prefill" OUT=$OUT bash ...run.sh   # call 5: the
-#   fill process the GPU's default (--grammar-fill auto), served and in the ab; the 8k prefill's profile
+#   fill process the GPU's default (--grammar-fill auto), served and in the ab; the 8k prefill's profile (the ab
+#   lost: a closed masker's segment stayed registered, refusing the next)
+#   AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="ab regress" OUT=$OUT bash ...run.sh   # call 6: mended
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
