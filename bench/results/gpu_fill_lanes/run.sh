@@ -10,11 +10,9 @@
 #   in a process (a prototype then, bench/grammar_fill_process.py and --process-fill of 7ec1006) beside the fill thread
 #   AB_SHAPES=smollm2-135m AB_ROUNDS=5 PROCESS=1 SWITCHES= STAGES=ab OUT=$OUT bash ...run.sh   # call 4: the same, the
 #   prototype's row table written at once (its tree: 02e46ae)
-#   AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="ab serve" OUT=$OUT bash ...run.sh   # call 5: the fill process
-#   served (chat/grammar_process.py; the ab's "fill thread" variants the thread's)
 #   AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="serve ab prefill" OUT=$OUT bash ...run.sh   # call 5: the
 #   fill process the GPU's default (--grammar-fill auto), served and in the ab; the 8k prefill's profile (the ab
-#   lost: a closed masker's segment stayed registered, refusing the next)
+#   lost: a collected masker's segment stayed registered with CUDA, refusing the next one's pin)
 #   AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="ab regress" OUT=$OUT bash ...run.sh   # call 6: mended
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
