@@ -14,6 +14,8 @@
 #   fill process the GPU's default (--grammar-fill auto), served and in the ab; the 8k prefill's profile (the ab
 #   lost: a collected masker's segment stayed registered with CUDA, refusing the next one's pin)
 #   AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="ab regress" OUT=$OUT bash ...run.sh   # call 6: mended
+#   AB_SHAPES=llama-8b AB_ROUNDS=3 SWITCHES= STAGES="masks prefill ab" OUT=$OUT bash ...run.sh   # call 7: the GPU's
+#   mask tests (a fill process pinned after another), the prefill's host share, the 8B's ab
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
@@ -21,6 +23,7 @@
 # split:   the host's turn by part at SmolLM2 batch 16, free, items and tool calls (engine_cuda_profile --host-split);
 # prefill: the 8B shape's 8k-token prefill by part (GEMMs, attention, the rest) and SDPA's kernels on one
 #          layer's attention (bench/engine_cuda_profile.py --prefill);
+# masks:   test_structured.py's GPU tests and test_cuda_serve.py (what regress runs of them);
 # gil:     bench/gil_handoff.py (a hand-over between two Python threads);
 # full:    ours and the compiled peer at batches 1, 16, 64 (both shapes), grammar at 1 and 16;
 # serve:   tests/engine/test_cuda_serve.py (the served engine on the GPU: /health's lanes, the fill pool);
@@ -36,6 +39,11 @@ for s in ${STAGES:-regress lanes split}; do
     gil) stage gil  # what a hand-over between two Python threads costs on this host (bench/gil_handoff.py)
       timeout 60 $PY bench/gil_handoff.py >"$out/gil.log" 2>&1; echo "gil rc=$?" | tee -a "$log"; tee -a "$log" <"$out/gil.log" ;;
     full) BATCHES=1,16,64 engine_bench smollm2-135m,llama-8b 1,16 ;;  # ours and the compiled peer (TOOLS=1: tool calls)
+    masks) stage masks
+      timeout "$(( $(left) < 200 ? $(left) - 5 : 200 ))" $PY -m pytest -q -p no:cacheprovider -rs tests/engine/test_cuda_serve.py \
+        tests/engine/test_structured.py::test_gpu_masks_equal_the_cpu_kernel \
+        tests/engine/test_structured.py::test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does >"$out/masks.log" 2>&1
+      echo "masks rc=$?" | tee -a "$log"; tail -n 3 "$out/masks.log" | tee -a "$log" ;;
     serve) stage serve
       timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_serve.py \
         >"$out/serve.log" 2>&1
