@@ -1,4 +1,4 @@
-"""A GPU replica's grammar masks filled by a process of their own (`--grammar-fill process`, opt-in).
+"""A GPU replica's grammar masks filled by a process of their own (`--grammar-fill auto`, the default on a GPU).
 
 The masker's fill thread (chat/grammar.GrammarMasker, filled ahead) shares the engine's interpreter: it
 takes the GIL to start a step's fill and again to write its ticket, and each hand-over costs the thread
@@ -18,8 +18,8 @@ memory, each polling it without sleeping:
 The engine keeps its own matchers (the output stage's accepts, `done`, `accepting`), so the process's
 are a mirror, fed the same tokens. On an H100, SmolLM2's shape at batches 1 and 16 ran a tool call's
 grammar 0.99x and 0.98x as fast as free decoding this way, the fill thread 0.96x and 0.96x
-(bench/results/gpu_fill_lanes, call 4, a bench prototype of this module; this module itself has run
-on CPUs only, the masking kernel interpreted, hence opt-in).
+(bench/results/gpu_fill_lanes, call 4, a bench prototype of this module); this module, served on an
+H200, ran SmolLM2 at batch 1 1.04x (items) and 0.96x (tool calls), the thread 0.80x and 0.61x (call 6).
 """
 
 from __future__ import annotations
