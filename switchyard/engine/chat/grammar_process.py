@@ -191,7 +191,8 @@ class ProcessMasker(GrammarMasker):
         if len(states) > self.max_rows:
             raise EngineFailed(f"{len(states)} rows for a grammar fill made for {self.max_rows}")
         if self._freed:
-            freed, self._freed = self._freed, []
+            # Popped one by one: a finalizer may append between a read of the list and its replacement.
+            freed = [self._freed.pop() for _ in range(len(self._freed))]
             self._send("free", freed, "")
         table = []
         for i, s in live:
