@@ -291,7 +291,7 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     engine's thread, or ahead on the masker's). (Until 2026-12-06 also torch's masking ops and the
     sampling stage's host cuts undone, bench/results/gpu_host_cuts; until the masks filled ahead were
     served, a 10 us GIL switch interval for them, which lost: bench/results/gpu_grammar_ahead.)
-    switches_us: also the served fill under each of these GIL switch intervals (GrammarMasker.SWITCH_S,
+    switches_us: also the fill thread under each of these GIL switch intervals (GrammarMasker.SWITCH_S,
     set for the process when a decode's fill thread starts)."""
     from switchyard.engine.chat.grammar import GrammarMasker
 
@@ -686,7 +686,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="> 1: free and grammar decoding alternated this many times a batch, medians reported")
     ap.add_argument("--grammar-ab", action="store_true",
                     help="with --grammar-rounds: also engine_cuda.grammar_variants() (the masks filled the other way)")
-    ap.add_argument("--switch-ab", default="", help="with --grammar-ab: also the served fill under these GIL "
+    ap.add_argument("--switch-ab", default="", help="with --grammar-ab: also the fill thread under these GIL "
                     "switch intervals, us (e.g. 50,20; served: GrammarMasker.SWITCH_S)")
     ap.add_argument("--grammar-tools", action="store_true",
                     help="with --grammar-rounds: also a tool-call grammar (plain strings) in the same rounds")
