@@ -163,3 +163,40 @@ def _save_hf_reading(path: Path, saved: Path) -> None:
                 pass
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# Two tools for the structured-output tests: an object with an enum and a bounded integer, and a
+# nested object with an array.
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string"},
+    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 14}}, "required": ["city", "unit", "days"]}
+TRIP = {"type": "object", "properties": {
+    "traveler": {"type": "object", "properties": {"name": {"type": "string"},
+                                                  "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+                 "required": ["name", "age"]},
+    "destinations": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
+    "seat": {"type": "string", "enum": ["economy", "business"]}}, "required": ["traveler", "destinations", "seat"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "book_trip", "description": "Book a trip for a traveler",
+                                           "parameters": TRIP}}]
+SCHEMAS = {"get_weather": WEATHER, "book_trip": TRIP}
+
+
+def smollm2_grammars() -> tuple[Any, Any]:
+    """SmolLM2's tokenizer and its Grammars: from the GGUF, or on a device run the carried copy
+    (SWITCHYARD_TEST_TOKENIZER_DIR, as test_cuda_serve reads it; the GGUF is 98 MB)."""
+    import os
+
+    from switchyard.engine.chat import tokenizer
+    from switchyard.engine.chat.grammar import Grammars
+
+    carried = os.environ.get("SWITCHYARD_TEST_TOKENIZER_DIR")
+    if carried:
+        tok = tokenizer.from_hf_dir(Path(carried), set())
+    else:
+        from switchyard.engine.model.gguf_file import GGUFFile
+
+        tok = tokenizer.from_gguf(GGUFFile(smollm2_path()))
+    return tok, Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))

@@ -13,7 +13,16 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
-from engine_support import INT4_SERVER_ARGS, EngineServer, get
+from engine_support import (
+    INT4_SERVER_ARGS,
+    SCHEMAS,
+    TOOLS,
+    TRIP,
+    WEATHER,
+    EngineServer,
+    get,
+    smollm2_grammars,
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,21 +32,6 @@ def server(server_int4: EngineServer) -> EngineServer:
     return server_int4
 
 
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string"},
-    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    "days": {"type": "integer", "minimum": 1, "maximum": 14}}, "required": ["city", "unit", "days"]}
-TRIP = {"type": "object", "properties": {
-    "traveler": {"type": "object", "properties": {"name": {"type": "string"},
-                                                  "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-                 "required": ["name", "age"]},
-    "destinations": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
-    "seat": {"type": "string", "enum": ["economy", "business"]}}, "required": ["traveler", "destinations", "seat"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
-                                           "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "book_trip", "description": "Book a trip for a traveler",
-                                           "parameters": TRIP}}]
-SCHEMAS = {"get_weather": WEATHER, "book_trip": TRIP}
 PROMPTS = ["What's the weather in Paris for the next 3 days?", "Book a business trip to Rome for Ann, 34.",
            "Is it going to rain in Tokyo this week? Use fahrenheit.", "Plan a trip to Oslo and Bergen for Tom (52).",
            "Weather in Lima tomorrow, please.", "I need economy seats to Cairo for Lea, age 8.",
@@ -122,7 +116,7 @@ def test_gpu_masks_equal_the_cpu_kernel() -> None:
         dev = logits.to("cuda", dtype)
         apply_token_bitmask(dev, bitmask, [0, 2])
         assert torch.equal(torch.isinf(dev.float().cpu()), torch.isinf(ref))
-    tok, grammars = _smollm2_grammars()
+    tok, grammars = smollm2_grammars()
     state = grammars.compile(constraint({"tool_choice": "required"}, TOOLS))
     dev = torch.randn(2, tok.vocab_size, device="cuda")
     free = dev[1].clone()
@@ -144,59 +138,6 @@ def test_gpu_masks_equal_the_cpu_kernel() -> None:
             assert st.matcher.consume_token(int(x[row].argmax()))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
-def test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does() -> None:
-    """A fill process's segment pinned in place for the GPU (a GPU replica's default fill): its masks
-    are the CPU's step after step; closed, its segment is unregistered, so the next masker's (often
-    mapped at the same address) pins too and masks alike, with no CUDA error left behind."""
-    from switchyard.engine.chat.grammar import GrammarMasker
-    from switchyard.engine.chat.grammar_process import ProcessMasker
-    from switchyard.engine.chat.structured import constraint
-
-    tok, grammars = _smollm2_grammars()
-    c = constraint({"tool_choice": "required"}, TOOLS)
-    g = torch.Generator().manual_seed(3)
-    for _ in range(2):
-        proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8)
-        try:
-            line = GrammarMasker(tok.vocab_size, ahead=False)
-            pairs = [(grammars.compile(c), grammars.compile(c)) for _ in range(5)]
-            for _ in range(3):
-                x = torch.randn(6, tok.vocab_size, generator=g)
-                y = x.to("cuda")
-                proc.apply(y, [*(a for a, _ in pairs[:2]), None, *(a for a, _ in pairs[2:])])
-                line.apply(x, [*(b for _, b in pairs[:2]), None, *(b for _, b in pairs[2:])])
-                proc.wait()
-                assert torch.equal(torch.isinf(y.cpu()), torch.isinf(x))
-                for (a, b), row in zip(pairs, (0, 1, 3, 4, 5), strict=True):
-                    t = int(x[row].argmax())
-                    a.accept(t)
-                    b.accept(t)
-        finally:
-            proc.close()
-    torch.cuda.synchronize()  # nothing left for a later launch's check to raise
-
-
-def _smollm2_grammars() -> tuple[Any, Any]:
-    """SmolLM2's tokenizer and its Grammars: from the GGUF, or on a device run the carried copy
-    (SWITCHYARD_TEST_TOKENIZER_DIR, as test_cuda_serve reads it; the GGUF is 98 MB)."""
-    import os
-
-    from switchyard.engine.chat import tokenizer
-    from switchyard.engine.chat.grammar import Grammars
-
-    carried = os.environ.get("SWITCHYARD_TEST_TOKENIZER_DIR")
-    if carried:
-        tok = tokenizer.from_hf_dir(Path(carried), set())
-    else:
-        from engine_support import smollm2_path
-
-        from switchyard.engine.model.gguf_file import GGUFFile
-
-        tok = tokenizer.from_gguf(GGUFFile(smollm2_path()))
-    return tok, Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids))
-
-
 def test_masks_filled_by_the_pool_equal_those_filled_in_line() -> None:
     """llguidance's pool (GrammarMasker(threads > 1)) fills a batch's masks as the in-line loop
     does, rows without a grammar left free, step after step (the host buffers used in turn), the
@@ -206,7 +147,7 @@ def test_masks_filled_by_the_pool_equal_those_filled_in_line() -> None:
     from switchyard.engine.chat.grammar import GrammarMasker, Grammars
     from switchyard.engine.chat.structured import constraint
 
-    tok, grammars = _smollm2_grammars()
+    tok, grammars = smollm2_grammars()
     lanes = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids), lanes=2)
     c = constraint({"tool_choice": "required"}, TOOLS)
     by_lane = [lanes.compile(c) for _ in range(5)]
@@ -240,7 +181,7 @@ def test_masks_filled_ahead_equal_those_filled_in_line() -> None:
     from switchyard.engine.chat.structured import constraint
     from switchyard.engine.errors import EngineFailed
 
-    tok, grammars = _smollm2_grammars()
+    tok, grammars = smollm2_grammars()
     ahead_states = [grammars.compile(constraint({"tool_choice": "required"}, TOOLS)) for _ in range(3)]
     line_states = [grammars.compile(constraint({"tool_choice": "required"}, TOOLS)) for _ in range(3)]
     ahead, line = GrammarMasker(tok.vocab_size, ahead=True), GrammarMasker(tok.vocab_size, ahead=False)
@@ -271,77 +212,6 @@ def test_masks_filled_ahead_equal_those_filled_in_line() -> None:
     filler.flag.numpy()[1] = filler.ticket  # as the kernel writes it when it gives up
     with pytest.raises(EngineFailed, match="gave up waiting"):
         ahead.wait()
-
-
-def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
-    """Filled by a process of their own (chat/grammar_process; the kernel waiting for its ticket,
-    interpreted here on CPU logits), rows under two grammars beside a free row get the in-line fill's
-    masks step after step; a row whose state is gone frees its mirror and a new row takes a new
-    one; a fill that fails and a process that died are EngineFailed on the engine's thread."""
-    import gc
-
-    from switchyard.engine.chat.grammar import GrammarMasker
-    from switchyard.engine.chat.grammar_process import ProcessMasker
-    from switchyard.engine.chat.structured import constraint
-    from switchyard.engine.errors import EngineFailed
-
-    tok, grammars = _smollm2_grammars()
-    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {
-        "type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{2,8}$"}}, "required": ["city"]}}}}
-    cs = [constraint({"tool_choice": "required"}, TOOLS), constraint(rf, None)]
-    proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8,
-                         pinned=False)
-    try:
-        line = GrammarMasker(tok.vocab_size, ahead=False)
-        pairs = [(grammars.compile(cs[k % 2]), grammars.compile(cs[k % 2])) for k in range(3)]
-        g = torch.Generator().manual_seed(5)
-        for step in range(6):
-            if step == 3:  # the first row's request is gone (its state collected), a new one comes
-                del pairs[0]
-                gc.collect()
-                pairs.append((grammars.compile(cs[1]), grammars.compile(cs[1])))
-            x = torch.randn(len(pairs) + 1, tok.vocab_size, generator=g)
-            y = x.clone()
-            proc.apply(x, [pairs[0][0], None, *(a for a, _ in pairs[1:])])
-            line.apply(y, [pairs[0][1], None, *(b for _, b in pairs[1:])])
-            proc.wait()
-            assert torch.equal(x, y) and torch.isfinite(x[1]).all() and torch.isinf(x[0]).any()
-            for (a, b), row in zip(pairs, (0, *range(2, len(pairs) + 1)), strict=True):
-                t = int(x[row].argmax())
-                a.accept(t)
-                b.accept(t)
-                assert not a.failed and not b.failed
-        assert proc.ticket == 6 and proc._slots == 4 and not proc._freed  # slot 0's free went with step 4
-        bad = grammars.compile(cs[0])
-        bad.grammar = "start: nonsense("  # the process cannot compile its mirror: that step's fill fails
-        proc.apply(torch.randn(1, tok.vocab_size), [bad])
-        with pytest.raises(EngineFailed, match="grammar fill failed"):
-            proc.wait()
-        proc.proc.kill()
-        proc.proc.join()
-        proc.ticket += 1  # a step the dead process never fills
-        with pytest.raises(EngineFailed, match="process died"):
-            proc.wait()
-    finally:
-        proc.close()
-
-
-def test_closing_a_fill_process_ends_it_and_frees_its_segment() -> None:
-    """What the engine loop's end (and a bench between decodes) relies on: close() stops the process,
-    unlinks its shared memory, and a second close() has nothing left to do."""
-    from multiprocessing import shared_memory
-
-    from switchyard.engine.chat.grammar_process import ProcessMasker
-
-    tok, _ = _smollm2_grammars()
-    proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=1, lanes=1, max_rows=2,
-                         pinned=False)
-    assert proc.proc.is_alive()
-    proc.close()
-    assert not proc.proc.is_alive() and proc.proc.exitcode == 0  # stopped, not killed
-    with pytest.raises(FileNotFoundError):
-        shared_memory.SharedMemory(name=proc.shm.name)
-    proc.close()
 
 
 def test_call_parser_streams_what_the_whole_text_gives() -> None:

@@ -43,7 +43,7 @@ for s in ${STAGES:-regress lanes split}; do
     masks) stage masks
       timeout "$(( $(left) < 200 ? $(left) - 5 : 200 ))" $PY -m pytest -q -p no:cacheprovider -rs tests/engine/test_cuda_serve.py \
         tests/engine/test_structured.py::test_gpu_masks_equal_the_cpu_kernel \
-        tests/engine/test_structured.py::test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does >"$out/masks.log" 2>&1
+        tests/engine/test_grammar_process.py::test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does >"$out/masks.log" 2>&1
       echo "masks rc=$?" | tee -a "$log"; tail -n 3 "$out/masks.log" | tee -a "$log" ;;
     serve) stage serve
       timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_serve.py \

@@ -1,0 +1,114 @@
+"""The grammar masks filled by a process of their own (chat/grammar_process, a GPU replica's default
+fill): its masks against the in-line fill's, on CPU logits (the waiting kernel interpreted) and on the
+GPU; its failures on the engine's thread; its close. The served form: test_structured's
+test_a_fill_process_gives_the_fill_threads_replies, and test_cuda_serve on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_support import TOOLS, smollm2_grammars
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+def test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does() -> None:
+    """A fill process's segment pinned in place for the GPU (a GPU replica's default fill): its masks
+    are the CPU's step after step; closed, its segment is unregistered, so the next masker's (often
+    mapped at the same address) pins too and masks alike, with no CUDA error left behind."""
+    from switchyard.engine.chat.grammar import GrammarMasker
+    from switchyard.engine.chat.grammar_process import ProcessMasker
+    from switchyard.engine.chat.structured import constraint
+
+    tok, grammars = smollm2_grammars()
+    c = constraint({"tool_choice": "required"}, TOOLS)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8)
+        try:
+            line = GrammarMasker(tok.vocab_size, ahead=False)
+            pairs = [(grammars.compile(c), grammars.compile(c)) for _ in range(5)]
+            for _ in range(3):
+                x = torch.randn(6, tok.vocab_size, generator=g)
+                y = x.to("cuda")
+                proc.apply(y, [*(a for a, _ in pairs[:2]), None, *(a for a, _ in pairs[2:])])
+                line.apply(x, [*(b for _, b in pairs[:2]), None, *(b for _, b in pairs[2:])])
+                proc.wait()
+                assert torch.equal(torch.isinf(y.cpu()), torch.isinf(x))
+                for (a, b), row in zip(pairs, (0, 1, 3, 4, 5), strict=True):
+                    t = int(x[row].argmax())
+                    a.accept(t)
+                    b.accept(t)
+        finally:
+            proc.close()
+    torch.cuda.synchronize()  # nothing left for a later launch's check to raise
+
+
+def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
+    """Filled by a process of their own (chat/grammar_process; the kernel waiting for its ticket,
+    interpreted here on CPU logits), rows under two grammars beside a free row get the in-line fill's
+    masks step after step; a row whose state is gone frees its mirror and a new row takes a new
+    one; a fill that fails and a process that died are EngineFailed on the engine's thread."""
+    import gc
+
+    from switchyard.engine.chat.grammar import GrammarMasker
+    from switchyard.engine.chat.grammar_process import ProcessMasker
+    from switchyard.engine.chat.structured import constraint
+    from switchyard.engine.errors import EngineFailed
+
+    tok, grammars = smollm2_grammars()
+    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {
+        "type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{2,8}$"}}, "required": ["city"]}}}}
+    cs = [constraint({"tool_choice": "required"}, TOOLS), constraint(rf, None)]
+    proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8,
+                         pinned=False)
+    try:
+        line = GrammarMasker(tok.vocab_size, ahead=False)
+        pairs = [(grammars.compile(cs[k % 2]), grammars.compile(cs[k % 2])) for k in range(3)]
+        g = torch.Generator().manual_seed(5)
+        for step in range(6):
+            if step == 3:  # the first row's request is gone (its state collected), a new one comes
+                del pairs[0]
+                gc.collect()
+                pairs.append((grammars.compile(cs[1]), grammars.compile(cs[1])))
+            x = torch.randn(len(pairs) + 1, tok.vocab_size, generator=g)
+            y = x.clone()
+            proc.apply(x, [pairs[0][0], None, *(a for a, _ in pairs[1:])])
+            line.apply(y, [pairs[0][1], None, *(b for _, b in pairs[1:])])
+            proc.wait()
+            assert torch.equal(x, y) and torch.isfinite(x[1]).all() and torch.isinf(x[0]).any()
+            for (a, b), row in zip(pairs, (0, *range(2, len(pairs) + 1)), strict=True):
+                t = int(x[row].argmax())
+                a.accept(t)
+                b.accept(t)
+                assert not a.failed and not b.failed
+        assert proc.ticket == 6 and proc._slots == 4 and not proc._freed  # slot 0's free went with step 4
+        bad = grammars.compile(cs[0])
+        bad.grammar = "start: nonsense("  # the process cannot compile its mirror: that step's fill fails
+        proc.apply(torch.randn(1, tok.vocab_size), [bad])
+        with pytest.raises(EngineFailed, match="grammar fill failed"):
+            proc.wait()
+        proc.proc.kill()
+        proc.proc.join()
+        proc.ticket += 1  # a step the dead process never fills
+        with pytest.raises(EngineFailed, match="process died"):
+            proc.wait()
+    finally:
+        proc.close()
+
+
+def test_closing_a_fill_process_ends_it_and_frees_its_segment() -> None:
+    """What the engine loop's end (and a bench between decodes) relies on: close() stops the process,
+    unlinks its shared memory, and a second close() has nothing left to do."""
+    from multiprocessing import shared_memory
+
+    from switchyard.engine.chat.grammar_process import ProcessMasker
+
+    tok, _ = smollm2_grammars()
+    proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=1, lanes=1, max_rows=2,
+                         pinned=False)
+    assert proc.proc.is_alive()
+    proc.close()
+    assert not proc.proc.is_alive() and proc.proc.exitcode == 0  # stopped, not killed
+    with pytest.raises(FileNotFoundError):
+        shared_memory.SharedMemory(name=proc.shm.name)
+    proc.close()
