@@ -193,9 +193,11 @@ def grammar_constraint(tool_calls: bool = False) -> Any:
     return c
 
 
-def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int | None = None) -> Any:
+def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int | None = None,
+                    slices: list[str] | None = None) -> Any:
     """A fresh matcher per call of grammar_constraint(tool_calls)'s grammar, compiled once per lane
-    (chat/grammar.Grammars; None: a GPU replica's lanes, as served). A tool call's row starts
+    (chat/grammar.Grammars; None: a GPU replica's lanes, as served) against a tokenizer with `slices`
+    (None: chat/grammar.SLICES, as served). A tool call's row starts
     another call when one is complete (its matcher reset, as bench/grammar_fill_threads.py's
     streams do), so that no row finishes early and a batch stays whole to the end."""
     from switchyard.engine.chat.grammar import Grammars, GrammarState
@@ -211,7 +213,7 @@ def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int | None = None
                     self.new.append(RESET)
 
     g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids),
-                 lanes=lanes or grammar_lanes(auto_grammar_threads("cuda")))
+                 lanes=lanes or grammar_lanes(auto_grammar_threads("cuda")), slices=slices)
     c = grammar_constraint(tool_calls)
     if not tool_calls:
         return lambda: g.compile(c)
@@ -323,6 +325,12 @@ def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens:
         engines += [(f"ours (async, {k})", knobs, make if constrained else None, None)
                     for k, (constrained, knobs) in grammar_variants(switches_us).items()]
         engines.append(("ours (async, grammar, one fill thread)", [], grammar_factory(gtok, lanes=1), 1))
+        # The fill thread's matchers on llguidance's general slices, not ours (chat/grammar.SLICES).
+        import llguidance
+
+        engines.append(("ours (async, grammar, fill thread, general slices)",
+                        grammar_variants()["grammar, fill thread"][1],
+                        grammar_factory(gtok, slices=llguidance.LLTokenizer.general_slices()), None))
     if tool_calls is not None:
         engines.append(("ours (async, grammar, tool calls)", [], tool_calls, None))
     if ab and tool_calls is not None:

@@ -4,6 +4,7 @@ compiling a grammar costs, and the measurement that chose llguidance over xgramm
   PYTHONPATH=. python bench/grammar.py                  # both parts, 3 rounds
   PYTHONPATH=. python bench/grammar.py --part engine    # our masker vs a decode step only
   PYTHONPATH=. python bench/grammar.py --part libraries # llguidance vs xgrammar only
+  PYTHONPATH=. python bench/grammar.py --part slices --rounds 8  # a row's fill: llguidance's slices vs ours
 
 `engine`: the real runner (SmolLM2-135M Q4_1, `--dtype auto` as `engine serve` runs it) decodes a
 batch of 1 and of 16 tool-call prompts; each step's logits go through our GrammarMasker (every row
@@ -166,6 +167,65 @@ def libraries(path: Path, rounds: int) -> None:
         print(f"  batch {B:2d} {kind:8s} {name:10s} {_ms(v)}  (rounds {min(v) * 1000:.3f}-{max(v) * 1000:.3f})")
 
 
+# -- slices ------------------------------------------------------------------------------------------
+
+ITEMS = {"type": "object", "properties": {"items": {"type": "array", "minItems": 40, "items": {
+    "type": "object", "required": ["name", "count", "tags"], "properties": {
+        "name": {"type": "string", "pattern": "^[a-z ]{4,24}$"}, "count": {"type": "integer", "minimum": 0},
+        "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,12}$"}, "maxItems": 3}}}}},
+    "required": ["items"]}  # bench/engine_cuda.py's GRAMMAR_SCHEMA: strings under patterns
+
+
+def slices(path: Path, rounds: int, steps: int) -> None:
+    """A row's fill under llguidance's general slices and under ours (chat/grammar.SLICES), over the same
+    random walks (each step a token drawn from the allowed ones, as random weights pick), the two masks
+    compared bit for bit at every step."""
+    import random
+
+    import llguidance
+    import numpy as np
+
+    from switchyard.engine.chat.grammar import SLICES, ll_tokenizer
+    from switchyard.engine.chat.structured import constraint
+
+    tok = _tokenizer(path)
+    V, W = tok.vocab_size, (tok.vocab_size + 31) // 32
+    schema = {"type": "json_schema", "json_schema": {"name": "items", "schema": ITEMS}}
+    grammars = {"tool calls": constraint(BODIES["required"], TOOLS), "auto": constraint(BODIES["auto"], TOOLS),
+                "json": constraint(BODIES["json"], None), "items": constraint({"response_format": schema}, None)}
+    toks = {}
+    for name, sl in (("general", llguidance.LLTokenizer.general_slices()), ("ours", SLICES)):
+        t = time.perf_counter()
+        toks[name] = ll_tokenizer(tok.tok.to_str(), V, sorted(tok.eos_ids), sl)
+        print(f"tokenizer with the {name} slices ({len(sl)}): {(time.perf_counter() - t) * 1000:.0f} ms")
+    print(f"\na row's fill, {rounds} random walks of {steps} steps a grammar (a finished reply starts again)")
+    for gname, c in grammars.items():
+        assert c is not None
+        tmpl = {k: llguidance.LLMatcher(t, llguidance.LLMatcher.grammar_from_lark(c.grammar), log_level=0)
+                for k, t in toks.items()}
+        spent: dict[str, list[float]] = {k: [] for k in toks}
+        for seed in range(rounds):
+            rng, ms = random.Random(seed), {k: m.deep_copy() for k, m in tmpl.items()}
+            bms = {k: np.zeros(W, dtype=np.int32) for k in toks}
+            for _ in range(steps):
+                for k, m in ms.items():
+                    if m.is_stopped():
+                        m.reset()
+                    t0 = time.perf_counter()
+                    m.unsafe_compute_mask_ptr(bms[k].ctypes.data, W * 4)
+                    spent[k].append(time.perf_counter() - t0)
+                assert np.array_equal(bms["general"], bms["ours"]), f"{gname}: the slices changed a mask"
+                allowed = np.flatnonzero(np.unpackbits(bms["ours"].view(np.uint8), bitorder="little")[:V])
+                x = int(allowed[rng.randrange(len(allowed))])
+                for m in ms.values():
+                    assert m.consume_token(x)
+        for k, v in spent.items():
+            v.sort()
+            print(f"  {gname:10s} {k:8s} mean {statistics.fmean(v) * 1e6:5.0f} us  p50 {v[len(v) // 2] * 1e6:4.0f}"
+                  f"  p90 {v[int(len(v) * 0.9)] * 1e6:4.0f}  p99 {v[int(len(v) * 0.99)] * 1e6:4.0f}"
+                  f"  max {v[-1] * 1e6:5.0f} us")
+
+
 # -- engine ------------------------------------------------------------------------------------------
 
 
@@ -238,7 +298,7 @@ def engine(path: Path, rounds: int, steps: int, threads: int, mask_threads: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=["both", "engine", "libraries"], default="both")
+    ap.add_argument("--part", choices=["both", "engine", "libraries", "slices"], default="both")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=48, help="decode steps per round (engine part)")
     ap.add_argument("--threads", type=int, default=0, help="the runner's threads (0: all cores)")
@@ -247,6 +307,8 @@ def main() -> None:
     from switchyard.engine.serving import registry
 
     path = registry.pull("smollm2-135m")
+    if args.part == "slices":
+        slices(path, args.rounds, args.steps * 4)
     if args.part in ("both", "libraries"):
         libraries(path, args.rounds)
     if args.part in ("both", "engine"):

@@ -33,6 +33,27 @@ from switchyard.engine.errors import EngineFailed, GrammarError
 
 BACKEND = f"llguidance {llguidance.__version__}" if hasattr(llguidance, "__version__") else "llguidance"
 
+# llguidance's slices: sets of tokens whose whole mask is added at once wherever the grammar allows every
+# token of the set, instead of walking their part of the token trie (a token belongs to the first slice it
+# matches). Its general ones cover a JSON string's free text; a string under a pattern (`^[a-z ]{4,24}$`)
+# walked ~33k of SmolLM2's tokens, 0.4-0.8 ms a row. These add the character classes of common patterns,
+# lower-case words (with spaces), mixed case, identifiers, digits, in length spans so that a pattern with
+# room left for a span takes it whole; the masks are the same bits. On SmolLM2's tokenizer (bench/grammar.py
+# --part slices) the items grammar's fill fell from 0.11 ms a row on average to 0.06 ms (its 90th percentile
+# from 0.43 to 0.19 ms), tool calls and plain JSON alike or faster, the tokenizer built as fast.
+# Narrow classes first (a token is the first slice's that matches it); whitespace first, as in the general ones.
+_GENERAL = llguidance.LLTokenizer.general_slices()
+_CLASSES = {"[0-9]": 8, "[a-z]": 16, "[a-z ]": 16, "[A-Za-z ]": 8, "[A-Za-z0-9_ ]": 8}  # class: its longest span
+SLICES = _GENERAL[:1] + [f"{c}{{{lo},{hi}}}" for c, top in _CLASSES.items()
+                         for lo, hi in ((1, 4), (5, 8), (9, 16)) if hi <= top] + _GENERAL[1:]
+
+
+def ll_tokenizer(tokenizer_json: str, vocab_size: int, eos_ids: list[int],
+                 slices: list[str] | None = None) -> llguidance.LLTokenizer:
+    """llguidance's tokenizer with SLICES (None) or the `slices` given; ~0.4-0.7 s for a 49k vocabulary."""
+    return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_ids,
+                                  slices=SLICES if slices is None else slices)
+
 
 class Grammars:
     """Compiles constraints for one tokenizer and keeps the last `cache_size` of them per lane.
@@ -51,9 +72,8 @@ class Grammars:
     """
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int], cache_size: int = 256,
-                 lanes: int = 1) -> None:
-        # ~0.7 s for a 49k vocabulary: once per server, at start-up.
-        self.tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_ids)
+                 lanes: int = 1, slices: list[str] | None = None) -> None:
+        self.tok = ll_tokenizer(tokenizer_json, vocab_size, eos_ids, slices)  # once per server, at start-up
         self.vocab_size = vocab_size
         self.lanes = lanes
         self.cache_size = cache_size * lanes

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from switchyard.engine.chat.grammar import GrammarMasker, GrammarState, fused_mask
+from switchyard.engine.chat.grammar import GrammarMasker, GrammarState, fused_mask, ll_tokenizer
 from switchyard.engine.errors import EngineFailed
 
 # The header's int64 words: the ticket done (the masking kernel's flag[0]), a ticket the kernel gave up on
@@ -71,7 +71,7 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
 
     shm = shared_memory.SharedMemory(name=name)
     hdr, table, bms, err_at = _views(shm.buf, words, max_rows)
-    tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=eos)
+    tok = ll_tokenizer(tokenizer_json, vocab, eos)
     executor = llguidance.LLExecutor(threads) if threads > 1 else None
     compiled: dict[tuple[str, int], Any] = {}  # (grammar, lane) -> a matcher in its start state
     matchers: dict[int, Any] = {}
