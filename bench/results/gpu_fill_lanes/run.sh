@@ -14,9 +14,9 @@
 #   fill process the GPU's default (--grammar-fill auto), served and in the ab; the 8k prefill's profile (the ab
 #   lost: a collected masker's segment stayed registered with CUDA, refusing the next one's pin)
 #   AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="ab regress" OUT=$OUT bash ...run.sh   # call 6: mended
-#   AB_SHAPES=llama-8b AB_ROUNDS=3 SWITCHES= STAGES="masks prefill ab" OUT=$OUT bash ...run.sh   # call 7, not run (no
-#   machine started before the device time ran out): the GPU's mask tests (a fill process pinned after another), the
-#   prefill's host share, the 8B's ab
+#   AB_SHAPES=smollm2-135m,llama-8b AB_ROUNDS=3 SWITCHES= STAGES="ab masks prefill" OUT=$OUT bash ...run.sh   # call 7:
+#   both shapes' ab with our llguidance slices (chat/grammar.SLICES; a fill thread on the general ones beside), the
+#   GPU's mask tests (a fill process pinned after another), the prefill's host share
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
