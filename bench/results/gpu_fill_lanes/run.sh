@@ -14,9 +14,10 @@
 #   fill process the GPU's default (--grammar-fill auto), served and in the ab; the 8k prefill's profile (the ab
 #   lost: a collected masker's segment stayed registered with CUDA, refusing the next one's pin)
 #   AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="ab regress" OUT=$OUT bash ...run.sh   # call 6: mended
-#   AB_SHAPES=smollm2-135m,llama-8b AB_ROUNDS=3 SWITCHES= STAGES="ab masks prefill" OUT=$OUT bash ...run.sh   # call 7:
-#   both shapes' ab with our llguidance slices (chat/grammar.SLICES; a fill thread on the general ones beside), the
-#   GPU's mask tests (a fill process pinned after another), the prefill's host share
+#   DEADLINE=200 AB_SHAPES=smollm2-135m AB_ROUNDS=3 SWITCHES= STAGES="ab masks" OUT=$OUT bash ...run.sh   # call 7 (an
+#   H100): the ab with our llguidance slices (SLICES in chat/grammar.py; a fill thread on the general ones beside) and
+#   the GPU's mask tests (a fill process pinned after another). Next: AB_SHAPES=llama-8b STAGES="ab prefill" (the
+#   8B's served process, the prefill's host share), not run (the device time ran out)
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
