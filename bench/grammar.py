@@ -169,12 +169,6 @@ def libraries(path: Path, rounds: int) -> None:
 
 # -- slices ------------------------------------------------------------------------------------------
 
-ITEMS = {"type": "object", "properties": {"items": {"type": "array", "minItems": 40, "items": {
-    "type": "object", "required": ["name", "count", "tags"], "properties": {
-        "name": {"type": "string", "pattern": "^[a-z ]{4,24}$"}, "count": {"type": "integer", "minimum": 0},
-        "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,12}$"}, "maxItems": 3}}}}},
-    "required": ["items"]}  # bench/engine_cuda.py's GRAMMAR_SCHEMA: strings under patterns
-
 
 def slices(path: Path, rounds: int, steps: int) -> None:
     """A row's fill under llguidance's general slices and under ours (chat/grammar.SLICES), over the same
@@ -188,9 +182,12 @@ def slices(path: Path, rounds: int, steps: int) -> None:
     from switchyard.engine.chat.grammar import SLICES, ll_tokenizer
     from switchyard.engine.chat.structured import constraint
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engine_cuda import GRAMMAR_SCHEMA  # the GPU bench's items: strings under patterns
+
     tok = _tokenizer(path)
     V, W = tok.vocab_size, (tok.vocab_size + 31) // 32
-    schema = {"type": "json_schema", "json_schema": {"name": "items", "schema": ITEMS}}
+    schema = {"type": "json_schema", "json_schema": {"name": "items", "schema": GRAMMAR_SCHEMA}}
     grammars = {"tool calls": constraint(BODIES["required"], TOOLS), "auto": constraint(BODIES["auto"], TOOLS),
                 "json": constraint(BODIES["json"], None), "items": constraint({"response_format": schema}, None)}
     toks = {}

@@ -11,7 +11,7 @@ import numpy as np
 from engine_support import TOOLS, smollm2_grammars
 
 # Strings under patterns of each class SLICES names, lengths bounded below and above, and free strings.
-PATTERNED = {"type": "object", "required": ["name", "code", "tags", "note"], "properties": {
+PATTERNED = {"type": "object", "required": ["name", "code", "tags", "zip", "note"], "properties": {
     "name": {"type": "string", "pattern": "^[a-z ]{4,24}$"},
     "code": {"type": "string", "pattern": "^[A-Za-z0-9_]{3,10}$"},
     "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,12}$"}, "maxItems": 3},
