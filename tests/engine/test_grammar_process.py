@@ -47,7 +47,8 @@ def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
     """Filled by a process of their own (chat/grammar_process; the kernel waiting for its ticket,
     interpreted here on CPU logits), rows under two grammars beside a free row get the in-line fill's
     masks step after step; a row whose state is gone frees its mirror and a new row takes a new
-    one; a fill that fails and a process that died are EngineFailed on the engine's thread."""
+    one; a fill that fails and a process that died are EngineFailed on the engine's thread. Four
+    constrained rows: the process fills them through llguidance's pool (GrammarMasker.PAR_ROWS)."""
     import gc
 
     from switchyard.engine.chat.grammar import GrammarMasker
@@ -63,7 +64,7 @@ def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
                          pinned=False)
     try:
         line = GrammarMasker(tok.vocab_size, ahead=False)
-        pairs = [(grammars.compile(cs[k % 2]), grammars.compile(cs[k % 2])) for k in range(3)]
+        pairs = [(grammars.compile(cs[k % 2]), grammars.compile(cs[k % 2])) for k in range(GrammarMasker.PAR_ROWS)]
         g = torch.Generator().manual_seed(5)
         for step in range(6):
             if step == 3:  # the first row's request is gone (its state collected), a new one comes
@@ -81,7 +82,7 @@ def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
                 a.accept(t)
                 b.accept(t)
                 assert not a.failed and not b.failed
-        assert proc.ticket == 6 and proc._slots == 4 and not proc._freed  # slot 0's free went with step 4
+        assert proc.ticket == 6 and proc._slots == len(pairs) + 1 and not proc._freed  # slot 0's free: step 4's
         bad = grammars.compile(cs[0])
         bad.grammar = "start: nonsense("  # the process cannot compile its mirror: that step's fill fails
         proc.apply(torch.randn(1, tok.vocab_size), [bad])

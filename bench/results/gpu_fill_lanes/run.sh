@@ -25,7 +25,7 @@
 # split:   the host's turn by part at SmolLM2 batch 16, free, items and tool calls (engine_cuda_profile --host-split);
 # prefill: the 8B shape's 8k-token prefill by part (GEMMs, attention, the rest) and SDPA's kernels on one
 #          layer's attention (bench/engine_cuda_profile.py --prefill);
-# masks:   test_structured.py's GPU tests and test_cuda_serve.py (what regress runs of them);
+# masks:   the GPU's mask tests (test_structured's, test_grammar_process's) and test_cuda_serve.py (of regress's);
 # gil:     bench/gil_handoff.py (a hand-over between two Python threads);
 # full:    ours and the compiled peer at batches 1, 16, 64 (both shapes), grammar at 1 and 16;
 # serve:   tests/engine/test_cuda_serve.py (the served engine on the GPU: /health's lanes, the fill pool);
