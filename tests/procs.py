@@ -128,11 +128,19 @@ def start_upstream(tmp: Path, name: str, port: int | None = None, *extra: str) -
 
 def start_gateway(tmp: Path, policies: list[Path], *extra: str, name: str = "gw",
                   env: dict | None = None, cwd: Path | None = None) -> tuple[Proc, str]:
-    """`cwd`: run the gateway of another source tree (a worktree of an older commit)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "switchyard.cli", "serve", "--port", str(port), "--log-level", "info"]
-    for p in policies:
-        cmd += ["--policy", str(p)]
+    """`cwd`: run the gateway of another source tree (a worktree of an older commit). A free port can be
+    taken by another test's process before the gateway binds it: then it starts again on another."""
     scheme = "https" if "--ssl-certfile" in extra else "http"
-    proc = Proc([*cmd, *extra], f"{scheme}://127.0.0.1:{port}/health", tmp / f"{name}.log", env=env, cwd=cwd)
-    return proc, f"{scheme}://127.0.0.1:{port}"
+    for attempt in range(3):
+        port = free_port()
+        cmd = [sys.executable, "-m", "switchyard.cli", "serve", "--port", str(port), "--log-level", "info"]
+        for p in policies:
+            cmd += ["--policy", str(p)]
+        try:
+            proc = Proc([*cmd, *extra], f"{scheme}://127.0.0.1:{port}/health", tmp / f"{name}.log", env=env, cwd=cwd)
+        except RuntimeError as e:
+            if "address already in use" not in str(e) or attempt == 2:
+                raise
+            continue
+        return proc, f"{scheme}://127.0.0.1:{port}"
+    raise AssertionError("unreachable")

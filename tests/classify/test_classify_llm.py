@@ -123,7 +123,9 @@ async def test_slow_pool_fails_open_at_the_budget_then_breaker_skips(label_serve
         lab = await clf.classify(FEATURES, BODY)
         elapsed = time.perf_counter() - t0
         assert lab.kind == "fail-open" and lab.name == "complex"
-        assert 0.14 <= elapsed < 0.15 + 0.15  # slack for a loaded 2-core CI machine
+        # At the budget, not the slow pool's 2 s: slack for a loaded 2-core CI machine (one call took 0.81 s there
+        # while the other test worker started processes).
+        assert 0.14 <= elapsed < 1.0
     assert clf.timeout_count == 3 and clf.breaker_open
     # Breaker open: no call is made at all, the answer is instant.
     t0 = time.perf_counter()
