@@ -337,6 +337,36 @@ def test_gpu_paged_blocks_and_a_cached_prefix_match_cpu_engine() -> None:
     assert m.status()["graphs_captured"] >= 1
 
 
+def test_a_prefills_last_layer_runs_on_each_prompts_last_row(small_weights: dict[str, torch.Tensor]) -> None:
+    """TorchBackend.last_rows: past its KV write, a prefill's last layer runs on each prompt's last row
+    only; the logits are those of every row through it, for right-padded prompts from position 0
+    and for two prompts continued after cached starts of different lengths (a mask row each)."""
+    def run(narrow: bool) -> tuple[list[torch.Tensor], int]:
+        m = Decoder(SMALL, Shard(0, 1, SMALL), small_weights, SingleRank(), max_slots=4, max_len=64,
+                    dtype="float32", backend="torch")
+        calls = []
+        last_rows = m.backend.last_rows
+
+        def spy(q, x, p):  # type: ignore[no-untyped-def]
+            out = last_rows(q, x, p) if narrow else None
+            calls.append(out is not None and out[1].shape[0] == p.B)
+            return out
+
+        m.backend.last_rows = spy  # type: ignore[method-assign]
+        g = torch.Generator().manual_seed(4)
+        ids, lens = torch.randint(0, SMALL.vocab_size, (2, 20), generator=g), torch.tensor([20, 13])
+        more, lens2 = torch.randint(0, SMALL.vocab_size, (2, 6), generator=g), torch.tensor([6, 4])
+        pos2 = torch.stack([torch.arange(20, 26), torch.arange(13, 19)])
+        logits = [m.forward(Step(ids, torch.arange(20).expand(2, 20).contiguous(), torch.tensor([0, 1]), lens, lens)),
+                  m.forward(Step(more, pos2, torch.tensor([0, 1]), lens2, lens + lens2))]
+        return logits, sum(calls)
+
+    ref, none = run(False)
+    got, narrowed = run(True)
+    assert none == 0 and narrowed == 2  # each step's last layer, on its two rows
+    assert assert_close_to_reference(ref, got, 1e-4) < 1e-4
+
+
 def test_buckets() -> None:
     assert [batch_bucket(n, 256) for n in (1, 3, 5, 17, 33, 200, 256)] == [1, 4, 8, 24, 48, 224, 256]
     assert batch_bucket(300, 256) == 256 and batch_bucket(5, 6) == 6

@@ -6,9 +6,11 @@ Without a GPU the kernels run in Triton's interpreter and torch._scaled_mm on th
 has a CPU kernel; where a build has none, those tests skip). Tolerances, stated rather than tuned:
 an FP8 projection of random rows is ~4% off bf16's (relative norm; 3.6-3.9% on SmolLM2's real
 layers: e4m3 keeps 3 mantissa bits, each factor within 2^-4). Through SmolLM2's 30 layers the last
-position's logits were 0.11-0.33 x std from bf16's in RMS and at most 1.01 x std (CPU, the three
-chat prompts cut at 0, 3, 6 and 9 tokens from their ends; bf16 against float32: 0.055 and 0.15), so
-the bounds are 0.5 and 2.0 x std, and the greedy token must agree wherever bf16's top-2 gap is
+position's logits were 0.11-0.33 x std from bf16's in RMS and at most 1.01 x std (a Zen 3 CPU, the
+three chat prompts cut at 0, 3, 6 and 9 tokens from their ends; bf16 against float32: 0.055 and 0.15);
+on an Ice Lake Xeon on one thread the third prompt cut at 3 came out 0.54-0.58 (0.20 on two threads:
+the FP8 path's outputs differ by ~1e-6 with the thread count from the first layer, and 30 layers
+amplify it). So the bounds are 0.8 and 2.0 x std, and the greedy token must agree wherever bf16's top-2 gap is
 decisive (over 1.0 x std; FP8 moved such a gap by at most 0.55 x std). A wrong matmul does not pass:
 with each o projection's scales applied to the wrong rows, the same three rows came out 1.2-1.6 x std
 apart in RMS, none of the three greedy tokens the same.
@@ -41,7 +43,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"  # kernels compiled on a GP
 # Triton's interpreter runs every program in Python: narrow widths (as test_cuda.py's NARROW), 16-aligned.
 NARROW = dataclasses.replace(SMOLLM2_135M, vocab_size=1024, hidden_size=128, intermediate_size=256, num_heads=4,
                              num_kv_heads=2, head_dim=32, num_layers=2)
-RMS_BOUND, MAX_BOUND, DECISIVE = 0.5, 2.0, 1.0  # x the bf16 logits' std (module docstring)
+RMS_BOUND, MAX_BOUND, DECISIVE = 0.8, 2.0, 1.0  # x the bf16 logits' std (module docstring)
 
 
 def _torch_prefill_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,7 +260,8 @@ def test_the_start_up_check_passes_and_catches_a_wrong_or_missing_matmul(monkeyp
 @needs_scaled_mm
 def test_long_prefills_and_only_they_run_on_the_fp8_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     """At the threshold (moved to 12 tokens here) a prefill's four projections a layer run on
-    their FP8 copies, the down projection's input quantised by the SiLU kernel; a shorter prefill
+    their FP8 copies (the last layer's QKV only: past it, one row), the down projection's input
+    quantised by the SiLU kernel; a shorter prefill
     keeps bf16 (bit-identical logits to a decoder without copies), and so does every decode step."""
     monkeypatch.setattr(fp8, "PREFILL_TOKENS", 12)
     _torch_prefill_kernels(monkeypatch)
@@ -287,7 +290,8 @@ def test_long_prefills_and_only_they_run_on_the_fp8_copies(monkeypatch: pytest.M
                                                         64, False))
     g.manual_seed(5)
     long = prefill(m, 12)
-    assert calls == [12] * 4 * NARROW.num_layers and silu_rows == [12] * NARROW.num_layers
+    # the last layer past its QKV runs on the prompt's last row only (backend.last_rows), in bf16
+    assert calls == [12] * (4 * NARROW.num_layers - 3) and silu_rows == [12] * (NARROW.num_layers - 1)
     g.manual_seed(5)
     _assert_agree(_agreement(prefill(plain, 12), long))
 

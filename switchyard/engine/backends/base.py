@@ -132,6 +132,11 @@ class Backend(Protocol):
         [layers, ...]."""
         ...
 
+    def last_rows(self, q: Any, x: torch.Tensor, plan: Any) -> tuple[Any, torch.Tensor, Any] | None:
+        """The last layer of a prefill, its keys and values written: (q, x, plan) narrowed to each
+        prompt's last row, the only rows whose logits are read; None: every row goes on."""
+        ...
+
     def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, plan: Any) -> torch.Tensor: ...
 
     def refine(self, raw: torch.Tensor, w: torch.Tensor, h: torch.Tensor, k: int,

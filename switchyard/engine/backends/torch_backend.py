@@ -22,6 +22,7 @@ a graph.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,7 @@ class TorchPlan(Plan):
     lens: torch.Tensor | None = None  # [B] on the host
     sel: torch.Tensor | None = None  # the rows that are not padding (padding is not written)
     fresh: bool = True  # prompts from position 0; else one whose start is cached
+    keys_T: int = 0  # last_rows: each row a prompt's last, attending over the step's keys of this many rows
     span: torch.Tensor | None = None  # continued prompt: the blocks attended over ...
     mask: torch.Tensor | None = None  # ... causal from each position
     cos: torch.Tensor | None = None
@@ -174,8 +176,10 @@ class TorchBackend:
         B, T = p.B, p.T
         q = q.view(B, T, H, D).transpose(1, 2)
         if p.fresh:
-            k, v = k.view(B, T, Hkv, D).transpose(1, 2), v.view(B, T, Hkv, D).transpose(1, 2)
-            o = attention.prompt(q, k, v, None, self.prefill_kernels(B * T), gqa=Hkv != H)
+            Tk = p.keys_T or T
+            k, v = k.view(B, Tk, Hkv, D).transpose(1, 2), v.view(B, Tk, Hkv, D).transpose(1, 2)
+            kernels = self.prefill_kernels(B * T) if p.mask is None else MASKED_SDPA
+            o = attention.prompt(q, k, v, p.mask, kernels, gqa=Hkv != H)
         else:
             k, v = attention.gather(kc, p.span), attention.gather(vc, p.span)  # type: ignore[arg-type]
             o = attention.prompt(q, k, v, p.mask, MASKED_SDPA, gqa=Hkv != H)
@@ -200,6 +204,25 @@ class TorchBackend:
     def all_layers(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    p: TorchPlan) -> torch.Tensor | None:
         return None  # every layer through layer_in, attention, layer_out
+
+    def last_rows(self, q: Any, x: torch.Tensor, p: TorchPlan) -> tuple[Any, torch.Tensor, TorchPlan] | None:
+        """A prefill's last layer on each prompt's last row (its queries attend over every key before
+        it): on the 8B shape's 8k prompt, the layer's o-projection, MLP and attention for one row,
+        not 8,192 (~6 ms of a 226 ms prefill on an H200)."""
+        if p.decode or p.T == 1:
+            return None
+        B, T, dev = p.B, p.T, self.d.device
+        lens = p.lens.to(dev)  # type: ignore[union-attr]
+        rows = torch.arange(B, device=dev) * T + lens - 1
+        q, k, v = q
+        n = copy.copy(p)
+        n.T, n.lens, n.ops = 1, torch.ones_like(p.lens), self.ops_eager  # type: ignore[arg-type]
+        if p.fresh:  # non-causal over the prompt's own keys, padding masked out
+            n.keys_T = T
+            n.mask = (self.span_ids[:T].view(1, T) < lens.view(B, 1)).view(B, 1, 1, T)
+        else:  # the continued prompt's causal mask, its last row's
+            n.mask = p.mask[torch.arange(B, device=dev), :, lens - 1].unsqueeze(2)  # type: ignore[index]
+        return (q.index_select(0, rows), k, v), x.index_select(0, rows), n
 
     def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         """The last layer's residual add with the final norm (float32): every row of a decode

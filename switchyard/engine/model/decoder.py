@@ -205,6 +205,8 @@ class Decoder:
         n = len(self._layer_kv)
         for li, (layer, kc, vc) in enumerate(self._layer_kv):
             x, q = be.layer_in(layer, kc, vc, x, carry, plan)
+            if li == n - 1:  # past its KV write, a prefill's last layer matters for its last rows only
+                q, x, plan = be.last_rows(q, x, plan) or (q, x, plan)
             o = be.attention(q, kc, vc, plan)
             x, carry = be.layer_out(layer, x, o, plan)
             if per and (li + 1) % per == 0 and li + 1 < n:

@@ -238,6 +238,10 @@ class CpuBackend:
                    p: CpuPlan) -> torch.Tensor | None:
         return None  # every layer through layer_in, attention, layer_out
 
+    def last_rows(self, q: Any, x: torch.Tensor, p: CpuPlan) -> None:
+        """Every row goes on: this backend writes a layer's keys and values in attention()."""
+        return None
+
     def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, p: CpuPlan) -> torch.Tensor:
         """The last layer's residual add, then each row's last new token, normed."""
         if carry is not None:
