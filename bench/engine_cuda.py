@@ -150,10 +150,11 @@ class Wrapped:
     (so that every token costs a real decode)."""
 
     def __init__(self, tok: Any) -> None:
-        self.tok, self.eos_ids, self.vocab_size = tok, tok.eos_ids, tok.vocab_size
+        # tok: its tokenizers.Tokenizer, as a ChatTokenizer's (the grammar fill process reads its JSON)
+        self.chat, self.tok, self.eos_ids, self.vocab_size = tok, tok.tok, tok.eos_ids, tok.vocab_size
 
     def decode(self, ids: list[int]) -> str:
-        return self.tok.decode([i % self.vocab_size for i in ids])
+        return self.chat.decode([i % self.vocab_size for i in ids])
 
 
 def smollm2_tokenizer() -> Any | None:

@@ -159,7 +159,14 @@ def prefill_profile(m: Any, c: Any, n: int) -> list[str]:
 
     gpu = m.device.type == "cuda"
     ec.ttft(m, n, c.vocab_size, reps=1)  # compiles, warms cuBLAS's and cuDNN's choices
-    wall = ec.ttft(m, n, c.vocab_size, reps=3)
+    walls: dict[str, list[float]] = {"last rows": [], "every row": []}  # the last layer (backend.last_rows)
+    last_rows = m.backend.last_rows
+    for _ in range(3):
+        for k in walls:
+            m.backend.last_rows = last_rows if k == "last rows" else lambda *_: None
+            walls[k].append(ec.ttft(m, n, c.vocab_size, reps=3))
+    m.backend.last_rows = last_rows
+    wall = statistics.median(walls["last rows"])
     launched = []  # the host's share: until forward() returns, every kernel queued
     for _ in range(3):
         ids, lens = torch.randint(0, c.vocab_size, (1, n)), torch.tensor([n])
@@ -168,11 +175,12 @@ def prefill_profile(m: Any, c: Any, n: int) -> list[str]:
         logits = m.forward(ec.Step(ids, torch.arange(n).view(1, n), torch.tensor([0]), lens, lens, 0))
         launched.append((time.perf_counter() - t0) * 1000)
         int(logits.argmax(-1)[0])
-    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] if gpu else [ProfilerActivity.CPU]) as prof:
         ec.ttft(m, n, c.vocab_size, reps=1)
     evs = [e for e in prof.events() if e.device_type == (DeviceType.CUDA if gpu else DeviceType.CPU)]
     if not evs:
         return ["no events recorded"]
+    host = [e for e in prof.events() if gpu and e.device_type == DeviceType.CPU]
     span = max(e.time_range.end for e in evs) - min(e.time_range.start for e in evs)
     by_kind: dict[str, float] = collections.defaultdict(float)
     per: dict[str, list[float]] = collections.defaultdict(list)
@@ -182,7 +190,9 @@ def prefill_profile(m: Any, c: Any, n: int) -> list[str]:
         per[_short(e.name)].append(t)
     flops = prefill_flops(c, n)
     busy = sum(by_kind.values())
-    lines = [f"{n}-token prefill: {wall:.1f} ms wall (median of 3, unprofiled), forward() returned after "
+    lines = [f"{n}-token prefill: {wall:.1f} ms wall (median of 3 rounds of 3, unprofiled; "
+             f"{statistics.median(walls['every row']):.1f} ms with the last layer on every row, alternated), "
+             "forward() returned after "
              f"{statistics.median(launched):.1f} ms (its launches queued); GPU span {span / 1000:.1f} ms, "
              f"kernels {busy / 1000:.1f} ms, {len(evs)} kernels and copies", "",
              "| part | ms | share of kernels | TFLOP/s |", "| --- | --- | --- | --- |"]
@@ -194,6 +204,25 @@ def prefill_profile(m: Any, c: Any, n: int) -> list[str]:
               "| kernel | part | count | ms | share |", "| --- | --- | --- | --- | --- |"]
     for name, ts in sorted(per.items(), key=lambda kv: -sum(kv[1]))[:20]:
         lines.append(f"| `{name}` | {kernel_kind(name)} | {len(ts)} | {sum(ts) / 1000:.2f} | {sum(ts) / busy:.1%} |")
+    return lines + host_calls(host, evs)
+
+
+def host_calls(host: list[Any], kernels: list[Any]) -> list[str]:
+    """Markdown lines: the host's time outside the GPU's span (before the first kernel, after the last)
+    and its CUDA runtime calls by time, where a call that waits for the GPU or allocates shows."""
+    if not host:
+        return []
+    start, end = min(e.time_range.start for e in host), max(e.time_range.end for e in host)
+    k0, k1 = min(e.time_range.start for e in kernels), max(e.time_range.end for e in kernels)
+    calls: dict[str, list[float]] = collections.defaultdict(list)
+    for e in host:
+        if e.name.startswith(("cuda", "cu")):
+            calls[e.name].append(e.time_range.end - e.time_range.start)
+    lines = ["", f"## The host (profiled run): {(k0 - start) / 1000:.1f} ms before the first kernel, "
+             f"{(end - k1) / 1000:.1f} ms after the last", "",
+             "| runtime call | count | ms | longest ms |", "| --- | --- | --- | --- |"]
+    for name, ts in sorted(calls.items(), key=lambda kv: -sum(kv[1]))[:12]:
+        lines.append(f"| `{name}` | {len(ts)} | {sum(ts) / 1000:.2f} | {max(ts) / 1000:.2f} |")
     return lines
 
 
