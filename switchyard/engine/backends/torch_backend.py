@@ -63,6 +63,7 @@ class TorchPlan(Plan):
     lens: torch.Tensor | None = None  # [B] on the host
     sel: torch.Tensor | None = None  # the rows that are not padding (padding is not written)
     fresh: bool = True  # prompts from position 0; else one whose start is cached
+    last: torch.Tensor | None = None  # each prompt's last row, on the device (what final() keeps)
     keys_T: int = 0  # last_rows: each row a prompt's last, attending over the step's keys of this many rows
     span: torch.Tensor | None = None  # continued prompt: the blocks attended over ...
     mask: torch.Tensor | None = None  # ... causal from each position
@@ -108,6 +109,7 @@ class TorchBackend:
             p.span = s.tables[:, :nb].to(dev)
             p.mask = (self.span_ids[: nb * bs].view(1, 1, -1) <= positions.to(dev).unsqueeze(-1)).unsqueeze(1)
         p.ids, p.pos = s.ids.to(dev).reshape(-1), positions.to(dev).reshape(-1)
+        p.last = (torch.arange(B) * T + lens - 1).to(dev)  # here: a copy later in the step would wait for the GPU
         return p
 
     def decode_plan(self, ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor, tables: torch.Tensor, span: int,
@@ -212,11 +214,13 @@ class TorchBackend:
         if p.decode or p.T == 1:
             return None
         B, T, dev = p.B, p.T, self.d.device
-        lens = p.lens.to(dev)  # type: ignore[union-attr]
-        rows = torch.arange(B, device=dev) * T + lens - 1
+        rows = p.last
+        assert rows is not None
+        lens = rows - torch.arange(B, device=dev) * T + 1
         q, k, v = q
         n = copy.copy(p)
-        n.T, n.lens, n.ops = 1, torch.ones_like(p.lens), self.ops_eager  # type: ignore[arg-type]
+        n.T, n.ops = 1, self.ops_eager
+        n.last = torch.arange(B, device=dev)
         if p.fresh:  # non-causal over the prompt's own keys, padding masked out
             n.keys_T = T
             n.mask = (self.span_ids[:T].view(1, T) < lens.view(B, 1)).view(B, 1, 1, T)
@@ -233,7 +237,7 @@ class TorchBackend:
             _, h = p.ops.add_rms(x, carry, norm, self.d.eps, torch.float32)
         if p.decode:
             return h
-        return h[torch.arange(p.B, device=self.d.device) * p.T + p.lens.to(self.d.device) - 1]  # type: ignore[union-attr]
+        return h[p.last]
 
     # -- the logits' refinement ----------------------------------------------------------
 
