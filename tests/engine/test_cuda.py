@@ -337,13 +337,16 @@ def test_gpu_paged_blocks_and_a_cached_prefix_match_cpu_engine() -> None:
     assert m.status()["graphs_captured"] >= 1
 
 
-def test_a_prefills_last_layer_runs_on_each_prompts_last_row(small_weights: dict[str, torch.Tensor]) -> None:
-    """TorchBackend.last_rows: past its KV write, a prefill's last layer runs on each prompt's last row
+@pytest.mark.parametrize("backend,dtype", [("torch", "float32"), ("cpu", "float32"), ("cpu", "int4")])
+def test_a_prefills_last_layer_runs_on_each_prompts_last_row(small_weights: dict[str, torch.Tensor], backend: str,
+                                                             dtype: str) -> None:
+    """backend.last_rows: past its KV write, a prefill's last layer runs on each prompt's last row
     only; the logits are those of every row through it, for right-padded prompts from position 0
-    and for two prompts continued after cached starts of different lengths (a mask row each)."""
+    and for two prompts continued after cached starts of different lengths (a mask row each). On
+    the cpu backend in float32 (torch's ops) and int4 (the native fused layers, where they build)."""
     def run(narrow: bool) -> tuple[list[torch.Tensor], int]:
         m = Decoder(SMALL, Shard(0, 1, SMALL), small_weights, SingleRank(), max_slots=4, max_len=64,
-                    dtype="float32", backend="torch")
+                    dtype=dtype, backend=backend)
         calls = []
         last_rows = m.backend.last_rows
 

@@ -18,6 +18,10 @@
 #   H100): the ab with our llguidance slices (SLICES in chat/grammar.py; a fill thread on the general ones beside) and
 #   the GPU's mask tests (a fill process pinned after another). Next: AB_SHAPES=llama-8b STAGES="ab prefill" (the
 #   8B's served process, the prefill's host share), not run (the device time ran out)
+#   DEADLINE=520 AB_SHAPES=smollm2-135m,llama-8b AB_ROUNDS=3 SWITCHES= STAGES="ab prefill" OUT=$OUT bash ...run.sh   # call 8:
+#   the ab with the mirrors' tokens through llguidance's pool (ProcessMasker.CONSUME_PAR) at batch 16
+#   DEADLINE=470 AB_SHAPES=llama-8b,smollm2-135m AB_ROUNDS=3 SWITCHES= STAGES="prefill ab masks" OUT=$OUT bash ...run.sh
+#   # call 9: the prefill's last layer on last rows against every row, the host's runtime calls; the 8B's process
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the

@@ -13,6 +13,7 @@ allow, torch's ops where not; float32 attention over a float32 or float16 cache.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ class CpuPlan(Plan):
     w_blocks: torch.Tensor | None = None  # where the new keys and values go: blocks ...
     w_offs: torch.Tensor | None = None  # ... and positions inside them
     mask: torch.Tensor | None = None  # continued prompts: [B, 1, T, L] causal over the cache
+    keys_T: int = 0  # last_rows: each row a prompt's last query, over the step's keys of this many rows
     bias: torch.Tensor | None = None  # torch's decode path: [B, 1, 1, L] additive mask
     cos: torch.Tensor | None = None  # torch's RoPE, filled on first use
     sin: torch.Tensor | None = None
@@ -173,6 +175,8 @@ class CpuBackend:
         """[B, T, heads * head_dim] float32: decode (native or torch), a fresh prefill, or a later
         chunk of a prompt."""
         d = self.d
+        if p.keys_T:
+            return self._last_rows_attention(q, kc, vc, p)
         if isinstance(q, torch.Tensor):
             if p.T == 1 and self.attn is not None:  # the usual decode step: no views, no copies
                 return self._native(q, kc, vc, p)
@@ -198,6 +202,18 @@ class CpuBackend:
             # computed): attend over its blocks so far, causal from each position.
             o = attention.prompt(q, self._span(kc, p), self._span(vc, p), p.mask)
         return o.transpose(1, 2).reshape(B, T, d.q_size)
+
+    def _last_rows_attention(self, q: Any, kc: torch.Tensor, vc: torch.Tensor, p: CpuPlan) -> torch.Tensor:
+        """last_rows' attention: the step's keys and values written, each prompt's last query over them."""
+        q, k, v = q
+        attention.write_kv(kc, vc, p.w_blocks, p.w_offs, k[p.valid].to(kc.dtype), v[p.valid].to(vc.dtype),  # type: ignore[arg-type]
+                           self.head_rows)
+        if p.fresh:
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        else:
+            k, v = self._span(kc, p), self._span(vc, p)
+        o = attention.prompt(q.transpose(1, 2), k, v, p.mask)
+        return o.transpose(1, 2).reshape(p.B, 1, self.d.q_size)
 
     def _native(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, p: CpuPlan) -> torch.Tensor:
         """Write this step's keys and values into their blocks and attend, in one native call,
@@ -238,9 +254,30 @@ class CpuBackend:
                    p: CpuPlan) -> torch.Tensor | None:
         return None  # every layer through layer_in, attention, layer_out
 
-    def last_rows(self, q: Any, x: torch.Tensor, p: CpuPlan) -> None:
-        """Every row goes on: this backend writes a layer's keys and values in attention()."""
-        return None
+    def last_rows(self, q: Any, x: torch.Tensor, p: CpuPlan) -> tuple[Any, torch.Tensor, CpuPlan] | None:
+        """A prefill's last layer on each prompt's last row: its queries, its residual rows and a plan
+        of one row a prompt whose attention still writes the whole step's keys and values (this backend
+        writes a layer's cache there) and attends over them (fresh prompts, padding masked) or over the
+        cache (a continued prompt, its last row's causal mask)."""
+        if p.T == 1:
+            return None
+        d, B, T = self.d, p.B, p.T
+        if isinstance(q, torch.Tensor):  # the QKV rows side by side
+            q, k, v = q.split((d.q_size, d.kv_size, d.kv_size), dim=-1)
+            q, k, v = (q.view(B, T, d.heads, d.head_dim), k.view(B, T, d.kv_heads, d.head_dim),
+                       v.view(B, T, d.kv_heads, d.head_dim))
+        else:
+            q, k, v = q
+        rows, last = torch.arange(B), p.lens - 1
+        n = copy.copy(p)
+        n.T, n.keys_T, n.lens = 1, T, torch.ones_like(p.lens)
+        if p.fresh:
+            n.mask = (torch.arange(T).view(1, T) < p.lens.view(B, 1)).view(B, 1, 1, T)
+        else:
+            n.mask = p.mask[rows, :, last].unsqueeze(2)  # type: ignore[index]
+        if self.fused:  # the fused layer_out's buffers laid out for B rows (k and v are read before it writes)
+            self._workspace(n)
+        return (q[rows, last].unsqueeze(1), k, v), x[rows, last].unsqueeze(1).contiguous(), n
 
     def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, p: CpuPlan) -> torch.Tensor:
         """The last layer's residual add, then each row's last new token, normed."""
