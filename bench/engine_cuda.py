@@ -332,10 +332,6 @@ def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens:
         engines.append(("ours (async, grammar, fill thread, general slices)",
                         grammar_variants()["grammar, fill thread"][1],
                         grammar_factory(gtok, slices=llguidance.LLTokenizer.general_slices()), None))
-        if b >= 4:  # the served fill process, its mirrors given the step's tokens in llguidance's pool
-            engines.append(("ours (async, grammar, process, tokens in the pool)",
-                            [_knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "CONSUME_PAR", 4)],
-                            make, None))
     if tool_calls is not None:
         engines.append(("ours (async, grammar, tool calls)", [], tool_calls, None))
     if ab and tool_calls is not None:

@@ -43,21 +43,16 @@ def test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does() -> None:
     torch.cuda.synchronize()  # nothing left for a later launch's check to raise
 
 
-@pytest.mark.parametrize("consume_par", [0, 4])
-def test_masks_filled_by_a_process_equal_those_filled_in_line(consume_par: int,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
     """Filled by a process of their own (chat/grammar_process; the kernel waiting for its ticket,
     interpreted here on CPU logits), rows under two grammars beside a free row get the in-line fill's
     masks step after step; a row whose state is gone frees its mirror and a new row takes a new
     one; a fill that fails and a process that died are EngineFailed on the engine's thread. Four
-    constrained rows: the process fills them through llguidance's pool (GrammarMasker.PAR_ROWS), and
-    with consume_par its mirrors take their tokens there too (ProcessMasker.CONSUME_PAR)."""
+    constrained rows: the process fills them through llguidance's pool (GrammarMasker.PAR_ROWS)."""
     import gc
 
     from switchyard.engine.chat.grammar import GrammarMasker
     from switchyard.engine.chat.grammar_process import ProcessMasker
-
-    monkeypatch.setattr(ProcessMasker, "CONSUME_PAR", consume_par)
     from switchyard.engine.chat.structured import constraint
     from switchyard.engine.errors import EngineFailed
 

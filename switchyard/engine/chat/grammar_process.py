@@ -65,9 +65,8 @@ def _size(words: int, max_rows: int) -> int:
 
 
 def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str, vocab: int, eos: list[int],
-           lanes: int, threads: int, cache_size: int, consume_par: int = 0) -> None:
-    """The fill process's loop: mirror matchers, filled when a step's ticket comes. consume_par: rows from
-    which a step's tokens go to the mirrors through llguidance's pool (0: one after another)."""
+           lanes: int, threads: int, cache_size: int) -> None:
+    """The fill process's loop: mirror matchers, filled when a step's ticket comes."""
     import llguidance
 
     shm = shared_memory.SharedMemory(name=name)
@@ -101,8 +100,7 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
                     for slot in arg:
                         matchers.pop(slot, None)
             n, bm = int(hdr[ROWS]), bms[int(hdr[BUF])]
-            todo, pairs = [], []
-            par = executor is not None and 0 < consume_par <= n
+            todo = []
             for slot, row, k, *new in table[:n].tolist():  # one conversion: numpy's scalars loop slowly
                 if slot & NEW:
                     slot ^= NEW
@@ -117,17 +115,12 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
                             del compiled[next(iter(compiled))]
                     matchers[slot] = tmpl.deep_copy()
                 m = matchers[slot]
-                if par and k == 1 and new[0] != RESET:
-                    pairs.append((m, new[0]))
-                    k = 0
                 for x in new[:k]:  # a token it refuses, the engine's matcher refused too: that row stops
                     if x == RESET:
                         m.reset()
                     else:
                         m.consume_token(x)
                 todo.append((m, row))
-            if pairs:
-                executor.consume_token_par(pairs)
             base = bm.ctypes.data
             if executor is not None and n >= GrammarMasker.PAR_ROWS:
                 executor.unsafe_compute_mask_ptr(todo, base, row_bytes, bm.shape[0])
@@ -149,9 +142,6 @@ class ProcessMasker(GrammarMasker):
     cannot be pinned (the caller then fills on a thread)."""
 
     WHERE = "process"
-    # Rows from which the process's mirrors take a step's tokens in llguidance's pool rather than one after
-    # another (0: never). On a 2-core EPYC the pool lost (16 rows: 124 against 82 us with 8 threads).
-    CONSUME_PAR = 0
 
     def __init__(self, vocab_size: int, tokenizer_json: str, eos_ids: list[int], threads: int, lanes: int,
                  max_rows: int, cache_size: int = 256, pinned: bool = True) -> None:
@@ -184,7 +174,7 @@ class ProcessMasker(GrammarMasker):
         self.proc = mp.get_context("spawn").Process(
             target=_serve, name="switchyard-grammar-fill", daemon=True,
             args=(self.shm.name, child, self.words, max_rows, tokenizer_json, vocab_size, eos_ids, lanes, threads,
-                  cache_size, self.CONSUME_PAR))
+                  cache_size))
         self.proc.start()
         deadline = time.monotonic() + 120
         while not self.hdr[READY]:  # its tokenizer read (~1 s): no step's masking may wait on its start-up
