@@ -152,7 +152,7 @@ def prefill_flops(c: Any, n: int) -> dict[str, float]:
             "attention": 2.0 * 2 * c.num_layers * c.num_heads * c.head_dim * n * (n + 1) / 2}
 
 
-def prefill_profile(m: Any, c: Any, n: int) -> list[str]:
+def prefill_profile(m: Any, c: Any, n: int, rounds: int = 3) -> list[str]:
     """Markdown lines: one n-token prefill's GPU time by part (kernel_kind) and its kernels."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -161,7 +161,7 @@ def prefill_profile(m: Any, c: Any, n: int) -> list[str]:
     ec.ttft(m, n, c.vocab_size, reps=1)  # compiles, warms cuBLAS's and cuDNN's choices
     walls: dict[str, list[float]] = {"last rows": [], "every row": []}  # the last layer (backend.last_rows)
     last_rows = m.backend.last_rows
-    for _ in range(3):
+    for _ in range(rounds):
         for k in walls:
             m.backend.last_rows = last_rows if k == "last rows" else lambda *_: None
             walls[k].append(ec.ttft(m, n, c.vocab_size, reps=3))
@@ -190,8 +190,9 @@ def prefill_profile(m: Any, c: Any, n: int) -> list[str]:
         per[_short(e.name)].append(t)
     flops = prefill_flops(c, n)
     busy = sum(by_kind.values())
-    lines = [f"{n}-token prefill: {wall:.1f} ms wall (median of 3 rounds of 3, unprofiled; "
-             f"{statistics.median(walls['every row']):.1f} ms with the last layer on every row, alternated), "
+    lines = [f"{n}-token prefill: {wall:.1f} ms wall (median of {rounds} rounds of 3, unprofiled; "
+             f"{statistics.median(walls['every row']):.1f} ms with the last layer on every row, alternated; rounds: "
+             + "; ".join(f"{k} " + ", ".join(f"{t:.1f}" for t in ts) for k, ts in walls.items()) + "), "
              "forward() returned after "
              f"{statistics.median(launched):.1f} ms (its launches queued); GPU span {span / 1000:.1f} ms, "
              f"kernels {busy / 1000:.1f} ms, {len(evs)} kernels and copies", "",
@@ -365,6 +366,8 @@ def main() -> None:
                     "'peer': the compiled PyTorch peer, bench/peer_compiled.py; NAME+inline-masks: grammar masks filled in line, not ahead)")
     ap.add_argument("--out", default="", help="--kernels: the folder its table goes to")
     ap.add_argument("--prefill", type=int, default=0, help="profile one prefill of this many tokens (see above)")
+    ap.add_argument("--prefill-rounds", type=int, default=3,
+                    help="--prefill's alternated rounds of its wall time, the last layer on last rows and on every row")
     a = ap.parse_args()
     ec.PROMPT = a.prompt  # decode_rate's prompts
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -376,7 +379,7 @@ def main() -> None:
     if a.prefill:
         print("\n".join([f"# A prefill's GPU time by part: {a.shape}, "
                          f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}", "",
-                         *prefill_profile(m, c, a.prefill), "", "## Attention alone, a layer", "",
+                         *prefill_profile(m, c, a.prefill, a.prefill_rounds), "", "## Attention alone, a layer", "",
                          *attention_rates(c, a.prefill, dev)]), flush=True)
         return
     tok = ec.shape_tokenizer(c)

@@ -69,7 +69,7 @@ for s in ${STAGES:-regress lanes split}; do
       echo "lanes rc=$?" | tee -a "$log"; grep -E "^\| smollm2" "$out/lanes/engine_cuda.md" | tail -n 12 | tee -a "$log" ;;
     prefill) stage prefill
       timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/engine_cuda_profile.py --shape llama-8b \
-        --prefill "${PREFILL:-8192}" >"$out/prefill.log" 2>&1
+        --prefill "${PREFILL:-8192}" --prefill-rounds "${PREFILL_ROUNDS:-3}" >"$out/prefill.log" 2>&1
       echo "prefill rc=$?" | tee -a "$log"; tail -n 45 "$out/prefill.log" | tee -a "$log" ;;
     split) stage split
       timeout "$(( $(left) < 120 ? $(left) - 5 : 120 ))" $PY bench/engine_cuda_profile.py --shape smollm2-135m \
