@@ -119,28 +119,37 @@ def stop_all(procs: Iterable[Proc | None]) -> None:
         p.stop()
 
 
+def on_free_port(start: Callable[[int], Proc], tries: int = 3) -> tuple[Proc, int]:
+    """start(port) on a free port; a free port can be taken by another test's process before the server
+    binds it, and then it starts again on another (up to `tries` ports)."""
+    for attempt in range(tries):
+        port = free_port()
+        try:
+            return start(port), port
+        except RuntimeError as e:
+            if "address already in use" not in str(e) or attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def start_upstream(tmp: Path, name: str, port: int | None = None, *extra: str) -> tuple[Proc, str]:
-    port = port or free_port()
-    proc = Proc([sys.executable, str(ROOT / "tests" / "fake_upstream.py"), "--port", str(port), "--name", name,
-                 *extra], f"http://127.0.0.1:{port}/health", tmp / f"upstream-{name}.log")
+    def start(port: int) -> Proc:
+        return Proc([sys.executable, str(ROOT / "tests" / "fake_upstream.py"), "--port", str(port), "--name", name,
+                     *extra], f"http://127.0.0.1:{port}/health", tmp / f"upstream-{name}.log")
+
+    proc, port = (start(port), port) if port else on_free_port(start)
     return proc, f"http://127.0.0.1:{port}"
 
 
 def start_gateway(tmp: Path, policies: list[Path], *extra: str, name: str = "gw",
                   env: dict | None = None, cwd: Path | None = None) -> tuple[Proc, str]:
-    """`cwd`: run the gateway of another source tree (a worktree of an older commit). A free port can be
-    taken by another test's process before the gateway binds it: then it starts again on another."""
+    """`cwd`: run the gateway of another source tree (a worktree of an older commit)."""
     scheme = "https" if "--ssl-certfile" in extra else "http"
-    for attempt in range(3):
-        port = free_port()
-        cmd = [sys.executable, "-m", "switchyard.cli", "serve", "--port", str(port), "--log-level", "info"]
-        for p in policies:
-            cmd += ["--policy", str(p)]
-        try:
-            proc = Proc([*cmd, *extra], f"{scheme}://127.0.0.1:{port}/health", tmp / f"{name}.log", env=env, cwd=cwd)
-        except RuntimeError as e:
-            if "address already in use" not in str(e) or attempt == 2:
-                raise
-            continue
-        return proc, f"{scheme}://127.0.0.1:{port}"
-    raise AssertionError("unreachable")
+    args = [a for p in policies for a in ("--policy", str(p))]
+
+    def start(port: int) -> Proc:
+        cmd = [sys.executable, "-m", "switchyard.cli", "serve", "--port", str(port), "--log-level", "info", *args]
+        return Proc([*cmd, *extra], f"{scheme}://127.0.0.1:{port}/health", tmp / f"{name}.log", env=env, cwd=cwd)
+
+    proc, port = on_free_port(start)
+    return proc, f"{scheme}://127.0.0.1:{port}"
