@@ -49,6 +49,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_cuda as ec  # noqa: E402
 import engine_cuda_variants  # noqa: E402, F401  (registers the benches' backends for --backends)
+from prefill_last_rows import last_rows_ab  # noqa: E402
 
 from switchyard.engine.chat.grammar import GrammarMasker  # noqa: E402
 from switchyard.engine.core.output import OutputStage  # noqa: E402
@@ -159,13 +160,7 @@ def prefill_profile(m: Any, c: Any, n: int, rounds: int = 3) -> list[str]:
 
     gpu = m.device.type == "cuda"
     ec.ttft(m, n, c.vocab_size, reps=1)  # compiles, warms cuBLAS's and cuDNN's choices
-    walls: dict[str, list[float]] = {"last rows": [], "every row": []}  # the last layer (backend.last_rows)
-    last_rows = m.backend.last_rows
-    for _ in range(rounds):
-        for k in walls:
-            m.backend.last_rows = last_rows if k == "last rows" else lambda *_: None
-            walls[k].append(ec.ttft(m, n, c.vocab_size, reps=3))
-    m.backend.last_rows = last_rows
+    walls = last_rows_ab(m, lambda: ec.ttft(m, n, c.vocab_size, reps=3), rounds)  # the last layer on last rows, every row
     wall = statistics.median(walls["last rows"])
     launched = []  # the host's share: until forward() returns, every kernel queued
     for _ in range(3):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 from switchyard.engine.backends.cpu.native import keep_workers_spinning
 
@@ -24,6 +25,20 @@ from switchyard.engine.model.random_weights import SHAPES, random_weights  # noq
 from switchyard.engine.model.step import Step  # noqa: E402
 from switchyard.engine.model.weights import Shard  # noqa: E402
 from switchyard.engine.runner.comm import SingleRank  # noqa: E402
+
+
+def last_rows_ab(m: Decoder, run: Callable[[], float], rounds: int) -> dict[str, list[float]]:
+    """run() (a prefill's ms) with the last layer on last rows and on every row, alternated `rounds` times."""
+    last_rows = m.backend.last_rows
+    times: dict[str, list[float]] = {"last rows": [], "every row": []}
+    try:
+        for _ in range(rounds):
+            for k, ts in times.items():
+                m.backend.last_rows = last_rows if k == "last rows" else lambda *_: None  # type: ignore[method-assign]
+                ts.append(run())
+    finally:
+        m.backend.last_rows = last_rows  # type: ignore[method-assign]
+    return times
 
 
 def main() -> None:
@@ -41,15 +56,13 @@ def main() -> None:
     n = a.tokens
     lens = torch.tensor([n])
     step = Step(torch.randint(0, c.vocab_size, (1, n)), torch.arange(n).view(1, n), torch.tensor([0]), lens, lens)
-    last_rows = m.backend.last_rows
-    times: dict[str, list[float]] = {"last rows": [], "every row": []}
-    int(m.forward(step).argmax())  # warm
-    for _ in range(a.rounds):
-        for k, ts in times.items():
-            m.backend.last_rows = last_rows if k == "last rows" else lambda *_: None  # type: ignore[method-assign]
-            t0 = time.perf_counter()
-            int(m.forward(step).argmax())
-            ts.append((time.perf_counter() - t0) * 1000)
+    def run() -> float:
+        t0 = time.perf_counter()
+        int(m.forward(step).argmax())
+        return (time.perf_counter() - t0) * 1000
+
+    run()  # warm
+    times = last_rows_ab(m, run, a.rounds)
     print(f"{a.shape} {a.dtype} on {m.backend_name} ({a.device}), a {n}-token prefill, {a.rounds} alternated rounds, "
           f"{torch.get_num_threads()} threads:")
     for k, ts in times.items():
