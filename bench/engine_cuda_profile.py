@@ -49,7 +49,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_cuda as ec  # noqa: E402
 import engine_cuda_variants  # noqa: E402, F401  (registers the benches' backends for --backends)
-from prefill_last_rows import last_rows_ab  # noqa: E402
+from prefill_last_rows import EVERY_ROW, backend_ab  # noqa: E402
 
 from switchyard.engine.chat.grammar import GrammarMasker  # noqa: E402
 from switchyard.engine.core.output import OutputStage  # noqa: E402
@@ -160,8 +160,11 @@ def prefill_profile(m: Any, c: Any, n: int, rounds: int = 3) -> list[str]:
 
     gpu = m.device.type == "cuda"
     ec.ttft(m, n, c.vocab_size, reps=1)  # compiles, warms cuBLAS's and cuDNN's choices
-    walls = last_rows_ab(m, lambda: ec.ttft(m, n, c.vocab_size, reps=3), rounds)  # the last layer on last rows, every row
-    wall = statistics.median(walls["last rows"])
+    variants: dict[str, dict[str, Any]] = {"ours": {}, "every row": EVERY_ROW}  # the last layer on every row
+    if hasattr(m.backend, "PREFILL_GLUE"):  # the cuda backend's KV write and add + norm as the torch backend's
+        variants["torch glue"] = {"PREFILL_GLUE": False}
+    walls = backend_ab(m.backend, lambda: ec.ttft(m, n, c.vocab_size, reps=3), rounds, variants)
+    wall = statistics.median(walls["ours"])
     launched = []  # the host's share: until forward() returns, every kernel queued
     for _ in range(3):
         ids, lens = torch.randint(0, c.vocab_size, (1, n)), torch.tensor([n])
@@ -185,8 +188,8 @@ def prefill_profile(m: Any, c: Any, n: int, rounds: int = 3) -> list[str]:
         per[_short(e.name)].append(t)
     flops = prefill_flops(c, n)
     busy = sum(by_kind.values())
-    lines = [f"{n}-token prefill: {wall:.1f} ms wall (median of {rounds} rounds of 3, unprofiled; "
-             f"{statistics.median(walls['every row']):.1f} ms with the last layer on every row, alternated; rounds: "
+    lines = [f"{n}-token prefill: {wall:.1f} ms wall (median of {rounds} rounds of 3, unprofiled; alternated with "
+             + ", ".join(f"{k} {statistics.median(ts):.1f} ms" for k, ts in walls.items() if k != "ours") + "; rounds: "
              + "; ".join(f"{k} " + ", ".join(f"{t:.1f}" for t in ts) for k, ts in walls.items()) + "), "
              "forward() returned after "
              f"{statistics.median(launched):.1f} ms (its launches queued); GPU span {span / 1000:.1f} ms, "
@@ -222,34 +225,60 @@ def host_calls(host: list[Any], kernels: list[Any]) -> list[str]:
     return lines
 
 
+def _per_call_ms(fn: Any, dev: torch.device, reps: int = 5) -> float:
+    """Milliseconds a call of fn, back to back, after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    ec.sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    ec.sync(dev)
+    return (time.perf_counter() - t0) * 1000 / reps
+
+
 def attention_rates(c: Any, n: int, dev: torch.device) -> list[str]:
     """Markdown lines: one layer's causal attention over an n-token prompt through each of SDPA's
     kernels, with the KV heads shared (enable_gqa) and expanded to the query heads beforehand (what a
-    kernel without GQA needs; the expansion's copy not counted): which kernel a prefill should ask for."""
+    kernel without GQA needs; the expansion's copy not counted), in heads-major tensors and in the
+    engine's tokens-major views ([n, heads, D] transposed, as rope_split writes them): which kernel a
+    prefill should ask for, and whether the engine's layout costs it."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
-    q = torch.randn(1, H, n, D, device=dev, dtype=torch.bfloat16)
-    k, v = (torch.randn(1, Hkv, n, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
-    wide = [t.repeat_interleave(H // Hkv, dim=1) for t in (k, v)]
+    heads_major = [torch.randn(1, h, n, D, device=dev, dtype=torch.bfloat16) for h in (H, Hkv, Hkv)]
+    tokens_major = [torch.randn(n, h, D, device=dev, dtype=torch.bfloat16).view(1, n, h, D).transpose(1, 2)
+                    for h in (H, Hkv, Hkv)]
     flops = prefill_flops(c, n)["attention"] / c.num_layers
-    lines = ["| SDPA kernel | KV heads | ms a layer | TFLOP/s |", "| --- | --- | --- | --- |"]
+    lines = ["| SDPA kernel | KV heads | layout | ms a layer | TFLOP/s |", "| --- | --- | --- | --- | --- |"]
     for kernel in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
-        for label, (kk, vv), gqa in (("shared", (k, v), True), ("expanded", wide, False)):
-            try:
-                with sdpa_kernel([kernel]):
-                    for _ in range(2):
-                        sdpa(q, kk, vv, is_causal=True, enable_gqa=gqa)
-                    ec.sync(dev)
-                    t0 = time.perf_counter()
-                    for _ in range(5):
-                        sdpa(q, kk, vv, is_causal=True, enable_gqa=gqa)
-                    ec.sync(dev)
-                    ms = (time.perf_counter() - t0) * 1000 / 5
-                lines.append(f"| {kernel.name} | {label} | {ms:.3f} | {flops / (ms * 1e-3) / 1e12:.0f} |")
-            except RuntimeError as e:  # the kernel refuses this shape or GPU
-                lines.append(f"| {kernel.name} | {label} | refused: {str(e).splitlines()[0][:80]} | |")
+        for layout, (q, k, v) in (("heads-major", heads_major), ("tokens-major", tokens_major)):
+            wide = [t.repeat_interleave(H // Hkv, dim=1) for t in (k, v)]
+            for label, (kk, vv), gqa in (("shared", (k, v), True), ("expanded", wide, False)):
+                if layout == "tokens-major" and not gqa:
+                    continue  # the engine shares them
+                try:
+                    with sdpa_kernel([kernel]):
+                        ms = _per_call_ms(lambda q=q, kk=kk, vv=vv, gqa=gqa: sdpa(q, kk, vv, is_causal=True,
+                                                                                  enable_gqa=gqa), dev)
+                    lines.append(f"| {kernel.name} | {label} | {layout} | {ms:.3f} | "
+                                 f"{flops / (ms * 1e-3) / 1e12:.0f} |")
+                except RuntimeError as e:  # the kernel refuses this shape or GPU
+                    lines.append(f"| {kernel.name} | {label} | {layout} | refused: {str(e).splitlines()[0][:80]} | |")
+    return lines
+
+
+def gemm_rates(c: Any, n: int, dev: torch.device) -> list[str]:
+    """Markdown lines: each of a layer's projections alone over n rows (torch's cuBLAS matmul, bf16),
+    back to back: the rate the prefill's GEMMs would reach outside the prefill."""
+    h, q, kv, inter = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+    lines = ["| projection | [rows, in] x [in, out] | ms | TFLOP/s |", "| --- | --- | --- | --- |"]
+    for name, k, out in (("qkv", h, q + 2 * kv), ("o", q, h), ("gate_up", h, 2 * inter), ("down", inter, h)):
+        a = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(out, k, device=dev, dtype=torch.bfloat16) / k ** 0.5
+        ms = _per_call_ms(lambda a=a, w=w: torch.nn.functional.linear(a, w), dev)
+        lines.append(f"| {name} | [{n}, {k}] x [{k}, {out}] | {ms:.3f} | {2.0 * n * k * out / (ms * 1e-3) / 1e12:.0f} |")
     return lines
 
 
@@ -375,7 +404,8 @@ def main() -> None:
         print("\n".join([f"# A prefill's GPU time by part: {a.shape}, "
                          f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}", "",
                          *prefill_profile(m, c, a.prefill, a.prefill_rounds), "", "## Attention alone, a layer", "",
-                         *attention_rates(c, a.prefill, dev)]), flush=True)
+                         *attention_rates(c, a.prefill, dev), "", "## The projections alone, a layer", "",
+                         *gemm_rates(c, a.prefill, dev)]), flush=True)
         return
     tok = ec.shape_tokenizer(c)
     gtok = ec.smollm2_tokenizer() or tok  # the grammars' tokenizer (the 8B shape's wraps SmolLM2's, as the bench's does)

@@ -13,6 +13,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 from switchyard.engine.backends.cpu.native import keep_workers_spinning
 
@@ -26,19 +27,32 @@ from switchyard.engine.model.step import Step  # noqa: E402
 from switchyard.engine.model.weights import Shard  # noqa: E402
 from switchyard.engine.runner.comm import SingleRank  # noqa: E402
 
+EVERY_ROW: dict[str, Any] = {"last_rows": lambda *_: None}  # the backend's last_rows declining every step
 
-def last_rows_ab(m: Decoder, run: Callable[[], float], rounds: int) -> dict[str, list[float]]:
-    """run() (a prefill's ms) with the last layer on last rows and on every row, alternated `rounds` times."""
-    last_rows = m.backend.last_rows
-    times: dict[str, list[float]] = {"last rows": [], "every row": []}
+
+def backend_ab(backend: Any, run: Callable[[], float], rounds: int,
+               variants: dict[str, dict[str, Any]]) -> dict[str, list[float]]:
+    """run() (a prefill's ms) under each variant (the backend's attributes it sets, on the instance),
+    alternated `rounds` times; the backend is left as it was."""
+    times: dict[str, list[float]] = {k: [] for k in variants}
     try:
         for _ in range(rounds):
             for k, ts in times.items():
-                m.backend.last_rows = last_rows if k == "last rows" else lambda *_: None  # type: ignore[method-assign]
+                for name, value in variants[k].items():
+                    setattr(backend, name, value)
                 ts.append(run())
+                for name in variants[k]:
+                    delattr(backend, name)  # back to the class's
     finally:
-        m.backend.last_rows = last_rows  # type: ignore[method-assign]
+        for v in variants.values():
+            for name in v:
+                backend.__dict__.pop(name, None)
     return times
+
+
+def last_rows_ab(m: Decoder, run: Callable[[], float], rounds: int) -> dict[str, list[float]]:
+    """run() with the last layer on last rows and on every row, alternated `rounds` times."""
+    return backend_ab(m.backend, run, rounds, {"last rows": {}, "every row": EVERY_ROW})
 
 
 def main() -> None:

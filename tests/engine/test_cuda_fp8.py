@@ -53,14 +53,21 @@ def _torch_prefill_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     the projections, bf16 or FP8 through _scaled_mm. On a GPU the kernels run compiled."""
     if DEV != "cpu":
         return
-    from switchyard.engine.backends import torch_ops
+    from switchyard.engine.backends import attention, torch_ops
     from switchyard.engine.backends.cuda import prefill_kernels as pk
 
     def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, heads: int,
                    kv_heads: int, head_dim: int, qk_norm: torch.Tensor | None,
-                   eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   eps: float, cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qn, kn = (None, None) if qk_norm is None else (qk_norm[:head_dim], qk_norm[head_dim:])
-        return torch_ops.rope_qkv(qkv, cos[pos], sin[pos], heads, kv_heads, head_dim, qn, kn, eps, qkv.dtype)
+        q, k, v = torch_ops.rope_qkv(qkv, cos[pos], sin[pos], heads, kv_heads, head_dim, qn, kn, eps, qkv.dtype)
+        if cache is not None:
+            kc, vc, slots = cache
+            live, bs = slots >= 0, kc.shape[-2]
+            attention.write_kv(kc, vc, slots[live] // bs, slots[live] % bs, k[live], v[live],
+                               attention.head_rows(kv_heads, bs, kc.device))
+        return q, k, v
 
     def silu_mul_quant(gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gate, up = gu.float().chunk(2, dim=-1)

@@ -209,6 +209,22 @@ def test_prefill_rope_split_and_silu_mul_as_the_torch_ops(qk_norm: bool) -> None
     for r, o in zip(ref, got, strict=True):
         assert o.shape == r.shape and o.dtype == r.dtype
         torch.testing.assert_close(o.float(), r.float(), **_tol(torch.bfloat16))
+    # With the cache write (a prefill's): k and v into each token's slot, in scrambled blocks, and
+    # nothing for a padding token (slot -1); every other slot left as it was.
+    bs, nb = 4, 8
+    kc, vc = (torch.full((nb, Hkv, bs, D), 7.0, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    slots = torch.tensor([5, 6, 7, 12, 13, -1, 28, 29, 0, 1, -1], device=DEV)
+    again = pk.rope_split(qkv, cos, sin, pos, H, Hkv, D, torch.cat((qn, kn)) if qk_norm else None, 1e-5,
+                          cache=(kc, vc, slots))
+    for a, b in zip(again, got, strict=True):
+        assert torch.equal(a, b)
+    live = slots >= 0
+    for cache, new in ((kc, got[1]), (vc, got[2])):
+        rows = cache.transpose(1, 2).reshape(nb * bs, Hkv, D)  # slot-major: block * bs + offset
+        assert torch.equal(rows[slots[live]], new[live])
+        untouched = torch.ones(nb * bs, dtype=torch.bool, device=DEV)
+        untouched[slots[live]] = False
+        assert bool((rows[untouched] == 7.0).all())
     gu = _rand(N, 2 * 3000, dtype=torch.bfloat16, g=g)  # 3000: more than one column block, a ragged last
     torch.testing.assert_close(pk.silu_mul(gu).float(), silu_mul(gu).float(), **_tol(torch.bfloat16))
 

@@ -64,6 +64,7 @@ class TorchPlan(Plan):
     sel: torch.Tensor | None = None  # the rows that are not padding (padding is not written)
     fresh: bool = True  # prompts from position 0; else one whose start is cached
     last: torch.Tensor | None = None  # each prompt's last row, on the device (what final() keeps)
+    slots: torch.Tensor | None = None  # cuda backend: each row's cache slot (block * block_size + offset, -1: padding)
     keys_T: int = 0  # last_rows: each row a prompt's last, attending over the step's keys of this many rows
     span: torch.Tensor | None = None  # continued prompt: the blocks attended over ...
     mask: torch.Tensor | None = None  # ... causal from each position

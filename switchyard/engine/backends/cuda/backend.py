@@ -13,9 +13,10 @@ projection and its residual add):
   torch's RoPE, the rows' cache indices and two index copies took ~20 us a layer of an 8B step at
   64 rows, bench/results/gpu_b64/), and attention reading the cache in place with the paged
   kernel (gathering each row's blocks first cost an 8B step at batch 256 ~17 GB of copies);
-- a prefill: RoPE (with the QKV split) and SiLU in Triton kernels (prefill_kernels.py), torch's
-  SDPA for attention; with --prefill-fp8, a prefill of at least fp8.PREFILL_TOKENS tokens runs its
-  projections on the layers' FP8 copies (fp8.py: activations quantised per token, _scaled_mm).
+- a prefill: RoPE (with the QKV split and the KV write), SiLU and the residual add + norm in Triton
+  kernels (prefill_kernels.py), torch's SDPA for attention; with --prefill-fp8, a prefill of at
+  least fp8.PREFILL_TOKENS tokens runs its projections on the layers' FP8 copies (fp8.py:
+  activations quantised per token, _scaled_mm).
 
 Without a GPU the kernels run in Triton's interpreter (the CPU tests). Whether they compute what
 the torch backend computes is checked at start-up (model/warmup.py).
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from switchyard.engine.backends.base import LayerWeights, ModelDims
+from switchyard.engine.backends.base import EagerInput, LayerWeights, ModelDims
 from switchyard.engine.backends.cuda import fp8
 from switchyard.engine.backends.cuda import head_kernels as hk
 from switchyard.engine.backends.cuda import kernels as ck
@@ -56,6 +57,7 @@ class CudaBackend(TorchBackend):
     name = "cuda"
     TRITON_GLUE = True  # a decode step past the fused rows: norms and SiLU by Triton (False: torch's compiled ops)
     SLOTS_FROM_TABLES = True  # a fused decode step's KV slots read by its QKV kernels from the tables (False: torch's ops)
+    PREFILL_GLUE = True  # a prefill's KV write in rope_split, its add + norm by Triton (False: the torch backend's)
 
     def __init__(self, dims: ModelDims, layers: Sequence[LayerWeights], compile_ops: bool | None = None) -> None:
         super().__init__(dims, layers, compile_ops)
@@ -83,6 +85,18 @@ class CudaBackend(TorchBackend):
         """Whether this step's projections run on their FP8 copies (where they have one): a
         prefill of at least fp8.PREFILL_TOKENS tokens. Decode never does."""
         return not p.decode and p.B * p.T >= fp8.PREFILL_TOKENS
+
+    def plan(self, s: EagerInput) -> TorchPlan:
+        """The torch backend's prefill plan, with each row's cache slot for rope_split (which writes
+        the keys and values) and the Triton residual add + norm (glue_ops) at any length."""
+        p = super().plan(s)
+        if not self.PREFILL_GLUE:
+            return p
+        p.ops = self.glue_ops
+        slots = p.w_blocks * self.d.block_size + p.w_offs  # type: ignore[operator]
+        p.slots = slots if slots.numel() == p.B * p.T else torch.full(
+            (p.B * p.T,), -1, dtype=slots.dtype, device=slots.device).index_copy_(0, p.sel, slots)  # type: ignore[arg-type]
+        return p
 
     def decode_plan(self, ids: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor, tables: torch.Tensor, span: int,
                     graphs: bool) -> TorchPlan:
@@ -113,17 +127,20 @@ class CudaBackend(TorchBackend):
 
     def project_qkv(self, layer: LayerWeights, kc: torch.Tensor, vc: torch.Tensor, h: torch.Tensor,
                     p: TorchPlan) -> Any:
-        if not p.decode:
-            return super().project_qkv(layer, kc, vc, h, p)
         d = self.d
+        if not p.decode and p.slots is None:  # PREFILL_GLUE off
+            return super().project_qkv(layer, kc, vc, h, p)
+        if not p.decode:
+            return self._rope(layer, h, p, cache=(kc, vc, p.slots))
         return ck.rope_write(layer.qkv(h), layer.qk_norm, d.cos, d.sin, p.pos, p.w_blocks, p.w_offs, kc, vc, d.heads,
                              d.kv_heads, d.eps, pdl=self.pdl)
 
-    def _rope(self, layer: LayerWeights, h: torch.Tensor,
-              p: TorchPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _rope(self, layer: LayerWeights, h: torch.Tensor, p: TorchPlan,
+              cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.d
         qkv = fp8.project(layer.qkv, h) if self._fp8(p) else layer.qkv(h)
-        return pk.rope_split(qkv, d.cos, d.sin, p.pos, d.heads, d.kv_heads, d.head_dim, layer.qk_norm, d.eps)
+        return pk.rope_split(qkv, d.cos, d.sin, p.pos, d.heads, d.kv_heads, d.head_dim, layer.qk_norm, d.eps, cache)
 
     def attention(self, q: Any, kc: torch.Tensor, vc: torch.Tensor, p: TorchPlan) -> torch.Tensor:
         if not p.decode:

@@ -1,9 +1,9 @@
 """Triton kernels of the GPU steps whose projections run through cuBLAS (a prefill, and a decode
 step past the fused rows): RoPE (with Qwen3's q/k norm) splitting the QKV projection into q, k, v
-(prefill), SiLU(gate) * up, and the residual add with the next RMSNorm (both, at decode: torch's
-compiled dynamic-shape kernels for these two took 4-4.7 us where these take about half, on an
-8B step of 16-64 rows on an H100, bench/results/gpu_peer_8b); and a fused decode step's final
-RMSNorm."""
+and writing k and v into the cache (prefill), SiLU(gate) * up, and the residual add with the next
+RMSNorm (at decode, torch's compiled dynamic-shape kernels for these two took 4-4.7 us where these
+take about half, on an 8B step of 16-64 rows on an H100, bench/results/gpu_peer_8b; a prefill
+takes them too); and a fused decode step's final RMSNorm."""
 
 from __future__ import annotations
 
@@ -85,10 +85,12 @@ def _rms(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, xo: torch.Ten
 
 
 @triton.jit
-def _rope_split_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, qkn_ptr, q_ptr, k_ptr, v_ptr, eps,
-                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HB: tl.constexpr, QK_NORM: tl.constexpr):
+def _rope_split_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, qkn_ptr, q_ptr, k_ptr, v_ptr, slot_ptr, kc_ptr, vc_ptr,
+                       eps, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HB: tl.constexpr,
+                       QK_NORM: tl.constexpr, WRITE: tl.constexpr, BS: tl.constexpr):
     # Program (token, head block): HB heads of one token's fused QKV row, rotated (q, k) and
-    # written to q [N, H, D], k and v [N, HKV, D].
+    # written to q [N, H, D], k and v [N, HKV, D]; with WRITE, k and v also into the cache
+    # [blocks, HKV, BS, D] at the token's slot (block * BS + offset; < 0: padding, not written).
     tok = tl.program_id(0).to(tl.int64)
     hs = tl.program_id(1) * HB + tl.arange(0, HB)
     NH: tl.constexpr = H + 2 * HKV
@@ -122,19 +124,35 @@ def _rope_split_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, qkn_ptr, q_ptr, k_ptr
     tl.store(ka + HALF, o2.to(odt), mask=is_k)
     tl.store(va, o1.to(odt), mask=is_v)
     tl.store(va + HALF, o2.to(odt), mask=is_v)
+    if WRITE:
+        slot = tl.load(slot_ptr + tok)
+        kv = tl.where(is_k, hs[:, None] - H, hs[:, None] - H - HKV)  # the KV head, k's or v's
+        at = ((slot // BS * HKV + kv) * BS + slot % BS) * D + d[None, :]
+        put_k, put_v = is_k & (slot >= 0), is_v & (slot >= 0)
+        tl.store(kc_ptr + at, o1.to(odt), mask=put_k)
+        tl.store(kc_ptr + at + HALF, o2.to(odt), mask=put_k)
+        tl.store(vc_ptr + at, o1.to(odt), mask=put_v)
+        tl.store(vc_ptr + at + HALF, o2.to(odt), mask=put_v)
 
 
 def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, heads: int,
-               kv_heads: int, head_dim: int, qk_norm: torch.Tensor | None,
-               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               kv_heads: int, head_dim: int, qk_norm: torch.Tensor | None, eps: float,
+               cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """cuda_ops.rope_qkv for a prefill: qkv [N, (H + 2 Hkv) D] in the model dtype, cos/sin the
-    whole [max_len, D] tables, pos [N]; qk_norm as qkv_rope's. Returns q [N,H,D], k, v [N,Hkv,D]."""
+    whole [max_len, D] tables, pos [N]; qk_norm as qkv_rope's. Returns q [N,H,D], k, v [N,Hkv,D].
+    cache: (k_cache, v_cache, slots [N]): k and v also written into one layer's cache
+    [blocks, Hkv, block_size, D] at each token's slot (block * block_size + offset; -1: padding,
+    not written). That write was two gathers of the unpadded rows and two index copies a layer
+    (3.1 ms of an 8B model's 8k prefill on an H100, bench/results/gpu_fill_lanes call 9)."""
     n = qkv.shape[0]
     q = torch.empty(n, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     k = torch.empty(n, kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     v = torch.empty_like(k)
+    kc, vc, slots = cache if cache is not None else (k, v, pos)
     hb = 8
     _rope_split_kernel[(n, triton.cdiv(heads + 2 * kv_heads, hb))](
-        qkv, cos, sin, pos, qk_norm if qk_norm is not None else cos, q, k, v, eps, H=heads, HKV=kv_heads,
-        D=head_dim, HB=hb, QK_NORM=qk_norm is not None, num_warps=4)
+        qkv, cos, sin, pos, qk_norm if qk_norm is not None else cos, q, k, v, slots, kc, vc, eps, H=heads,
+        HKV=kv_heads, D=head_dim, HB=hb, QK_NORM=qk_norm is not None, WRITE=cache is not None,
+        BS=kc.shape[-2] if cache is not None else 1, num_warps=4)
     return q, k, v
