@@ -49,8 +49,7 @@ rc=0
 
 if [ "$what" = all ] || [ "$what" = tests ]; then
     "$PY" -m pytest -q -p no:cacheprovider -rs --durations=15 \
-        tests/engine/test_cuda.py tests/engine/test_cuda_kernels.py tests/engine/test_cuda_serve.py \
-        tests/engine/test_cuda_persistent.py \
+        tests/engine/test_cuda*.py \
         "tests/engine/test_structured.py::test_gpu_masks_equal_the_cpu_kernel" \
         "tests/engine/test_grammar_process.py::test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does" \
         "tests/engine/test_async_decode.py::test_gpu_async_equals_sync_in_graphs" 2>&1 | tee "$out/gpu_tests.log"
