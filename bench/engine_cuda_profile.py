@@ -163,7 +163,9 @@ def prefill_profile(m: Any, c: Any, n: int, rounds: int = 3) -> list[str]:
     variants: dict[str, dict[str, Any]] = {"ours": {}, "every row": EVERY_ROW}  # the last layer on every row
     if hasattr(m.backend, "PREFILL_GLUE"):  # the cuda backend's KV write and add + norm as the torch backend's
         variants["torch glue"] = {"PREFILL_GLUE": False}
-    walls = backend_ab(m.backend, lambda: ec.ttft(m, n, c.vocab_size, reps=3), rounds, variants)
+    with ClockWatch(gpu) as clocks:
+        walls = backend_ab(m.backend, lambda: ec.ttft(m, n, c.vocab_size, reps=3), rounds, variants,
+                           settle_s=1.0 if gpu else 0.0)
     wall = statistics.median(walls["ours"])
     launched = []  # the host's share: until forward() returns, every kernel queued
     for _ in range(3):
@@ -193,7 +195,7 @@ def prefill_profile(m: Any, c: Any, n: int, rounds: int = 3) -> list[str]:
              + "; ".join(f"{k} " + ", ".join(f"{t:.1f}" for t in ts) for k, ts in walls.items()) + "), "
              "forward() returned after "
              f"{statistics.median(launched):.1f} ms (its launches queued); GPU span {span / 1000:.1f} ms, "
-             f"kernels {busy / 1000:.1f} ms, {len(evs)} kernels and copies", "",
+             f"kernels {busy / 1000:.1f} ms, {len(evs)} kernels and copies", "", clocks.summary(), "",
              "| part | ms | share of kernels | TFLOP/s |", "| --- | --- | --- | --- |"]
     for kind in ("GEMM", "attention", "other"):
         t = by_kind.get(kind, 0.0)
@@ -223,6 +225,53 @@ def host_calls(host: list[Any], kernels: list[Any]) -> list[str]:
     for name, ts in sorted(calls.items(), key=lambda kv: -sum(kv[1]))[:12]:
         lines.append(f"| `{name}` | {len(ts)} | {sum(ts) / 1000:.2f} | {max(ts) / 1000:.2f} |")
     return lines
+
+
+SUSTAINED = 150  # calls back to back: a long prefill's share of one kernel, where clocks settle under load
+
+
+class ClockWatch:
+    """nvidia-smi sampling the GPU's SM clock, power and clock-event reasons every 50 ms while the
+    block runs (the GPU's own, not the process's): whether a kernel's rate inside a long prefill is
+    below its rate alone because the clocks drop under sustained load."""
+
+    FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
+
+    def __init__(self, gpu: bool) -> None:
+        self.gpu, self.proc, self.rows = gpu, None, []  # type: ignore[var-annotated]
+
+    def __enter__(self) -> ClockWatch:
+        import shutil
+        import subprocess
+        import tempfile
+
+        if self.gpu and shutil.which("nvidia-smi"):
+            self.file = tempfile.TemporaryFile(mode="w+")
+            self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
+                                          "-lms", "50"], stdout=self.file, stderr=subprocess.DEVNULL)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+            self.file.seek(0)
+            for line in self.file:
+                parts = [x.strip() for x in line.split(",")]
+                try:
+                    self.rows.append((float(parts[0]), float(parts[1]), float(parts[2]), parts[3]))
+                except (ValueError, IndexError):  # a field this driver does not know
+                    continue
+
+    def summary(self) -> str:
+        if not self.rows:
+            return "GPU clocks: not sampled (no nvidia-smi, or it refused the fields)"
+        sm, watts, temp = ([r[i] for r in self.rows] for i in range(3))
+        reasons = collections.Counter(r[3] for r in self.rows)
+        return (f"GPU clocks over the alternated rounds ({len(self.rows)} samples, 50 ms apart): SM "
+                f"{min(sm):.0f} / {statistics.median(sm):.0f} / {max(sm):.0f} MHz (min / median / max), power up to "
+                f"{max(watts):.0f} W, up to {max(temp):.0f} C; clock-event reasons (nvidia-smi bitmask: samples) "
+                + ", ".join(f"{k}: {v}" for k, v in reasons.most_common(5)))
 
 
 def _per_call_ms(fn: Any, dev: torch.device, reps: int = 5) -> float:
@@ -264,6 +313,11 @@ def attention_rates(c: Any, n: int, dev: torch.device) -> list[str]:
                                                                                   enable_gqa=gqa), dev)
                     lines.append(f"| {kernel.name} | {label} | {layout} | {ms:.3f} | "
                                  f"{flops / (ms * 1e-3) / 1e12:.0f} |")
+                    if kernel == SDPBackend.CUDNN_ATTENTION and layout == "tokens-major":  # as the prefill runs it
+                        ms = _per_call_ms(lambda q=q, kk=kk, vv=vv: sdpa(q, kk, vv, is_causal=True, enable_gqa=True),
+                                          dev, reps=SUSTAINED)
+                        lines.append(f"| {kernel.name} | {label} | {layout}, {SUSTAINED} back to back | {ms:.3f} | "
+                                     f"{flops / (ms * 1e-3) / 1e12:.0f} |")
                 except RuntimeError as e:  # the kernel refuses this shape or GPU
                     lines.append(f"| {kernel.name} | {label} | {layout} | refused: {str(e).splitlines()[0][:80]} | |")
     return lines
@@ -273,12 +327,16 @@ def gemm_rates(c: Any, n: int, dev: torch.device) -> list[str]:
     """Markdown lines: each of a layer's projections alone over n rows (torch's cuBLAS matmul, bf16),
     back to back: the rate the prefill's GEMMs would reach outside the prefill."""
     h, q, kv, inter = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
-    lines = ["| projection | [rows, in] x [in, out] | ms | TFLOP/s |", "| --- | --- | --- | --- |"]
+    lines = [f"| projection | [rows, in] x [in, out] | ms | TFLOP/s | ms, {SUSTAINED} back to back | TFLOP/s |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for name, k, out in (("qkv", h, q + 2 * kv), ("o", q, h), ("gate_up", h, 2 * inter), ("down", inter, h)):
         a = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
         w = torch.randn(out, k, device=dev, dtype=torch.bfloat16) / k ** 0.5
-        ms = _per_call_ms(lambda a=a, w=w: torch.nn.functional.linear(a, w), dev)
-        lines.append(f"| {name} | [{n}, {k}] x [{k}, {out}] | {ms:.3f} | {2.0 * n * k * out / (ms * 1e-3) / 1e12:.0f} |")
+        row = f"| {name} | [{n}, {k}] x [{k}, {out}] |"
+        for reps in (5, SUSTAINED):
+            ms = _per_call_ms(lambda a=a, w=w: torch.nn.functional.linear(a, w), dev, reps)
+            row += f" {ms:.3f} | {2.0 * n * k * out / (ms * 1e-3) / 1e12:.0f} |"
+        lines.append(row)
     return lines
 
 

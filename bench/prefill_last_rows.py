@@ -30,16 +30,18 @@ from switchyard.engine.runner.comm import SingleRank  # noqa: E402
 EVERY_ROW: dict[str, Any] = {"last_rows": lambda *_: None}  # the backend's last_rows declining every step
 
 
-def backend_ab(backend: Any, run: Callable[[], float], rounds: int,
-               variants: dict[str, dict[str, Any]]) -> dict[str, list[float]]:
+def backend_ab(backend: Any, run: Callable[[], float], rounds: int, variants: dict[str, dict[str, Any]],
+               settle_s: float = 0.0) -> dict[str, list[float]]:
     """run() (a prefill's ms) under each variant (the backend's attributes it sets, on the instance),
-    alternated `rounds` times; the backend is left as it was."""
+    alternated `rounds` times, each after `settle_s` idle (a GPU's clocks back from the run before's
+    load); the backend is left as it was."""
     times: dict[str, list[float]] = {k: [] for k in variants}
     try:
         for _ in range(rounds):
             for k, ts in times.items():
                 for name, value in variants[k].items():
                     setattr(backend, name, value)
+                time.sleep(settle_s)
                 ts.append(run())
                 for name in variants[k]:
                     delattr(backend, name)  # back to the class's
