@@ -158,6 +158,30 @@ def test_fused_kernels_equal_cpu_engine(dtype: torch.dtype, tol: float) -> None:
 
 
 @fused
+def test_a_prefills_kv_write_in_its_rope_kernel_is_the_torch_backends() -> None:
+    """CudaBackend.PREFILL_GLUE: rope_split writing the keys and values at each row's slot (padding's
+    -1 skipped) and the Triton add + norm leave the same cache and logits as the torch backend's
+    gathers and index copies, for right-padded prompts and prompts continued after cached starts."""
+    w, g = random_weights(NARROW, seed=3), torch.Generator().manual_seed(5)
+    ids, lens = torch.randint(0, NARROW.vocab_size, (2, 10), generator=g), torch.tensor([10, 7])
+    more, lens2 = torch.randint(0, NARROW.vocab_size, (2, 3), generator=g), torch.tensor([3, 2])
+    got = []
+    for glue in (True, False):
+        m = Decoder(NARROW, Shard(0, 1, NARROW), w, SingleRank(), max_slots=4, max_len=64, device=FUSED_DEV,
+                    backend="cuda", dtype="float32")
+        m.backend.PREFILL_GLUE = glue  # type: ignore[attr-defined]
+        logits = [m.forward(Step(ids, torch.arange(10).expand(2, 10).contiguous(), torch.tensor([0, 1]), lens, lens)),
+                  m.forward(Step(more, torch.stack([torch.arange(10, 13), torch.arange(7, 10)]), torch.tensor([0, 1]),
+                                 lens2, lens + lens2))]
+        got.append((logits, m.k_cache.clone(), m.v_cache.clone()))  # type: ignore[union-attr]
+    (a, ka, va), (b, kb, vb) = got
+    torch.testing.assert_close(ka, kb, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(va, vb, atol=1e-6, rtol=1e-5)
+    assert bool(ka.abs().sum() > 0)
+    assert assert_close_to_reference(b, a, 1e-5) < 1e-5
+
+
+@fused
 def test_fused_kernels_pass_their_start_up_check_or_give_way(monkeypatch: pytest.MonkeyPatch) -> None:
     from switchyard.engine.backends.cuda import kernels as cuda_kernels
 

@@ -127,11 +127,11 @@ class CudaBackend(TorchBackend):
 
     def project_qkv(self, layer: LayerWeights, kc: torch.Tensor, vc: torch.Tensor, h: torch.Tensor,
                     p: TorchPlan) -> Any:
-        d = self.d
-        if not p.decode and p.slots is None:  # PREFILL_GLUE off
-            return super().project_qkv(layer, kc, vc, h, p)
         if not p.decode:
+            if p.slots is None:  # PREFILL_GLUE off: the torch backend's KV write
+                return super().project_qkv(layer, kc, vc, h, p)
             return self._rope(layer, h, p, cache=(kc, vc, p.slots))
+        d = self.d
         return ck.rope_write(layer.qkv(h), layer.qk_norm, d.cos, d.sin, p.pos, p.w_blocks, p.w_offs, kc, vc, d.heads,
                              d.kv_heads, d.eps, pdl=self.pdl)
 
