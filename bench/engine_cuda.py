@@ -291,7 +291,8 @@ def _knob(module: str, owner: str | None, attr: str, value: Any) -> tuple[Any, s
 def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
     """--grammar-ab's variants of the loop, by name: (under the grammar or free, the knobs set for one
     decode): the masks filled the other way than the tree's GrammarMasker.AHEAD (in line on the
-    engine's thread, or ahead on the masker's). (Until 2026-12-06 also torch's masking ops and the
+    engine's thread, or ahead on the masker's), on the fill thread, and by the served fill process
+    with the step's tokens handed over with the next step's rows (ProcessMasker.EARLY off). (Until 2026-12-06 also torch's masking ops and the
     sampling stage's host cuts undone, bench/results/gpu_host_cuts; until the masks filled ahead were
     served, a 10 us GIL switch interval for them, which lost: bench/results/gpu_grammar_ahead.)
     switches_us: also the fill thread under each of these GIL switch intervals (GrammarMasker.SWITCH_S,
@@ -302,8 +303,10 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     other = _knob("switchyard.engine.chat.grammar", "GrammarMasker", "AHEAD", not served)
     # The fill on a thread, ahead and the other way (the served fill, --grammar-fill auto, is a process on a GPU).
     thread = _knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS", False)
+    late = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "EARLY", False)
     out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other, thread]),
-           "grammar, fill thread": (True, [thread])}
+           "grammar, fill thread": (True, [thread]),
+           "grammar, process, tokens after the host's turn": (True, [late])}
     for us in switches_us:  # the fill thread's
         out[f"grammar, {us} us switch"] = (True, [thread, _knob("switchyard.engine.chat.grammar", "GrammarMasker",
                                                                 "SWITCH_S", us * 1e-6)])

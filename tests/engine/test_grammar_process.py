@@ -97,6 +97,54 @@ def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
         proc.close()
 
 
+def test_early_tokens_fill_the_next_masks_as_the_in_line_fill_does() -> None:
+    """ProcessMasker.early, as the output stage calls it (a step's tokens read, before they are
+    accepted): the process's mirrors take them and fill the next step's masks ahead; the masks are the
+    in-line fill's step after step while a row finishes (the rows after it move up a place), a row
+    takes a reset after its token (a tool-call stream's next call: the ticket refills it) and a new row
+    joins (its first mask from the ticket). Five constrained rows: llguidance's pool fills them."""
+    from switchyard.engine.chat.grammar import GrammarMasker
+    from switchyard.engine.chat.grammar_process import RESET, ProcessMasker
+    from switchyard.engine.chat.structured import constraint
+
+    tok, grammars = smollm2_grammars()
+    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {
+        "type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{2,8}$"}}, "required": ["city"]}}}}
+    cs = [constraint({"tool_choice": "required"}, TOOLS), constraint(rf, None)]
+    proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8,
+                         pinned=False)
+    try:
+        line = GrammarMasker(tok.vocab_size, ahead=False)
+        pairs = [(grammars.compile(cs[k % 2]), grammars.compile(cs[k % 2])) for k in range(5)]
+        g = torch.Generator().manual_seed(6)
+        for step in range(7):
+            if step == 2:  # row 1 finished with its last token: rows 2-4 move up a place
+                del pairs[1]
+            if step == 4:
+                pairs.append((grammars.compile(cs[0]), grammars.compile(cs[0])))
+            x = torch.randn(len(pairs) + 1, tok.vocab_size, generator=g)
+            y = x.clone()
+            proc.apply(x, [pairs[0][0], None, *(a for a, _ in pairs[1:])])
+            line.apply(y, [pairs[0][1], None, *(b for _, b in pairs[1:])])
+            proc.wait()
+            assert torch.equal(x, y), f"step {step}"
+            rows = (0, *range(2, len(pairs) + 1))
+            tokens = [int(x[r].argmax()) if r != 1 else 0 for r in range(len(pairs) + 1)]
+            proc.early([pairs[0][0], None, *(a for a, _ in pairs[1:])], tokens)
+            assert all(a.sent == 1 for a, _ in pairs)
+            for (a, b), row in zip(pairs, rows, strict=True):
+                a.accept(tokens[row])
+                b.accept(tokens[row])
+                assert not a.failed and not b.failed
+            if step == 5:  # row 0 starts over after its token, as EndlessCalls does
+                for s in pairs[0]:
+                    s.matcher.reset()
+                pairs[0][0].new.append(RESET)  # type: ignore[union-attr]
+        assert proc._early == 7
+    finally:
+        proc.close()
+
+
 def test_closing_a_fill_process_ends_it_and_frees_its_segment() -> None:
     """What the engine loop's end (and a bench between decodes) relies on: close() stops the process,
     unlinks its shared memory, and a second close() has nothing left to do."""

@@ -129,6 +129,7 @@ class GrammarState:
     grammar: str = ""  # the lark text it was compiled from (a fill process compiles its mirror from it)
     slot: int = -1  # its mirror's slot in a fill process (chat/grammar_process), once masked there
     new: list[int] | None = None  # with a fill process: the tokens accepted since its last step there
+    sent: int = 0  # ... of which the first `sent` reached it early, before they were accepted (ProcessMasker.early)
 
     def accept(self, token: int) -> None:
         if not self.failed and not self.matcher.consume_token(token):
@@ -247,6 +248,11 @@ class GrammarMasker:
         raised, or EngineFailed if the GPU gave up waiting for it (its rows masked by whatever bits were there)."""
         if self._filler is not None:
             self._filler.join()
+
+    def early(self, states: list[GrammarState | None], tokens: list[int]) -> None:
+        """A step's sampled tokens as soon as the host has read them, before the output stage accepts
+        them (states[i] None: a free or finished row): a fill process starts the next step's masks
+        from them (ProcessMasker); the engine's own matchers fill nothing before their accept."""
 
     def close(self) -> None:
         """Nothing to free: the fill thread is a daemon, its buffers torch's (ProcessMasker's are not)."""

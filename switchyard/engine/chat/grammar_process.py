@@ -13,7 +13,12 @@ memory, each polling it without sleeping:
 - the process spins on the ticket, feeds the tokens to its mirror matchers, fills their masks into the
   shared bitmask (llguidance's pool for four rows or more, rows spread over lanes as Grammars does) and
   writes the ticket back. A row's grammar reaches it once, over a pipe, when the row is first masked; a
-  row's matcher is dropped once its state is (weakref.finalize).
+  row's matcher is dropped once its state is (weakref.finalize);
+- early tokens (ProcessMasker.early, EARLY): once the engine's thread has read a step's tokens, before
+  it accepts and streams them and launches the next step, it hands them to the process, whose mirrors
+  take them and fill the next step's masks at the rows they had; the next ticket moves a row that
+  changed places (rows before it finished) and fills only rows that took more (a reset, a new row).
+  Without it the fill started after the engine's turn, and at SmolLM2's batch 16 the GPU waited for it.
 
 The engine keeps its own matchers (the output stage's accepts, `done`, `accepting`), so the process's
 are a mirror, fed the same tokens. On an H100, SmolLM2's shape at batches 1 and 16 ran a tool call's
@@ -39,8 +44,8 @@ from switchyard.engine.errors import EngineFailed
 
 # The header's int64 words: the ticket done (the masking kernel's flag[0]), a ticket the kernel gave up on
 # (its flag[1]), the step's ticket, its rows, its bitmask buffer, the pipe's messages sent, stop, the
-# fill's ns, the process ready, the ticket whose fill raised.
-DONE, GAVE_UP, TICKET, ROWS, BUF, MESSAGES, STOP, FILL_NS, READY, FAILED = range(10)
+# fill's ns, the process ready, the ticket whose fill raised, the early tokens' count of handovers and rows.
+DONE, GAVE_UP, TICKET, ROWS, BUF, MESSAGES, STOP, FILL_NS, READY, FAILED, EARLY, EARLY_ROWS = range(12)
 HEADER = 16
 ERROR_BYTES = 1024  # the text of the fill's error, after the header
 NEW = 1 << 40  # a slot word with this bit: the row's first step (its matcher made from the pipe's grammar)
@@ -49,19 +54,30 @@ MAX_NEW = 4  # tokens a row may carry into a step (one, at most a reset and anot
 IDLE_S = 0.005  # the process spins for steps until none came for this long, then naps 1 ms at a time
 
 
-def _views(buf: Any, words: int, max_rows: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], int]:
-    """The segment's header, row table [max_rows, 3 + MAX_NEW], two bitmask buffers [max_rows, words] and
-    the error text's offset."""
+def _views(buf: Any, words: int, max_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int]:
+    """The segment's header, row table [max_rows, 3 + MAX_NEW], early table [max_rows, 3] (slot, row,
+    token), two bitmask buffers [max_rows, words] (last: the part the GPU reads) and the error text's offset."""
     hdr = np.ndarray((HEADER,), np.int64, buf)
     err = HEADER * 8
     table = np.ndarray((max_rows, 3 + MAX_NEW), np.int64, buf, err + ERROR_BYTES)
-    off = err + ERROR_BYTES + table.nbytes
+    early = np.ndarray((max_rows, 3), np.int64, buf, err + ERROR_BYTES + table.nbytes)
+    off = err + ERROR_BYTES + table.nbytes + early.nbytes
     bms = [np.ndarray((max_rows, words), np.int32, buf, off + i * max_rows * words * 4) for i in range(2)]
-    return hdr, table, bms, err
+    return hdr, table, early, bms, err
 
 
 def _size(words: int, max_rows: int) -> int:
-    return HEADER * 8 + ERROR_BYTES + max_rows * (3 + MAX_NEW) * 8 + 2 * max_rows * words * 4
+    return HEADER * 8 + ERROR_BYTES + max_rows * (3 + MAX_NEW + 3) * 8 + 2 * max_rows * words * 4
+
+
+def _fill(executor: Any, todo: list[tuple[Any, int]], bm: np.ndarray) -> None:
+    """llguidance writes each (matcher, row)'s mask into bm's row (its pool for PAR_ROWS rows or more)."""
+    base, row_bytes = bm.ctypes.data, bm.shape[1] * 4
+    if executor is not None and len(todo) >= GrammarMasker.PAR_ROWS:
+        executor.unsafe_compute_mask_ptr(todo, base, row_bytes, bm.shape[0])
+    else:
+        for m, row in todo:
+            m.unsafe_compute_mask_ptr(base + row * row_bytes, row_bytes)
 
 
 def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str, vocab: int, eos: list[int],
@@ -70,17 +86,40 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
     import llguidance
 
     shm = shared_memory.SharedMemory(name=name)
-    hdr, table, bms, err_at = _views(shm.buf, words, max_rows)
+    hdr, table, early, bms, err_at = _views(shm.buf, words, max_rows)
     tok = ll_tokenizer(tokenizer_json, vocab, eos)
     executor = llguidance.LLExecutor(threads) if threads > 1 else None
     compiled: dict[tuple[str, int], Any] = {}  # (grammar, lane) -> a matcher in its start state
     matchers: dict[int, Any] = {}
     grammars: dict[int, str] = {}  # a new slot's grammar, until its first step
-    row_bytes = words * 4
-    received, seen, parent, spins, last = 0, 0, os.getppid(), 0, time.perf_counter()
+    early_at: dict[int, int] = {}  # slot -> the row its next mask went to, filled from early tokens
+    received, seen, seen_early, early_ns, parent, spins, early_error = 0, 0, 0, 0, os.getppid(), 0, ""
+    last = time.perf_counter()
     hdr[READY] = 1
     while not hdr[STOP]:
-        t = int(hdr[TICKET])
+        t = int(hdr[TICKET])  # before EARLY: the engine writes EARLY first, so a new ticket's early is seen
+        handover = int(hdr[EARLY])
+        if handover != seen_early:
+            # The step just filled has its tokens on the engine's host, before its turn: the mirrors take
+            # them and the next step's masks fill into its buffer, at the rows they had, while the engine
+            # accepts, streams and launches. The ticket then moves any row that changed places.
+            seen_early, t0 = handover, time.perf_counter_ns()
+            rows = early[:int(hdr[EARLY_ROWS])].tolist()
+            try:
+                todo = [(matchers[slot], row) for slot, row, _ in rows]
+                for (m, _), (_, _, token) in zip(todo, rows, strict=True):
+                    m.consume_token(token)  # one the engine's matcher refuses, its row stops
+            except Exception as ex:  # a mirror may have missed its token: the next ticket fails
+                early_error = f"{type(ex).__name__}: {ex}"
+            else:
+                try:
+                    _fill(executor, todo, bms[(seen + 1) & 1])
+                    early_at.update((slot, row) for slot, row, _ in rows)
+                except Exception:  # the ticket fills these rows itself (their tokens are in)
+                    pass
+            early_ns = time.perf_counter_ns() - t0
+            last = time.perf_counter()
+            continue
         if t == seen:
             spins += 1
             if spins & 0xFFFF == 0 and os.getppid() != parent:
@@ -91,6 +130,8 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
         seen = t
         t0 = time.perf_counter_ns()
         try:
+            if early_error:
+                raise RuntimeError(f"early tokens: {early_error}")
             while received < hdr[MESSAGES]:
                 kind, arg, grammar = conn.recv()
                 received += 1
@@ -100,7 +141,7 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
                     for slot in arg:
                         matchers.pop(slot, None)
             n, bm = int(hdr[ROWS]), bms[int(hdr[BUF])]
-            todo = []
+            todo, moved_from, moved_to = [], [], []
             for slot, row, k, *new in table[:n].tolist():  # one conversion: numpy's scalars loop slowly
                 if slot & NEW:
                     slot ^= NEW
@@ -115,23 +156,28 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
                             del compiled[next(iter(compiled))]
                     matchers[slot] = tmpl.deep_copy()
                 m = matchers[slot]
+                at = early_at.get(slot)
+                if at is not None and k == 0:  # filled from its early token
+                    if at != row:
+                        moved_from.append(at)
+                        moved_to.append(row)
+                    continue
                 for x in new[:k]:  # a token it refuses, the engine's matcher refused too: that row stops
                     if x == RESET:
                         m.reset()
                     else:
                         m.consume_token(x)
                 todo.append((m, row))
-            base = bm.ctypes.data
-            if executor is not None and n >= GrammarMasker.PAR_ROWS:
-                executor.unsafe_compute_mask_ptr(todo, base, row_bytes, bm.shape[0])
-            else:
-                for m, row in todo:
-                    m.unsafe_compute_mask_ptr(base + row * row_bytes, row_bytes)
+            if moved_to:  # before the fill: a moved row's old place may be another row's now
+                bm[moved_to] = bm[moved_from]
+            _fill(executor, todo, bm)
         except Exception as e:  # the engine's thread raises it; the ticket still comes (the GPU must not hang)
             text = f"{type(e).__name__}: {e}".encode()[:ERROR_BYTES - 1]
             shm.buf[err_at:err_at + len(text) + 1] = text + b"\0"
             hdr[FAILED] = t
-        hdr[FILL_NS] = time.perf_counter_ns() - t0
+        early_at.clear()
+        hdr[FILL_NS] = time.perf_counter_ns() - t0 + early_ns
+        early_ns, early_error = 0, ""
         hdr[DONE] = t  # last: the GPU reads the bits once it sees this
         last = time.perf_counter()
 
@@ -142,6 +188,7 @@ class ProcessMasker(GrammarMasker):
     cannot be pinned (the caller then fills on a thread)."""
 
     WHERE = "process"
+    EARLY = True  # a step's tokens handed over as the host reads them (False: with the next step's rows)
 
     def __init__(self, vocab_size: int, tokenizer_json: str, eos_ids: list[int], threads: int, lanes: int,
                  max_rows: int, cache_size: int = 256, pinned: bool = True) -> None:
@@ -149,7 +196,8 @@ class ProcessMasker(GrammarMasker):
         self.max_rows = max_rows
         size = _size(self.words, max_rows)
         self.shm = shared_memory.SharedMemory(create=True, size=size)
-        self.hdr, self.table, _, self._err_at = _views(self.shm.buf, self.words, max_rows)
+        self.hdr, self.table, self.early_table, _, self._err_at = _views(self.shm.buf, self.words, max_rows)
+        self._early = 0  # handovers of early tokens
         self.hdr[:] = 0
         whole = torch.frombuffer(self.shm.buf, dtype=torch.uint8)
         self._pinned = pinned
@@ -204,11 +252,11 @@ class ProcessMasker(GrammarMasker):
                 weakref.finalize(s, self._freed.append, slot)
                 self._send("new", slot, s.grammar)
                 slot |= NEW
-            new = s.new or []
+            new = (s.new or [])[s.sent:]  # those handed over early, the process has
             if len(new) > MAX_NEW:
                 raise EngineFailed(f"a constrained row took {len(new)} tokens in one step")
             table.append([slot, i, len(new), *new, *(0,) * (MAX_NEW - len(new))])
-            s.new = []
+            s.new, s.sent = [], 0
         self.table[:len(table)] = table  # one write: a numpy assignment a row cost ~3 us
         self.ticket += 1
         buf = self.ticket & 1
@@ -219,6 +267,24 @@ class ProcessMasker(GrammarMasker):
             raise EngineFailed("the grammar fill process needs the masking kernel (triton)")
         fused(logits, self.bitmasks[buf][:len(states)], [i for i, _ in live],  # type: ignore[call-arg]
               (self.flag, self.ticket))
+
+    def early(self, states: list[GrammarState | None], tokens: list[int]) -> None:
+        """The step's tokens to the process before the engine's turn (GrammarMasker.early): each row
+        with a mirror and nothing else pending. Its mirror takes the token and the next step's mask
+        fills while this thread accepts, streams and launches; the row's next table entry then carries
+        only what came after (`sent`). At SmolLM2's batch 16 the fill had waited for that turn."""
+        if not self.EARLY or self.ticket == 0:
+            return
+        rows = [(s.slot, i, tok) for i, (s, tok) in enumerate(zip(states, tokens, strict=True))
+                if s is not None and s.slot >= 0 and not s.new and not s.failed]
+        if not rows:
+            return
+        for _, i, _ in rows:
+            states[i].sent = 1  # type: ignore[union-attr]
+        self.early_table[:len(rows)] = rows
+        self.hdr[EARLY_ROWS] = len(rows)
+        self._early += 1
+        self.hdr[EARLY] = self._early  # last: the process reads the rows once it sees this
 
     def _send(self, kind: str, arg: Any, grammar: str) -> None:
         self._conn.send((kind, arg, grammar))

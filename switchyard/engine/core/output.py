@@ -128,9 +128,10 @@ class OutputStage:
         that finished. A sequence that finished (an abort) since the step was sampled is skipped:
         its token is dropped."""
         host = sampled.host.get()
+        tokens = host[0].tolist()
         if self.masker is not None:
             self.masker.wait()  # the fill thread's matchers (masks filled ahead) are ours again
-        tokens = host[0].tolist()
+            self.masker.early([None if s.finished else s.grammar for s in sampled.seqs], tokens)
         lps: dict[int, tuple[float, list[float], list[int]]] = {}
         if sampled.lp_rows:
             chosen, vals, ids = (t.tolist() for t in host[1:])
