@@ -24,8 +24,9 @@
 #   # call 9: the prefill's last layer on last rows against every row, the host's runtime calls; the 8B's process
 #   DEADLINE=480 PREFILL_ROUNDS=5 AB_SHAPES=smollm2-135m AB_ROUNDS=4 SWITCHES= STAGES="prefill regress ab" OUT=$OUT bash ...run.sh
 #   # call 10: the prefill's KV write in rope_split and Triton add + norm against the torch glue; every test_cuda*.py
-#   DEADLINE=420 PREFILL_ROUNDS=5 AB_SHAPES=smollm2-135m AB_ROUNDS=4 SWITCHES= STAGES="prefill ab" OUT=$OUT bash ...run.sh
-#   # call 11: the same alternation 1 s apart, the GPU's clocks sampled, kernels alone 150 back to back
+#   DEADLINE=400 PREFILL_ROUNDS=5 AB_SHAPES=smollm2-135m AB_ROUNDS=4 SWITCHES= STAGES="prefill ab masks" OUT=$OUT bash ...run.sh
+#   # call 11: the same alternation 1 s apart, the GPU's clocks sampled, kernels alone 150 back to back; the fill
+#   process's early tokens (ProcessMasker.EARLY) against the tokens after the host's turn
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
