@@ -5,9 +5,27 @@ test_a_fill_process_gives_the_fill_threads_replies, and test_cuda_serve on a GPU
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from engine_support import TOOLS, smollm2_grammars
+
+
+def _two_grammars_two_maskers() -> tuple[Any, list[Any], Any, Any]:
+    """SmolLM2's Grammars, two constraints (a tool call; a JSON object whose string has a pattern), a
+    fill process (unpinned: CPU logits, its waiting kernel interpreted) and the in-line fill to hold it to."""
+    from switchyard.engine.chat.grammar import GrammarMasker
+    from switchyard.engine.chat.grammar_process import ProcessMasker
+    from switchyard.engine.chat.structured import constraint
+
+    tok, grammars = smollm2_grammars()
+    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {
+        "type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{2,8}$"}}, "required": ["city"]}}}}
+    cs = [constraint({"tool_choice": "required"}, TOOLS), constraint(rf, None)]
+    proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8,
+                         pinned=False)
+    return grammars, cs, proc, GrammarMasker(tok.vocab_size, ahead=False)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
@@ -52,18 +70,10 @@ def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
     import gc
 
     from switchyard.engine.chat.grammar import GrammarMasker
-    from switchyard.engine.chat.grammar_process import ProcessMasker
-    from switchyard.engine.chat.structured import constraint
     from switchyard.engine.errors import EngineFailed
 
-    tok, grammars = smollm2_grammars()
-    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {
-        "type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{2,8}$"}}, "required": ["city"]}}}}
-    cs = [constraint({"tool_choice": "required"}, TOOLS), constraint(rf, None)]
-    proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8,
-                         pinned=False)
+    grammars, cs, proc, line = _two_grammars_two_maskers()
     try:
-        line = GrammarMasker(tok.vocab_size, ahead=False)
         pairs = [(grammars.compile(cs[k % 2]), grammars.compile(cs[k % 2])) for k in range(GrammarMasker.PAR_ROWS)]
         g = torch.Generator().manual_seed(5)
         for step in range(6):
@@ -71,7 +81,7 @@ def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
                 del pairs[0]
                 gc.collect()
                 pairs.append((grammars.compile(cs[1]), grammars.compile(cs[1])))
-            x = torch.randn(len(pairs) + 1, tok.vocab_size, generator=g)
+            x = torch.randn(len(pairs) + 1, proc.vocab_size, generator=g)
             y = x.clone()
             proc.apply(x, [pairs[0][0], None, *(a for a, _ in pairs[1:])])
             line.apply(y, [pairs[0][1], None, *(b for _, b in pairs[1:])])
@@ -85,7 +95,7 @@ def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
         assert proc.ticket == 6 and proc._slots == len(pairs) + 1 and not proc._freed  # slot 0's free: step 4's
         bad = grammars.compile(cs[0])
         bad.grammar = "start: nonsense("  # the process cannot compile its mirror: that step's fill fails
-        proc.apply(torch.randn(1, tok.vocab_size), [bad])
+        proc.apply(torch.randn(1, proc.vocab_size), [bad])
         with pytest.raises(EngineFailed, match="grammar fill failed"):
             proc.wait()
         proc.proc.kill()
@@ -103,18 +113,10 @@ def test_early_tokens_fill_the_next_masks_as_the_in_line_fill_does() -> None:
     in-line fill's step after step while a row finishes (the rows after it move up a place), a row
     takes a reset after its token (a tool-call stream's next call: the ticket refills it) and a new row
     joins (its first mask from the ticket). Five constrained rows: llguidance's pool fills them."""
-    from switchyard.engine.chat.grammar import GrammarMasker
-    from switchyard.engine.chat.grammar_process import RESET, ProcessMasker
-    from switchyard.engine.chat.structured import constraint
+    from switchyard.engine.chat.grammar_process import RESET
 
-    tok, grammars = smollm2_grammars()
-    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {
-        "type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{2,8}$"}}, "required": ["city"]}}}}
-    cs = [constraint({"tool_choice": "required"}, TOOLS), constraint(rf, None)]
-    proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8,
-                         pinned=False)
+    grammars, cs, proc, line = _two_grammars_two_maskers()
     try:
-        line = GrammarMasker(tok.vocab_size, ahead=False)
         pairs = [(grammars.compile(cs[k % 2]), grammars.compile(cs[k % 2])) for k in range(5)]
         g = torch.Generator().manual_seed(6)
         for step in range(7):
@@ -122,7 +124,7 @@ def test_early_tokens_fill_the_next_masks_as_the_in_line_fill_does() -> None:
                 del pairs[1]
             if step == 4:
                 pairs.append((grammars.compile(cs[0]), grammars.compile(cs[0])))
-            x = torch.randn(len(pairs) + 1, tok.vocab_size, generator=g)
+            x = torch.randn(len(pairs) + 1, proc.vocab_size, generator=g)
             y = x.clone()
             proc.apply(x, [pairs[0][0], None, *(a for a, _ in pairs[1:])])
             line.apply(y, [pairs[0][1], None, *(b for _, b in pairs[1:])])
