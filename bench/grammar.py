@@ -5,6 +5,7 @@ compiling a grammar costs, and the measurement that chose llguidance over xgramm
   PYTHONPATH=. python bench/grammar.py --part engine    # our masker vs a decode step only
   PYTHONPATH=. python bench/grammar.py --part libraries # llguidance vs xgrammar only
   PYTHONPATH=. python bench/grammar.py --part slices --rounds 8  # a row's fill: llguidance's slices vs ours
+  PYTHONPATH=. python bench/grammar.py --part handover --rounds 5 # the fill process's early tokens vs late
 
 `engine`: the real runner (SmolLM2-135M Q4_1, `--dtype auto` as `engine serve` runs it) decodes a
 batch of 1 and of 16 tool-call prompts; each step's logits go through our GrammarMasker (every row
@@ -293,19 +294,92 @@ def engine(path: Path, rounds: int, steps: int, threads: int, mask_threads: int)
                   f"of which llguidance's fill {_ms(fill_t)})")
 
 
+# -- handover ---------------------------------------------------------------------------------------
+
+
+def handover(path: Path, rounds: int, steps: int, turn_ms: float, rows: int = 16) -> None:
+    """The fill process's early tokens (ProcessMasker.EARLY) against the tokens handed over with the next
+    step's rows: a step's time from its tokens read to the next masks filled (the process's ticket back),
+    with the engine's turn in between (the real accepts, then a spin to `turn_ms`: the streaming and the
+    next launch a GPU replica's engine does there). The masking kernel is left out (its wait only, on the
+    host): what moves is when the fill starts. Each row's token is drawn from its mask; a finished tool
+    call starts another (a reset, as bench/engine_cuda.py's streams do)."""
+    import random
+
+    import numpy as np
+
+    from switchyard.engine.chat import grammar_process
+    from switchyard.engine.chat.grammar import Grammars
+    from switchyard.engine.chat.grammar_process import RESET, ProcessMasker
+    from switchyard.engine.chat.structured import constraint
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engine_cuda import GRAMMAR_SCHEMA
+
+    def wait_only(logits: Any, bm: Any, rows: list[int], wait: tuple[torch.Tensor, int]) -> None:
+        while wait[0][0] < wait[1]:
+            pass
+
+    grammar_process.fused_mask = lambda: wait_only  # type: ignore[assignment]
+    tok = _tokenizer(path)
+    V = tok.vocab_size
+    g = Grammars(tok.tok.to_str(), V, sorted(tok.eos_ids))
+    schema = {"type": "json_schema", "json_schema": {"name": "items", "schema": GRAMMAR_SCHEMA}}
+    cs = {"items": constraint({"response_format": schema}, None), "tool calls": constraint(BODIES["required"], TOOLS)}
+    print(f"{rows} rows, {steps} steps a round, the engine's turn {turn_ms} ms, {rounds} alternated rounds; "
+          f"from a step's tokens read to the next masks filled (median of the steps, then of the rounds):")
+    for name, c in cs.items():
+        assert c is not None
+        took: dict[bool, list[float]] = {True: [], False: []}
+        for r in range(rounds):
+            for early in (True, False):
+                proc = ProcessMasker(V, tok.tok.to_str(), sorted(tok.eos_ids), threads=1, lanes=1, max_rows=rows,
+                                     pinned=False)
+                proc.EARLY = early
+                rng, states, lat = random.Random(r), [g.compile(c) for _ in range(rows)], []
+                try:
+                    proc.apply(torch.empty(rows, 1), states)  # type: ignore[arg-type]
+                    proc.wait()
+                    for _ in range(steps):
+                        bits = np.unpackbits(proc.bitmasks[proc.ticket & 1][:rows].numpy().view(np.uint8), axis=1,
+                                             bitorder="little")[:, :V]
+                        tokens = [int(rng.choice(np.flatnonzero(b))) for b in bits]
+                        t0 = time.perf_counter()
+                        proc.early(states, tokens)
+                        for s, t in zip(states, tokens, strict=True):
+                            s.accept(t)
+                            if s.done:
+                                s.matcher.reset()
+                                s.new.append(RESET)  # type: ignore[union-attr]
+                        while time.perf_counter() - t0 < turn_ms / 1000:
+                            pass
+                        proc.apply(torch.empty(rows, 1), states)  # type: ignore[arg-type]
+                        lat.append(time.perf_counter() - t0)
+                finally:
+                    proc.close()
+                took[early].append(statistics.median(lat))
+        for early in (True, False):
+            label = "early tokens" if early else "tokens with the next rows"
+            print(f"  {name:10s} {label:26s} {_ms(took[early])}  (rounds: "
+                  + ", ".join(f"{t * 1000:.3f}" for t in took[early]) + ")")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=["both", "engine", "libraries", "slices"], default="both")
+    ap.add_argument("--part", choices=["both", "engine", "libraries", "slices", "handover"], default="both")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=48, help="decode steps per round (engine part)")
     ap.add_argument("--threads", type=int, default=0, help="the runner's threads (0: all cores)")
     ap.add_argument("--mask-threads", type=int, default=1, help="llguidance's threads for a step's masks")
+    ap.add_argument("--turn-ms", type=float, default=0.3, help="handover part: the engine's turn a step")
     args = ap.parse_args()
     from switchyard.engine.serving import registry
 
     path = registry.pull("smollm2-135m")
     if args.part == "slices":
         slices(path, args.rounds, args.steps * 4)
+    if args.part == "handover":
+        handover(path, args.rounds, args.steps, args.turn_ms)
     if args.part in ("both", "libraries"):
         libraries(path, args.rounds)
     if args.part in ("both", "engine"):
