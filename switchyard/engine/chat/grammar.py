@@ -298,9 +298,15 @@ class _Filler:
         if self._error is not None:
             e, self._error = self._error, None
             raise e
-        if self._words[1]:
-            ticket, self._words[1] = int(self._words[1]), 0
-            raise EngineFailed(f"the GPU gave up waiting for the grammar masks of fill {ticket}")
+        raise_if_gave_up(self._words)
+
+
+def raise_if_gave_up(flag: Any) -> None:
+    """EngineFailed if the masking kernel gave up waiting for a fill: it wrote that fill's ticket into
+    flag[1] (token_mask's wait), which is cleared here. flag: the host's int64 view of the pinned words."""
+    if flag[1]:
+        ticket, flag[1] = int(flag[1]), 0
+        raise EngineFailed(f"the GPU gave up waiting for the grammar masks of fill {ticket}")
 
 
 @functools.cache

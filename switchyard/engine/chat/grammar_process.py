@@ -39,7 +39,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from switchyard.engine.chat.grammar import GrammarMasker, GrammarState, fused_mask, ll_tokenizer
+from switchyard.engine.chat.grammar import (
+    GrammarMasker,
+    GrammarState,
+    fused_mask,
+    ll_tokenizer,
+    raise_if_gave_up,
+)
 from switchyard.engine.errors import EngineFailed
 
 # The header's int64 words: the ticket done (the masking kernel's flag[0]), a ticket the kernel gave up on
@@ -305,9 +311,7 @@ class ProcessMasker(GrammarMasker):
             text = bytes(self.shm.buf[self._err_at:self._err_at + ERROR_BYTES]).split(b"\0")[0].decode()
             self.hdr[FAILED] = 0
             raise EngineFailed(f"the grammar fill failed: {text}")
-        if self.hdr[GAVE_UP]:
-            ticket, self.hdr[GAVE_UP] = int(self.hdr[GAVE_UP]), 0
-            raise EngineFailed(f"the GPU gave up waiting for the grammar masks of fill {ticket}")
+        raise_if_gave_up(self.hdr)  # the header's first two words are the kernel's flag (DONE, GAVE_UP)
         self.last_fill_s = int(self.hdr[FILL_NS]) * 1e-9
 
     def close(self) -> None:
