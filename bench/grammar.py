@@ -302,66 +302,61 @@ def handover(path: Path, rounds: int, steps: int, turn_ms: float, rows: int = 16
     step's rows: a step's time from its tokens read to the next masks filled (the process's ticket back),
     with the engine's turn in between (the real accepts, then a spin to `turn_ms`: the streaming and the
     next launch a GPU replica's engine does there). The masking kernel is left out (its wait only, on the
-    host): what moves is when the fill starts. Each row's token is drawn from its mask; a finished tool
-    call starts another (a reset, as bench/engine_cuda.py's streams do)."""
+    host): what moves is when the fill starts. The GPU bench's grammars (bench/engine_cuda.grammar_factory:
+    its items, and tool calls whose finished call starts another); each row's token drawn from its mask."""
     import random
 
     import numpy as np
 
     from switchyard.engine.chat import grammar_process
-    from switchyard.engine.chat.grammar import Grammars
-    from switchyard.engine.chat.grammar_process import RESET, ProcessMasker
-    from switchyard.engine.chat.structured import constraint
+    from switchyard.engine.chat.grammar_process import ProcessMasker
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_cuda import GRAMMAR_SCHEMA
+    from engine_cuda import grammar_factory
 
     def wait_only(logits: Any, bm: Any, rows: list[int], wait: tuple[torch.Tensor, int]) -> None:
         while wait[0][0] < wait[1]:
             pass
 
-    grammar_process.fused_mask = lambda: wait_only  # type: ignore[assignment]
+    real_mask, grammar_process.fused_mask = grammar_process.fused_mask, lambda: wait_only  # type: ignore[assignment]
     tok = _tokenizer(path)
     V = tok.vocab_size
-    g = Grammars(tok.tok.to_str(), V, sorted(tok.eos_ids))
-    schema = {"type": "json_schema", "json_schema": {"name": "items", "schema": GRAMMAR_SCHEMA}}
-    cs = {"items": constraint({"response_format": schema}, None), "tool calls": constraint(BODIES["required"], TOOLS)}
+    makes = {"items": grammar_factory(tok, lanes=1), "tool calls": grammar_factory(tok, tool_calls=True, lanes=1)}
     print(f"{rows} rows, {steps} steps a round, the engine's turn {turn_ms} ms, {rounds} alternated rounds; "
           f"from a step's tokens read to the next masks filled (median of the steps, then of the rounds):")
-    for name, c in cs.items():
-        assert c is not None
-        took: dict[bool, list[float]] = {True: [], False: []}
-        for r in range(rounds):
-            for early in (True, False):
-                proc = ProcessMasker(V, tok.tok.to_str(), sorted(tok.eos_ids), threads=1, lanes=1, max_rows=rows,
-                                     pinned=False)
-                proc.EARLY = early
-                rng, states, lat = random.Random(r), [g.compile(c) for _ in range(rows)], []
-                try:
-                    proc.apply(torch.empty(rows, 1), states)  # type: ignore[arg-type]
-                    proc.wait()
-                    for _ in range(steps):
-                        bits = np.unpackbits(proc.bitmasks[proc.ticket & 1][:rows].numpy().view(np.uint8), axis=1,
-                                             bitorder="little")[:, :V]
-                        tokens = [int(rng.choice(np.flatnonzero(b))) for b in bits]
-                        t0 = time.perf_counter()
-                        proc.early(states, tokens)
-                        for s, t in zip(states, tokens, strict=True):
-                            s.accept(t)
-                            if s.done:
-                                s.matcher.reset()
-                                s.new.append(RESET)  # type: ignore[union-attr]
-                        while time.perf_counter() - t0 < turn_ms / 1000:
-                            pass
+    try:
+        for name, make in makes.items():
+            took: dict[bool, list[float]] = {True: [], False: []}
+            for r in range(rounds):
+                for early in (True, False):
+                    proc = ProcessMasker(V, tok.tok.to_str(), sorted(tok.eos_ids), threads=1, lanes=1, max_rows=rows,
+                                         pinned=False)
+                    proc.EARLY = early
+                    rng, states, lat = random.Random(r), [make() for _ in range(rows)], []
+                    try:
                         proc.apply(torch.empty(rows, 1), states)  # type: ignore[arg-type]
-                        lat.append(time.perf_counter() - t0)
-                finally:
-                    proc.close()
-                took[early].append(statistics.median(lat))
-        for early in (True, False):
-            label = "early tokens" if early else "tokens with the next rows"
-            print(f"  {name:10s} {label:26s} {_ms(took[early])}  (rounds: "
-                  + ", ".join(f"{t * 1000:.3f}" for t in took[early]) + ")")
+                        proc.wait()
+                        for _ in range(steps):
+                            bits = np.unpackbits(proc.bitmasks[proc.ticket & 1][:rows].numpy().view(np.uint8), axis=1,
+                                                 bitorder="little")[:, :V]
+                            tokens = [int(rng.choice(np.flatnonzero(b))) for b in bits]
+                            t0 = time.perf_counter()
+                            proc.early(states, tokens)
+                            for s, t in zip(states, tokens, strict=True):
+                                s.accept(t)
+                            while time.perf_counter() - t0 < turn_ms / 1000:
+                                pass
+                            proc.apply(torch.empty(rows, 1), states)  # type: ignore[arg-type]
+                            lat.append(time.perf_counter() - t0)
+                    finally:
+                        proc.close()
+                    took[early].append(statistics.median(lat))
+            for early in (True, False):
+                label = "early tokens" if early else "tokens with the next rows"
+                print(f"  {name:10s} {label:26s} {_ms(took[early])}  (rounds: "
+                      + ", ".join(f"{t * 1000:.3f}" for t in took[early]) + ")")
+    finally:
+        grammar_process.fused_mask = real_mask
 
 
 def main() -> None:
