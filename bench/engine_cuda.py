@@ -202,16 +202,13 @@ def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int | None = None
     another call when one is complete (its matcher reset, as bench/grammar_fill_threads.py's
     streams do), so that no row finishes early and a batch stays whole to the end."""
     from switchyard.engine.chat.grammar import Grammars, GrammarState
-    from switchyard.engine.chat.grammar_process import RESET
     from switchyard.engine.runner.options import auto_grammar_threads, grammar_lanes
 
     class EndlessCalls(GrammarState):
         def accept(self, token: int) -> None:
             super().accept(token)
-            if not self.failed and self.matcher.is_stopped():
-                self.matcher.reset()
-                if self.new is not None:  # a fill process's mirror resets too
-                    self.new.append(RESET)
+            if not self.failed and self.done:
+                self.reset()
 
     g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids),
                  lanes=lanes or grammar_lanes(auto_grammar_threads("cuda")), slices=slices)

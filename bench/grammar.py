@@ -297,12 +297,15 @@ def engine(path: Path, rounds: int, steps: int, threads: int, mask_threads: int)
 # -- handover ---------------------------------------------------------------------------------------
 
 
-def handover(path: Path, rounds: int, steps: int, turn_ms: float, rows: int = 16) -> None:
+def handover(path: Path, rounds: int, steps: int, turn_ms: float, rows: int = 16, row_us: float = 10) -> None:
     """The fill process's early tokens (ProcessMasker.EARLY) against the tokens handed over with the next
     step's rows: a step's time from its tokens read to the next masks filled (the process's ticket back),
     with the engine's turn in between (the real accepts, then a spin to `turn_ms`: the streaming and the
     next launch a GPU replica's engine does there). The masking kernel is left out (its wait only, on the
-    host): what moves is when the fill starts. The GPU bench's grammars (bench/engine_cuda.grammar_factory:
+    host): what moves is when the fill starts. Also the engine's accepts a step (each row's accept and `done`,
+as the output stage takes them, each after `row_us` of the row's other work, its streaming: ~13 us a row in the
+H100 hosts' split, gpu_fill_lanes call 1): with early tokens the mirrors take them and `done` reads their word. The
+GPU bench's grammars (bench/engine_cuda.grammar_factory:
     its items, and tool calls whose finished call starts another); each row's token drawn from its mask."""
     import random
 
@@ -322,17 +325,19 @@ def handover(path: Path, rounds: int, steps: int, turn_ms: float, rows: int = 16
     tok = _tokenizer(path)
     V = tok.vocab_size
     makes = {"items": grammar_factory(tok, lanes=1), "tool calls": grammar_factory(tok, tool_calls=True, lanes=1)}
-    print(f"{rows} rows, {steps} steps a round, the engine's turn {turn_ms} ms, {rounds} alternated rounds; "
+    print(f"{rows} rows, {steps} steps a round, the engine's turn {turn_ms} ms ({row_us} us a row before its accept), "
+          f"{rounds} alternated rounds; "
           f"from a step's tokens read to the next masks filled (median of the steps, then of the rounds):")
     try:
         for name, make in makes.items():
             took: dict[bool, list[float]] = {True: [], False: []}
+            accepts: dict[bool, list[float]] = {True: [], False: []}
             for r in range(rounds):
                 for early in (True, False):
                     proc = ProcessMasker(V, tok.tok.to_str(), sorted(tok.eos_ids), threads=1, lanes=1, max_rows=rows,
                                          pinned=False)
                     proc.EARLY = early
-                    rng, states, lat = random.Random(r), [make() for _ in range(rows)], []
+                    rng, states, lat, acc = random.Random(r), [make() for _ in range(rows)], [], []
                     try:
                         proc.apply(torch.empty(rows, 1), states)  # type: ignore[arg-type]
                         proc.wait()
@@ -342,8 +347,16 @@ def handover(path: Path, rounds: int, steps: int, turn_ms: float, rows: int = 16
                             tokens = [int(rng.choice(np.flatnonzero(b))) for b in bits]
                             t0 = time.perf_counter()
                             proc.early(states, tokens)
+                            took_accepts = 0.0
                             for s, t in zip(states, tokens, strict=True):
+                                t1 = time.perf_counter()
+                                while time.perf_counter() - t1 < row_us * 1e-6:
+                                    pass
+                                t1 = time.perf_counter()
                                 s.accept(t)
+                                s.done  # noqa: B018  # the output stage asks each row
+                                took_accepts += time.perf_counter() - t1
+                            acc.append(took_accepts)
                             while time.perf_counter() - t0 < turn_ms / 1000:
                                 pass
                             proc.apply(torch.empty(rows, 1), states)  # type: ignore[arg-type]
@@ -351,10 +364,11 @@ def handover(path: Path, rounds: int, steps: int, turn_ms: float, rows: int = 16
                     finally:
                         proc.close()
                     took[early].append(statistics.median(lat))
+                    accepts[early].append(statistics.median(acc))
             for early in (True, False):
                 label = "early tokens" if early else "tokens with the next rows"
                 print(f"  {name:10s} {label:26s} {_ms(took[early])}  (rounds: "
-                      + ", ".join(f"{t * 1000:.3f}" for t in took[early]) + ")")
+                      + ", ".join(f"{t * 1000:.3f}" for t in took[early]) + f"); the engine's accepts {_ms(accepts[early])}")
     finally:
         grammar_process.fused_mask = real_mask
 

@@ -113,8 +113,6 @@ def test_early_tokens_fill_the_next_masks_as_the_in_line_fill_does() -> None:
     in-line fill's step after step while a row finishes (the rows after it move up a place), a row
     takes a reset after its token (a tool-call stream's next call: the ticket refills it) and a new row
     joins (its first mask from the ticket). Five constrained rows: llguidance's pool fills them."""
-    from switchyard.engine.chat.grammar_process import RESET
-
     grammars, cs, proc, line = _two_grammars_two_maskers()
     try:
         pairs = [(grammars.compile(cs[k % 2]), grammars.compile(cs[k % 2])) for k in range(5)]
@@ -140,9 +138,71 @@ def test_early_tokens_fill_the_next_masks_as_the_in_line_fill_does() -> None:
                 assert not a.failed and not b.failed
             if step == 5:  # row 0 starts over after its token, as EndlessCalls does
                 for s in pairs[0]:
-                    s.matcher.reset()
-                pairs[0][0].new.append(RESET)  # type: ignore[union-attr]
+                    s.reset()
         assert proc._early == 7
+    finally:
+        proc.close()
+
+
+def test_a_mirror_says_whether_an_early_token_ended_the_reply_or_was_refused() -> None:
+    """A token that went early is taken by the fill process's mirror, not the engine's matcher: `done`
+    reads the mirror's word. A reply the token completes is done, a refused token fails its row, as
+    the engine's own matcher says; a row whose next token does not go early is an error, not a
+    matcher behind its mirror; a process that dies before it answers is EngineFailed."""
+    import llguidance
+
+    from switchyard.engine.chat.grammar import GrammarState
+    from switchyard.engine.errors import EngineFailed
+
+    grammars, _, proc, line = _two_grammars_two_maskers()
+    lark = 'start: "yes" | "no thanks"'
+
+    def state() -> GrammarState:
+        m = llguidance.LLMatcher(grammars.tok, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+        return GrammarState(m, vocab_size=proc.vocab_size, grammar=lark)
+
+    try:
+        rows = [(state(), state()) for _ in range(3)]
+        g = torch.Generator().manual_seed(7)
+        for step in range(8):
+            x = torch.randn(len(rows), proc.vocab_size, generator=g)
+            y = x.clone()
+            proc.apply(x, [a for a, _ in rows])
+            line.apply(y, [b for _, b in rows])
+            proc.wait()
+            assert torch.equal(x, y)
+            tokens = [int(x[r].argmax()) for r in range(len(rows))]
+            if step == 0:  # row 2 takes a token its grammar does not allow
+                tokens[2] = int(torch.isinf(x[2]).nonzero()[0])
+            proc.early([a for a, _ in rows], tokens)
+            for (a, b), t in zip(rows, tokens, strict=True):
+                a.accept(t)
+                b.accept(t)
+                assert a.done == b.done and a.failed == b.failed, f"step {step}"
+                assert not a.matcher.is_stopped(), "the engine's matcher took none of the early tokens"
+            if step == 0:
+                assert rows[2][0].failed and rows[2][0].done
+            finished = [k for k, (a, _) in enumerate(rows) if a.done]
+            rows = [p for k, p in enumerate(rows) if k not in finished]
+            if not rows:
+                break
+        assert not rows and step <= 4, "each reply is a word or two"
+        a, no = state(), int(grammars.tok.tokenize_str("n")[0])
+        proc.apply(torch.randn(1, proc.vocab_size), [a])
+        proc.wait()
+        proc.early([a], [no])
+        a.accept(no)
+        assert not a.done
+        proc.apply(torch.randn(1, proc.vocab_size), [a])
+        proc.wait()
+        with pytest.raises(EngineFailed, match="did not reach its fill process early"):
+            a.accept(no)  # its last token went early, this one did not (EARLY switched off within a reply)
+        proc.proc.kill()
+        proc.proc.join()
+        proc.early([a], [no])  # the process is gone: no word comes
+        a.accept(no)
+        with pytest.raises(EngineFailed, match="process died"):
+            assert not a.done
     finally:
         proc.close()
 

@@ -31,6 +31,8 @@ from switchyard.engine.backends.cpu.token_mask import apply_token_bitmask
 from switchyard.engine.chat.structured import Constraint
 from switchyard.engine.errors import EngineFailed, GrammarError
 
+RESET = -1  # a token in a row's `new`: its matcher was reset (GrammarState.reset; a fill process's mirror resets too)
+
 BACKEND = f"llguidance {llguidance.__version__}" if hasattr(llguidance, "__version__") else "llguidance"
 
 # llguidance's slices: sets of tokens whose whole mask is added at once wherever the grammar allows every
@@ -130,20 +132,35 @@ class GrammarState:
     slot: int = -1  # its mirror's slot in a fill process (chat/grammar_process), once masked there
     new: list[int] | None = None  # with a fill process: the tokens accepted since its last step there
     sent: int = 0  # ... of which the first `sent` reached it early, before they were accepted (ProcessMasker.early)
+    # Its token went early: (the masker, its early row), where the mirror says whether that token ended the
+    # reply. The engine's matcher does not take such tokens (the mirror's accept was the second of each).
+    mirror: tuple[Any, int] | None = None
 
     def accept(self, token: int) -> None:
-        if not self.failed and not self.matcher.consume_token(token):
+        if self.mirror is not None:
+            if not self.sent or self.new:  # a token the mirror did not get early: this matcher is behind it
+                raise EngineFailed("a constrained row's token did not reach its fill process early")
+        elif not self.failed and not self.matcher.consume_token(token):
             self.failed = True
         if self.new is not None:
             self.new.append(token)
 
     @property
     def done(self) -> bool:
-        return self.failed or self.matcher.is_stopped()
+        if self.failed:
+            return True
+        if self.mirror is not None:
+            masker, row = self.mirror
+            return masker.mirror_done(self, row)
+        return self.matcher.is_stopped()
 
-    @property
-    def accepting(self) -> bool:
-        return self.matcher.is_accepting()
+    def reset(self) -> None:
+        """Start the grammar over (a bench's tool-call row starting its next call); a fill process's
+        mirror resets with the row's next step."""
+        self.matcher.reset()
+        self.mirror = None
+        if self.new is not None:
+            self.new.append(RESET)
 
 
 class GrammarMasker:

@@ -19,9 +19,12 @@ memory, each polling it without sleeping:
   take them and fill the next step's masks at the rows they had; the next ticket moves a row that
   changed places (rows before it finished) and fills only rows that took more (a reset, a new row).
   Without it the fill started after the engine's turn, and at SmolLM2's batch 16 the GPU waited for it.
+  A mirror that takes a token early writes beside it whether the token ended the reply or was refused;
+  the engine's matcher does not take that token, and its `done` reads that word (mirror_done): at
+  SmolLM2's batch 16 the engine's 16 accepts had cost its thread ~40 us a step (~5% of the GPU's step).
 
-The engine keeps its own matchers (the output stage's accepts, `done`, `accepting`), so the process's
-are a mirror, fed the same tokens. On an H100, SmolLM2's shape at batches 1 and 16 ran a tool call's
+The engine's own matchers take a row's tokens until its first early one (its first step's token, and
+every token where EARLY is off). On an H100, SmolLM2's shape at batches 1 and 16 ran a tool call's
 grammar 0.99x and 0.98x as fast as free decoding this way, the fill thread 0.96x and 0.96x
 (bench/results/gpu_fill_lanes, call 4, a bench prototype of this module); this module, served on an
 H200, ran SmolLM2 at batch 1 1.04x (items) and 0.96x (tool calls), the thread 0.80x and 0.61x (call 6).
@@ -40,6 +43,7 @@ import numpy as np
 import torch
 
 from switchyard.engine.chat.grammar import (
+    RESET,
     GrammarMasker,
     GrammarState,
     fused_mask,
@@ -55,25 +59,27 @@ DONE, GAVE_UP, TICKET, ROWS, BUF, MESSAGES, STOP, FILL_NS, READY, FAILED, EARLY,
 HEADER = 16
 ERROR_BYTES = 1024  # the text of the fill's error, after the header
 NEW = 1 << 40  # a slot word with this bit: the row's first step (its matcher made from the pipe's grammar)
-RESET = -1  # a token word: the row's matcher reset (a bench's row that starts another reply)
 MAX_NEW = 4  # tokens a row may carry into a step (one, at most a reset and another beside it)
+# What a mirror made of an early token (the early table's last column): not yet written, the reply goes on,
+# the grammar is complete, the token refused, or nothing known (the mirrors failed: the next ticket says why).
+PENDING, GOES_ON, STOPPED, REFUSED, UNKNOWN = -1, 0, 1, 2, 3
 IDLE_S = 0.005  # the process spins for steps until none came for this long, then naps 1 ms at a time
 
 
 def _views(buf: Any, words: int, max_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int]:
-    """The segment's header, row table [max_rows, 3 + MAX_NEW], early table [max_rows, 3] (slot, row,
-    token), two bitmask buffers [max_rows, words] (last: the part the GPU reads) and the error text's offset."""
+    """The segment's header, row table [max_rows, 3 + MAX_NEW], early table [max_rows, 4] (slot, row,
+    token, what the mirror made of it), two bitmask buffers [max_rows, words] (last: the part the GPU reads) and the error text's offset."""
     hdr = np.ndarray((HEADER,), np.int64, buf)
     err = HEADER * 8
     table = np.ndarray((max_rows, 3 + MAX_NEW), np.int64, buf, err + ERROR_BYTES)
-    early = np.ndarray((max_rows, 3), np.int64, buf, err + ERROR_BYTES + table.nbytes)
+    early = np.ndarray((max_rows, 4), np.int64, buf, err + ERROR_BYTES + table.nbytes)
     off = err + ERROR_BYTES + table.nbytes + early.nbytes
     bms = [np.ndarray((max_rows, words), np.int32, buf, off + i * max_rows * words * 4) for i in range(2)]
     return hdr, table, early, bms, err
 
 
 def _size(words: int, max_rows: int) -> int:
-    return HEADER * 8 + ERROR_BYTES + max_rows * (3 + MAX_NEW + 3) * 8 + 2 * max_rows * words * 4
+    return HEADER * 8 + ERROR_BYTES + max_rows * (3 + MAX_NEW + 4) * 8 + 2 * max_rows * words * 4
 
 
 def _fill(executor: Any, todo: list[tuple[Any, int]], bm: np.ndarray) -> None:
@@ -110,17 +116,21 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
             # them and the next step's masks fill into its buffer, at the rows they had, while the engine
             # accepts, streams and launches. The ticket then moves any row that changed places.
             seen_early, t0 = handover, time.perf_counter_ns()
-            rows = early[:int(hdr[EARLY_ROWS])].tolist()
+            n = int(hdr[EARLY_ROWS])
+            rows = early[:n].tolist()
             try:
-                todo = [(matchers[slot], row) for slot, row, _ in rows]
-                for (m, _), (_, _, token) in zip(todo, rows, strict=True):
-                    m.consume_token(token)  # one the engine's matcher refuses, its row stops
+                todo = [(matchers[slot], row) for slot, row, _, _ in rows]
+                for k, ((m, _), (_, _, token, _)) in enumerate(zip(todo, rows, strict=True)):
+                    # Each row's word as soon as it is known: the engine's thread reads it as it reaches the row.
+                    early[k, 3] = (GOES_ON if not m.is_stopped() else STOPPED) if m.consume_token(token) else REFUSED
             except Exception as ex:  # a mirror may have missed its token: the next ticket fails
                 early_error = f"{type(ex).__name__}: {ex}"
+                col = early[:n, 3]
+                col[col == PENDING] = UNKNOWN
             else:
                 try:
                     _fill(executor, todo, bms[(seen + 1) & 1])
-                    early_at.update((slot, row) for slot, row, _ in rows)
+                    early_at.update((slot, row) for slot, row, _, _ in rows)
                 except Exception:  # the ticket fills these rows itself (their tokens are in)
                     pass
             early_ns = time.perf_counter_ns() - t0
@@ -281,16 +291,31 @@ class ProcessMasker(GrammarMasker):
         only what came after (`sent`). At SmolLM2's batch 16 the fill had waited for that turn."""
         if not self.EARLY or self.ticket == 0:
             return
-        rows = [(s.slot, i, tok) for i, (s, tok) in enumerate(zip(states, tokens, strict=True))
+        rows = [(s.slot, i, tok, PENDING) for i, (s, tok) in enumerate(zip(states, tokens, strict=True))
                 if s is not None and s.slot >= 0 and not s.new and not s.failed]
         if not rows:
             return
-        for _, i, _ in rows:
-            states[i].sent = 1  # type: ignore[union-attr]
+        for k, (_, i, _, _) in enumerate(rows):
+            s = states[i]
+            s.sent, s.mirror = 1, (self, k)  # type: ignore[union-attr]
         self.early_table[:len(rows)] = rows
         self.hdr[EARLY_ROWS] = len(rows)
         self._early += 1
         self.hdr[EARLY] = self._early  # last: the process reads the rows once it sees this
+
+    def mirror_done(self, s: GrammarState, k: int) -> bool:
+        """GrammarState.done for a row whose last token went early (its early row k): whether its mirror
+        found the reply complete or the token refused (then s.failed). The process writes each row's word
+        as its mirror takes the token, ahead of the engine's thread reaching the row."""
+        said, spins = int(self.early_table[k, 3]), 0
+        while said == PENDING:
+            spins += 1
+            if spins % 100_000 == 0 and not self.proc.is_alive():
+                raise EngineFailed("the grammar fill process died")
+            said = int(self.early_table[k, 3])
+        if said == REFUSED:
+            s.failed = True
+        return said in (STOPPED, REFUSED)
 
     def _send(self, kind: str, arg: Any, grammar: str) -> None:
         self._conn.send((kind, arg, grammar))
