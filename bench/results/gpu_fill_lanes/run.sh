@@ -27,6 +27,8 @@
 #   DEADLINE=400 PREFILL_ROUNDS=5 AB_SHAPES=smollm2-135m AB_ROUNDS=4 SWITCHES= STAGES="prefill ab masks" OUT=$OUT bash ...run.sh
 #   # call 11: the same alternation 1 s apart, the GPU's clocks sampled, kernels alone 150 back to back; the fill
 #   process's early tokens (ProcessMasker.EARLY) against the tokens after the host's turn
+#   DEADLINE=300 AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="ab masks" OUT=$OUT bash ...run.sh
+#   # call 12: the same ab, an early token the mirror's alone (the engine's done reads the mirror's word)
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
