@@ -54,22 +54,13 @@ from switchyard.engine.runner.model_runner import Runner  # noqa: E402
 from switchyard.engine.runner.options import EngineOptions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_cuda_grammar import grammar_factory, grammar_rounds  # noqa: E402
 from engine_fp8 import fp8_ttft  # noqa: E402
 from peer_compiled import peer_decode_rate  # noqa: E402
 
 PROMPT = 128  # decode-sweep prompt length
 WARM = 3  # decode tokens each sequence has before the clock starts (graph captures, the first async turn)
 ROOT = Path(__file__).resolve().parents[1]
-# Every row's grammar under --grammar-batches: a JSON object holding an array of at least 40
-# objects (keys, strings under a pattern, integers, nested arrays), so no row can finish early.
-_ITEM = {"type": "object", "properties": {
-    "name": {"type": "string", "pattern": "^[a-z ]{4,24}$"},
-    "count": {"type": "integer", "minimum": 0, "maximum": 999},
-    "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,12}$"}, "maxItems": 3}},
-    "required": ["name", "count", "tags"]}
-GRAMMAR_SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": _ITEM, "minItems": 40}},
-                  "required": ["items"]}
-
 
 class Clock:
     def __init__(self, budget_s: float) -> None:
@@ -177,51 +168,6 @@ def served_runner(m: Decoder) -> Runner:
     return r
 
 
-def grammar_constraint(tool_calls: bool = False) -> Any:
-    """GRAMMAR_SCHEMA's constraint, or with tool_calls a `tool_choice: required` call of
-    bench/grammar.py's two tools (plain strings, where llguidance's slices apply; under
-    grammar_factory a row whose call is complete starts another)."""
-    from switchyard.engine.chat.structured import constraint
-
-    if tool_calls:
-        from grammar import BODIES, TOOLS
-
-        c = constraint(BODIES["required"], TOOLS)
-    else:
-        c = constraint({"response_format": {"type": "json_schema",
-                                            "json_schema": {"name": "items", "schema": GRAMMAR_SCHEMA}}}, None)
-    assert c is not None
-    return c
-
-
-def grammar_factory(tok: Any, tool_calls: bool = False, lanes: int | None = None,
-                    slices: list[str] | None = None) -> Any:
-    """A fresh matcher per call of grammar_constraint(tool_calls)'s grammar, compiled once per lane
-    (chat/grammar.Grammars; None: a GPU replica's lanes, as served) against a tokenizer with `slices`
-    (None: chat/grammar.SLICES, as served). A tool call's row starts
-    another call when one is complete (its matcher reset, as bench/grammar_fill_threads.py's
-    streams do), so that no row finishes early and a batch stays whole to the end."""
-    from switchyard.engine.chat.grammar import Grammars, GrammarState
-    from switchyard.engine.runner.options import auto_grammar_threads, grammar_lanes
-
-    class EndlessCalls(GrammarState):
-        def accept(self, token: int) -> None:
-            super().accept(token)
-            if not self.failed and self.done:
-                self.reset()
-
-    g = Grammars(tok.tok.to_str(), tok.vocab_size, sorted(tok.eos_ids),
-                 lanes=lanes or grammar_lanes(auto_grammar_threads("cuda")), slices=slices)
-    c = grammar_constraint(tool_calls)
-    if not tool_calls:
-        return lambda: g.compile(c)
-
-    def endless() -> GrammarState:
-        s = g.compile(c)
-        return EndlessCalls(s.matcher, vocab_size=s.vocab_size, lane=s.lane, grammar=s.grammar)
-    return endless
-
-
 def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: bool = True, tok: Any = None,
                 grammar: Any = None, mask_threads: int | None = None,
                 on_step: Callable[[], None] | None = None) -> dict[str, float]:
@@ -275,108 +221,6 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     if any(readies):
         r["ready_ms"] = statistics.median(readies[k:] or readies) * 1000
     return r
-
-
-def _knob(module: str, owner: str | None, attr: str, value: Any) -> tuple[Any, str, Any]:
-    """(holder, attribute, value): a module's or a class's knob, set for one decode."""
-    import importlib
-
-    m = importlib.import_module(module)
-    return (getattr(m, owner) if owner else m, attr, value)
-
-
-def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
-    """--grammar-ab's variants of the loop, by name: (under the grammar or free, the knobs set for one
-    decode): the masks filled the other way than the tree's GrammarMasker.AHEAD (in line on the
-    engine's thread, or ahead on the masker's), on the fill thread, and by the served fill process
-    with the step's tokens handed over with the next step's rows (ProcessMasker.EARLY off). (Until 2026-12-06 also torch's masking ops and the
-    sampling stage's host cuts undone, bench/results/gpu_host_cuts; until the masks filled ahead were
-    served, a 10 us GIL switch interval for them, which lost: bench/results/gpu_grammar_ahead.)
-    switches_us: also the fill thread under each of these GIL switch intervals (GrammarMasker.SWITCH_S,
-    set for the process when a decode's fill thread starts)."""
-    from switchyard.engine.chat.grammar import GrammarMasker
-
-    served = GrammarMasker.AHEAD
-    other = _knob("switchyard.engine.chat.grammar", "GrammarMasker", "AHEAD", not served)
-    # The fill on a thread, ahead and the other way (the served fill, --grammar-fill auto, is a process on a GPU).
-    thread = _knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS", False)
-    late = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "EARLY", False)
-    out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other, thread]),
-           "grammar, fill thread": (True, [thread]),
-           "grammar, process, tokens after the host's turn": (True, [late])}
-    for us in switches_us:  # the fill thread's
-        out[f"grammar, {us} us switch"] = (True, [thread, _knob("switchyard.engine.chat.grammar", "GrammarMasker",
-                                                                "SWITCH_S", us * 1e-6)])
-    return out
-
-
-def grammar_rounds(m: Decoder, b: int, make: Any, rounds: int, ab: bool, tokens: int, vocab: int, tok: Any,
-                   add: Callable[..., None], log: Callable[[str], None], tool_calls: Any = None,
-                   pools: tuple[str, ...] = (), gtok: Any = None, switches_us: tuple[int, ...] = ()) -> None:
-    """Free and grammar decoding (and with `ab` grammar_variants() and the masks filled by one thread;
-    with `tool_calls`, a factory, the tool-call grammar; with `pools`, the masks filled by llguidance's
-    pool: an entry T, of T threads, the rows' matchers copied from one compilation, and from one per
-    thread; TxL, of T threads over L lanes (Grammars(lanes=L)); TxLt, the same under the tool-call grammar)
-    alternated `rounds` times at batch b; each figure the median of its rounds, so a ratio compares
-    neighbours in time rather than two points minutes apart."""
-    runs: dict[str, list[dict[str, float]]] = {}
-    engines: list[tuple[str, list[tuple[Any, str, Any]], Any, Any]] = [
-        ("ours (async)", [], None, None), ("ours (async, grammar)", [], make, None)]
-    if ab:
-        engines += [(f"ours (async, {k})", knobs, make if constrained else None, None)
-                    for k, (constrained, knobs) in grammar_variants(switches_us).items()]
-        engines.append(("ours (async, grammar, one fill thread)", [], grammar_factory(gtok, lanes=1), 1))
-        # The fill thread's matchers on llguidance's general slices, not ours (chat/grammar.SLICES).
-        import llguidance
-
-        engines.append(("ours (async, grammar, fill thread, general slices)",
-                        grammar_variants()["grammar, fill thread"][1],
-                        grammar_factory(gtok, slices=llguidance.LLTokenizer.general_slices()), None))
-    if tool_calls is not None:
-        engines.append(("ours (async, grammar, tool calls)", [], tool_calls, None))
-    if ab and tool_calls is not None:
-        engines += [(f"ours (async, {k}, tool calls)", knobs, tool_calls, None)
-                    for k, (_, knobs) in grammar_variants().items() if k.startswith("grammar, fill")]
-    for pool in pools:
-        threads, _, lanes = pool.partition("x")
-        if not lanes:
-            t = int(threads)
-            engines.append((f"ours (async, grammar, pool of {t})", [], grammar_factory(gtok, lanes=1), t))
-            engines.append((f"ours (async, grammar, pool of {t}, a grammar each)", [],
-                            grammar_factory(gtok, lanes=t), t))
-            continue
-        tools = lanes.endswith("t")
-        lanes = lanes.removesuffix("t")
-        engines.append((f"ours (async, grammar, pool of {threads} over {lanes} lanes{', tool calls' if tools else ''})",
-                        [], grammar_factory(gtok, tool_calls=tools, lanes=int(lanes)), int(threads)))
-    failed: set[str] = set()
-    for i in range(rounds):
-        for engine, knobs, grammar, threads in engines:
-            if engine in failed:
-                continue
-            saved = [(h, k, getattr(h, k)) for h, k, _ in knobs]
-            for h, k, v in knobs:
-                setattr(h, k, v)
-            try:
-                r = decode_rate(m, b, tokens, vocab, tok=tok, grammar=grammar, mask_threads=threads)
-            except Exception as e:  # one variant's failure must not lose the other figures
-                log(f"    round {i} b={b} {engine}: FAILED {type(e).__name__}: {str(e)[:200]}")
-                failed.add(engine)
-                continue
-            finally:
-                for h, k, v in saved:
-                    setattr(h, k, v)
-            runs.setdefault(engine, []).append(r)
-            log(f"    round {i} b={b} {engine:44} {r['tok_s']:10.1f} tok/s  step {r['step_ms']:.3f} ms"
-                + (f"  fill {r['mask_ms']:.3f} ms" if "mask_ms" in r else "")
-                + (f"  ready {r['ready_ms']:.3f} ms" if "ready_ms" in r else ""))
-    for engine, rs in runs.items():
-        tok_s = statistics.median(r["tok_s"] for r in rs)
-        each = ", ".join(f"{r['tok_s']:.0f}" for r in rs)
-        note = f"step {statistics.median(r['step_ms'] for r in rs):.3f} ms, median of {len(rs)} rounds ({each})"
-        if "mask_ms" in rs[0]:
-            note += f", mask fill {statistics.median(r['mask_ms'] for r in rs):.3f} ms"
-        add(engine, "decode_tok_s", b, tok_s, "tok/s", note)
 
 
 def raw_decode_rate(m: Decoder, batch: int, tokens: int, vocab: int) -> dict[str, float]:
@@ -509,8 +353,8 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
                     log(f"  grammar batch {b}: skipped (time)")
                     break
                 if a.grammar_rounds > 1:
-                    grammar_rounds(m, b, make, a.grammar_rounds, a.grammar_ab, tokens, c.vocab_size, tok, add, log,
-                                   grammar_factory(gtok, tool_calls=True) if a.grammar_tools else None,
+                    grammar_rounds(decode_rate, m, b, make, a.grammar_rounds, a.grammar_ab, tokens, c.vocab_size,
+                                   tok, add, log, grammar_factory(gtok, tool_calls=True) if a.grammar_tools else None,
                                    tuple(x for x in a.mask_threads_ab.split(",") if x) if b >= 4 else (), gtok,
                                    tuple(ints(a.switch_ab)))
                     continue
@@ -694,7 +538,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grammar-rounds", type=int, default=1,
                     help="> 1: free and grammar decoding alternated this many times a batch, medians reported")
     ap.add_argument("--grammar-ab", action="store_true",
-                    help="with --grammar-rounds: also engine_cuda.grammar_variants() (the masks filled the other way)")
+                    help="with --grammar-rounds: also engine_cuda_grammar.grammar_variants() (the masks filled the other way)")
     ap.add_argument("--switch-ab", default="", help="with --grammar-ab: also the fill thread under these GIL "
                     "switch intervals, us (e.g. 50,20; served: GrammarMasker.SWITCH_S)")
     ap.add_argument("--grammar-tools", action="store_true",

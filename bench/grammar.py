@@ -184,7 +184,7 @@ def slices(path: Path, rounds: int, steps: int) -> None:
     from switchyard.engine.chat.structured import constraint
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_cuda import GRAMMAR_SCHEMA  # the GPU bench's items: strings under patterns
+    from engine_cuda_grammar import GRAMMAR_SCHEMA  # the GPU bench's items: strings under patterns
 
     tok = _tokenizer(path)
     V, W = tok.vocab_size, (tok.vocab_size + 31) // 32
@@ -305,7 +305,7 @@ def handover(path: Path, rounds: int, steps: int, turn_ms: float, rows: int = 16
     host): what moves is when the fill starts. Also the engine's accepts a step (each row's accept and `done`,
 as the output stage takes them, each after `row_us` of the row's other work, its streaming: ~13 us a row in the
 H100 hosts' split, gpu_fill_lanes call 1): with early tokens the mirrors take them and `done` reads their word. The
-GPU bench's grammars (bench/engine_cuda.grammar_factory:
+GPU bench's grammars (bench/engine_cuda_grammar.grammar_factory:
     its items, and tool calls whose finished call starts another); each row's token drawn from its mask."""
     import random
 
@@ -315,7 +315,7 @@ GPU bench's grammars (bench/engine_cuda.grammar_factory:
     from switchyard.engine.chat.grammar_process import ProcessMasker
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_cuda import grammar_factory
+    from engine_cuda_grammar import grammar_factory
 
     def wait_only(logits: Any, bm: Any, rows: list[int], wait: tuple[torch.Tensor, int]) -> None:
         while wait[0][0] < wait[1]:

@@ -62,7 +62,7 @@ def tokenizer() -> Any:
 
 def grammars() -> dict[str, Any]:
     """The two grammars' constraints (chat/structured.Constraint), by name."""
-    from engine_cuda import grammar_constraint
+    from engine_cuda_grammar import grammar_constraint
 
     return {"items": grammar_constraint(), "tools": grammar_constraint(tool_calls=True)}
 

@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_cuda as ec  # noqa: E402
+from engine_cuda_grammar import grammar_factory  # noqa: E402
 
 from switchyard.engine.chat import grammar as gm  # noqa: E402
 
@@ -74,7 +75,7 @@ def main() -> None:
                    max_len=ec.PROMPT + ec.WARM + a.tokens + 16, device=dev, dtype=torch.bfloat16,
                    cuda_graphs=dev.type == "cuda", backend="auto" if dev.type == "cuda" else "torch")
     tok = ec.shape_tokenizer(c)
-    make = ec.grammar_factory(tok)
+    make = grammar_factory(tok)
     for b in batches:
         ec.decode_rate(m, b, 8, c.vocab_size, tok=tok, grammar=make)  # compiles, captures the graphs
     for r in range(a.rounds):
