@@ -302,11 +302,11 @@ def handover(path: Path, rounds: int, steps: int, turn_ms: float, rows: int = 16
     step's rows: a step's time from its tokens read to the next masks filled (the process's ticket back),
     with the engine's turn in between (the real accepts, then a spin to `turn_ms`: the streaming and the
     next launch a GPU replica's engine does there). The masking kernel is left out (its wait only, on the
-    host): what moves is when the fill starts. Also the engine's accepts a step (each row's accept and `done`,
-as the output stage takes them, each after `row_us` of the row's other work, its streaming: ~13 us a row in the
-H100 hosts' split, gpu_fill_lanes call 1): with early tokens the mirrors take them and `done` reads their word. The
-GPU bench's grammars (bench/engine_cuda_grammar.grammar_factory:
-    its items, and tool calls whose finished call starts another); each row's token drawn from its mask."""
+    host): what moves is when the fill starts. Also the engine's accepts a step (each row's accept and
+    `done`, as the output stage takes them, each after `row_us` of the row's other work, its streaming: ~13 us
+    a row in the H100 hosts' split, gpu_fill_lanes call 1): with early tokens the mirrors take them and `done`
+    reads their word. The GPU bench's grammars (bench/engine_cuda_grammar.grammar_factory: its items, and tool
+    calls whose finished call starts another); each row's token drawn from its mask."""
     import random
 
     import numpy as np

@@ -148,7 +148,7 @@ def test_a_mirror_says_whether_an_early_token_ended_the_reply_or_was_refused() -
     """A token that went early is taken by the fill process's mirror, not the engine's matcher: `done`
     reads the mirror's word. A reply the token completes is done, a refused token fails its row, as
     the engine's own matcher says; a row whose next token does not go early is an error, not a
-    matcher behind its mirror; a process that dies before it answers is EngineFailed."""
+    matcher behind its mirror; a process that dies before it answers, or one closed, is EngineFailed."""
     import llguidance
 
     from switchyard.engine.chat.grammar import GrammarState
@@ -202,6 +202,9 @@ def test_a_mirror_says_whether_an_early_token_ended_the_reply_or_was_refused() -
         proc.early([a], [no])  # the process is gone: no word comes
         a.accept(no)
         with pytest.raises(EngineFailed, match="process died"):
+            assert not a.done
+        proc.close()  # its segment unmapped: an error, not a read of unmapped memory
+        with pytest.raises(EngineFailed, match="closed"):
             assert not a.done
     finally:
         proc.close()

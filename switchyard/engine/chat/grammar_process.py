@@ -68,7 +68,8 @@ IDLE_S = 0.005  # the process spins for steps until none came for this long, the
 
 def _views(buf: Any, words: int, max_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int]:
     """The segment's header, row table [max_rows, 3 + MAX_NEW], early table [max_rows, 4] (slot, row,
-    token, what the mirror made of it), two bitmask buffers [max_rows, words] (last: the part the GPU reads) and the error text's offset."""
+    token, what the mirror made of it), two bitmask buffers [max_rows, words] (last: the part the GPU
+    reads) and the error text's offset."""
     hdr = np.ndarray((HEADER,), np.int64, buf)
     err = HEADER * 8
     table = np.ndarray((max_rows, 3 + MAX_NEW), np.int64, buf, err + ERROR_BYTES)
@@ -307,6 +308,8 @@ class ProcessMasker(GrammarMasker):
         """GrammarState.done for a row whose last token went early (its early row k): whether its mirror
         found the reply complete or the token refused (then s.failed). The process writes each row's word
         as its mirror takes the token, ahead of the engine's thread reaching the row."""
+        if "early_table" not in self.__dict__:
+            raise EngineFailed("the grammar fill process is closed")
         said, spins = int(self.early_table[k, 3]), 0
         while said == PENDING:
             spins += 1
@@ -354,7 +357,8 @@ class ProcessMasker(GrammarMasker):
         if registered:
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaHostUnregister(self.flag.data_ptr())
-        for name in ("hdr", "table", "flag", "bitmasks"):  # the segment's views, before it is closed
+        # The segment's views, before it is closed: one read after would read unmapped memory (a crash).
+        for name in ("hdr", "table", "early_table", "flag", "bitmasks"):
             self.__dict__.pop(name, None)
         self.shm.close()
         self.shm.unlink()
