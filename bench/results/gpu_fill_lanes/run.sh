@@ -29,6 +29,8 @@
 #   process's early tokens (ProcessMasker.EARLY) against the tokens after the host's turn
 #   DEADLINE=300 AB_SHAPES=smollm2-135m AB_ROUNDS=5 SWITCHES= STAGES="ab masks" OUT=$OUT bash ...run.sh
 #   # call 12: the same ab, an early token the mirror's alone (the engine's done reads the mirror's word)
+#   DEADLINE=150 AB_SHAPES=smollm2-135m AB_ROUNDS=3 SWITCHES= STAGES=ab OUT=$OUT bash ...run.sh   # call 13: the
+#   same through the split bench (bench/engine_cuda_grammar.py)
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
