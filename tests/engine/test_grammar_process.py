@@ -28,6 +28,19 @@ def _two_grammars_two_maskers() -> tuple[Any, list[Any], Any, Any]:
     return grammars, cs, proc, GrammarMasker(tok.vocab_size, ahead=False)
 
 
+def _mask_both(proc: Any, line: Any, rows: list[Any], g: torch.Generator) -> torch.Tensor:
+    """The same random logits masked by the fill process and by the in-line fill, row i under rows[i]'s
+    pair of states (the process's, the in-line one's; None: a free row); the masks must be equal.
+    Returns the process's masked logits."""
+    x = torch.randn(len(rows), proc.vocab_size, generator=g)
+    y = x.clone()
+    proc.apply(x, [None if r is None else r[0] for r in rows])
+    line.apply(y, [None if r is None else r[1] for r in rows])
+    proc.wait()
+    assert torch.equal(x, y)
+    return x
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 def test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does() -> None:
     """A fill process's segment pinned in place for the GPU (a GPU replica's default fill): its masks
@@ -81,12 +94,8 @@ def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
                 del pairs[0]
                 gc.collect()
                 pairs.append((grammars.compile(cs[1]), grammars.compile(cs[1])))
-            x = torch.randn(len(pairs) + 1, proc.vocab_size, generator=g)
-            y = x.clone()
-            proc.apply(x, [pairs[0][0], None, *(a for a, _ in pairs[1:])])
-            line.apply(y, [pairs[0][1], None, *(b for _, b in pairs[1:])])
-            proc.wait()
-            assert torch.equal(x, y) and torch.isfinite(x[1]).all() and torch.isinf(x[0]).any()
+            x = _mask_both(proc, line, [pairs[0], None, *pairs[1:]], g)
+            assert torch.isfinite(x[1]).all() and torch.isinf(x[0]).any()
             for (a, b), row in zip(pairs, (0, *range(2, len(pairs) + 1)), strict=True):
                 t = int(x[row].argmax())
                 a.accept(t)
@@ -122,12 +131,7 @@ def test_early_tokens_fill_the_next_masks_as_the_in_line_fill_does() -> None:
                 del pairs[1]
             if step == 4:
                 pairs.append((grammars.compile(cs[0]), grammars.compile(cs[0])))
-            x = torch.randn(len(pairs) + 1, proc.vocab_size, generator=g)
-            y = x.clone()
-            proc.apply(x, [pairs[0][0], None, *(a for a, _ in pairs[1:])])
-            line.apply(y, [pairs[0][1], None, *(b for _, b in pairs[1:])])
-            proc.wait()
-            assert torch.equal(x, y), f"step {step}"
+            x = _mask_both(proc, line, [pairs[0], None, *pairs[1:]], g)
             rows = (0, *range(2, len(pairs) + 1))
             tokens = [int(x[r].argmax()) if r != 1 else 0 for r in range(len(pairs) + 1)]
             proc.early([pairs[0][0], None, *(a for a, _ in pairs[1:])], tokens)
@@ -135,7 +139,7 @@ def test_early_tokens_fill_the_next_masks_as_the_in_line_fill_does() -> None:
             for (a, b), row in zip(pairs, rows, strict=True):
                 a.accept(tokens[row])
                 b.accept(tokens[row])
-                assert not a.failed and not b.failed
+                assert a.done == b.done and not a.failed and not b.failed  # a's from its mirror's word
             if step == 5:  # row 0 starts over after its token, as EndlessCalls does
                 for s in pairs[0]:
                     s.reset()
@@ -165,12 +169,7 @@ def test_a_mirror_says_whether_an_early_token_ended_the_reply_or_was_refused() -
         rows = [(state(), state()) for _ in range(3)]
         g = torch.Generator().manual_seed(7)
         for step in range(8):
-            x = torch.randn(len(rows), proc.vocab_size, generator=g)
-            y = x.clone()
-            proc.apply(x, [a for a, _ in rows])
-            line.apply(y, [b for _, b in rows])
-            proc.wait()
-            assert torch.equal(x, y)
+            x = _mask_both(proc, line, rows, g)
             tokens = [int(x[r].argmax()) for r in range(len(rows))]
             if step == 0:  # row 2 takes a token its grammar does not allow
                 tokens[2] = int(torch.isinf(x[2]).nonzero()[0])
