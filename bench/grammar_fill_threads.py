@@ -196,10 +196,11 @@ def main() -> None:
     ap.add_argument("--row-costs", action="store_true", help="each row's fill timed alone (see above)")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
+    from switchyard.engine.chat.grammar import ll_tokenizer
+
     tok = tokenizer()
     V, words = tok.vocab_size, (tok.vocab_size + 31) // 32
-    toks = [llguidance.LLTokenizer(tok.tok.to_str(), n_vocab=V, eos_token=sorted(tok.eos_ids))
-            for _ in range(max(threads))]
+    toks = [ll_tokenizer(tok.tok.to_str(), V, sorted(tok.eos_ids)) for _ in range(max(threads))]  # as served
     from switchyard.engine.backends.cpu.native import cpu_model
 
     print(f"{cpu_model()}, llguidance {getattr(llguidance, '__version__', '?')}, {a.rows} rows, {a.steps} steps"
