@@ -171,14 +171,6 @@ def libraries(path: Path, rounds: int) -> None:
 
 # -- slices ------------------------------------------------------------------------------------------
 
-# chat/grammar.SLICES before its classes came by length: in spans, which llguidance's containment check did not
-# take whole even where a pattern had room for them.
-_G = llguidance.LLTokenizer.general_slices()
-_TOPS = {"[0-9]": 8, "[a-z]": 16, "[a-z ]": 16, "[A-Za-z ]": 8, "[A-Za-z0-9_ ]": 8}
-SPANS = _G[:1] + [f"{c}{{{lo},{hi}}}" for c, top in _TOPS.items() for lo, hi in ((1, 4), (5, 8), (9, 16))
-                  if hi <= top] + _G[1:]
-
-
 def slices(path: Path, rounds: int, steps: int) -> None:
     """A row's fill under llguidance's general slices, under ours (chat/grammar.SLICES) and under SPANS
     (ours until 2026-12-07: the classes in spans of lengths), over the same random walks (each step a token
@@ -191,7 +183,7 @@ def slices(path: Path, rounds: int, steps: int) -> None:
     from switchyard.engine.chat.structured import constraint
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_cuda_grammar import GRAMMAR_SCHEMA  # the GPU bench's items: strings under patterns
+    from engine_cuda_grammar import GRAMMAR_SCHEMA, SPANS  # the GPU bench's items: strings under patterns
 
     tok = _tokenizer(path)
     V, W = tok.vocab_size, (tok.vocab_size + 31) // 32
