@@ -194,6 +194,7 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     marks: list[tuple[float, int, int, bool]] = []
     fills: list[float] = []
     readies: list[float] = []  # masks filled ahead: submission to ticket (0 in line), a step each as `fills`
+    early: list[Any] = []  # a fill process's early hand-over: (to its pickup, consumes, fill done to ticket), s
     t0 = time.perf_counter()
     try:
         with torch.inference_mode():
@@ -206,6 +207,7 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
                 if grammar is not None and sched.output.masker is not None:
                     fills.append(sched.output.masker.last_fill_s)
                     readies.append(sched.output.masker.last_ready_s)
+                    early.append(getattr(sched.output.masker, "last_early_s", None))
         sync(m.device)
     finally:
         sched.output.close()  # a fill process's, before the next decode's (as the served loop's end does)
@@ -220,6 +222,9 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
         r["mask_ms"] = statistics.median(fills[k:] or fills) * 1000
     if any(readies):
         r["ready_ms"] = statistics.median(readies[k:] or readies) * 1000
+    if any(e is not None and any(e) for e in early):
+        for j, name in enumerate(("pickup_ms", "consume_ms", "gap_ms")):
+            r[name] = statistics.median(e[j] for e in (early[k:] or early)) * 1000
     return r
 
 

@@ -166,7 +166,9 @@ def grammar_rounds(rate: Callable[..., dict[str, float]], m: Decoder, b: int, ma
             runs.setdefault(engine, []).append(r)
             log(f"    round {i} b={b} {engine:44} {r['tok_s']:10.1f} tok/s  step {r['step_ms']:.3f} ms"
                 + (f"  fill {r['mask_ms']:.3f} ms" if "mask_ms" in r else "")
-                + (f"  ready {r['ready_ms']:.3f} ms" if "ready_ms" in r else ""))
+                + (f"  ready {r['ready_ms']:.3f} ms" if "ready_ms" in r else "")
+                + (f"  early: pickup {r['pickup_ms']:.3f} consume {r['consume_ms']:.3f} fill done to ticket "
+                   f"{r['gap_ms']:.3f} ms" if "gap_ms" in r else ""))
     for engine, rs in runs.items():
         tok_s = statistics.median(r["tok_s"] for r in rs)
         each = ", ".join(f"{r['tok_s']:.0f}" for r in rs)

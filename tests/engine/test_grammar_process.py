@@ -144,6 +144,8 @@ def test_early_tokens_fill_the_next_masks_as_the_in_line_fill_does() -> None:
                 for s in pairs[0]:
                     s.reset()
         assert proc._early == 7
+        pickup, consume, gap = proc.last_early_s  # step 6's ticket came after step 5's early fill
+        assert 0 < pickup < 1 and 0 < consume < 1 and 0 <= gap < 1
     finally:
         proc.close()
 

@@ -54,8 +54,12 @@ from switchyard.engine.errors import EngineFailed
 
 # The header's int64 words: the ticket done (the masking kernel's flag[0]), a ticket the kernel gave up on
 # (its flag[1]), the step's ticket, its rows, its bitmask buffer, the pipe's messages sent, stop, the
-# fill's ns, the process ready, the ticket whose fill raised, the early tokens' count of handovers and rows.
-DONE, GAVE_UP, TICKET, ROWS, BUF, MESSAGES, STOP, FILL_NS, READY, FAILED, EARLY, EARLY_ROWS = range(12)
+# fill's ns, the process ready, the ticket whose fill raised, the early tokens' count of handovers and rows;
+# then the last step's timeline (bench/engine_cuda.py reports it; perf_counter_ns is one clock for both
+# processes): the engine's handover ns, the process's ns from it to seeing it, its mirrors' ns consuming, and
+# its ns from the early fill done to the ticket seen (how long the fill waited for the engine's turn).
+(DONE, GAVE_UP, TICKET, ROWS, BUF, MESSAGES, STOP, FILL_NS, READY, FAILED, EARLY, EARLY_ROWS,
+ EARLY_T, PICKUP_NS, CONSUME_NS, TICKET_GAP_NS) = range(16)
 HEADER = 16
 ERROR_BYTES = 1024  # the text of the fill's error, after the header
 NEW = 1 << 40  # a slot word with this bit: the row's first step (its matcher made from the pipe's grammar)
@@ -106,7 +110,7 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
     matchers: dict[int, Any] = {}
     grammars: dict[int, str] = {}  # a new slot's grammar, until its first step
     early_at: dict[int, int] = {}  # slot -> the row its next mask went to, filled from early tokens
-    received, seen, seen_early, early_ns, parent, spins, early_error = 0, 0, 0, 0, os.getppid(), 0, ""
+    received, seen, seen_early, early_ns, early_done, parent, spins, early_error = 0, 0, 0, 0, 0, os.getppid(), 0, ""
     last = time.perf_counter()
     hdr[READY] = 1
     while not hdr[STOP]:
@@ -117,6 +121,7 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
             # them and the next step's masks fill into its buffer, at the rows they had, while the engine
             # accepts, streams and launches. The ticket then moves any row that changed places.
             seen_early, t0 = handover, time.perf_counter_ns()
+            hdr[PICKUP_NS] = t0 - hdr[EARLY_T]
             n = int(hdr[EARLY_ROWS])
             rows = early[:n].tolist()
             try:
@@ -129,12 +134,14 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
                 col = early[:n, 3]
                 col[col == PENDING] = UNKNOWN
             else:
+                hdr[CONSUME_NS] = time.perf_counter_ns() - t0
                 try:
                     _fill(executor, todo, bms[(seen + 1) & 1])
                     early_at.update((slot, row) for slot, row, _, _ in rows)
                 except Exception:  # the ticket fills these rows itself (their tokens are in)
                     pass
-            early_ns = time.perf_counter_ns() - t0
+            early_done = time.perf_counter_ns()
+            early_ns = early_done - t0
             last = time.perf_counter()
             continue
         if t == seen:
@@ -146,6 +153,7 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
             continue
         seen = t
         t0 = time.perf_counter_ns()
+        hdr[TICKET_GAP_NS] = t0 - early_done if early_ns else 0
         try:
             if early_error:
                 raise RuntimeError(f"early tokens: {early_error}")
@@ -215,6 +223,7 @@ class ProcessMasker(GrammarMasker):
         self.shm = shared_memory.SharedMemory(create=True, size=size)
         self.hdr, self.table, self.early_table, _, self._err_at = _views(self.shm.buf, self.words, max_rows)
         self._early = 0  # handovers of early tokens
+        self.last_early_s = (0.0, 0.0, 0.0)  # wait(): the last hand-over's timeline
         self.hdr[:] = 0
         whole = torch.frombuffer(self.shm.buf, dtype=torch.uint8)
         self._pinned = pinned
@@ -301,6 +310,7 @@ class ProcessMasker(GrammarMasker):
             s.sent, s.mirror = 1, (self, k)  # type: ignore[union-attr]
         self.early_table[:len(rows)] = rows
         self.hdr[EARLY_ROWS] = len(rows)
+        self.hdr[EARLY_T] = time.perf_counter_ns()
         self._early += 1
         self.hdr[EARLY] = self._early  # last: the process reads the rows once it sees this
 
@@ -341,6 +351,9 @@ class ProcessMasker(GrammarMasker):
             raise EngineFailed(f"the grammar fill failed: {text}")
         raise_if_gave_up(self.hdr)  # the header's first two words are the kernel's flag (DONE, GAVE_UP)
         self.last_fill_s = int(self.hdr[FILL_NS]) * 1e-9
+        # The last early hand-over's timeline, seconds: to the process seeing it, its mirrors' consumes, the
+        # fill done to this ticket seen (0 where the step had no early tokens).
+        self.last_early_s = tuple(int(self.hdr[w]) * 1e-9 for w in (PICKUP_NS, CONSUME_NS, TICKET_GAP_NS))
 
     def close(self) -> None:
         """Stop the process and free the segment, unregistered once the GPU is done with it (an address
