@@ -65,7 +65,7 @@ for s in ${STAGES:-regress lanes split}; do
       echo "serve rc=$?" | tee -a "$log"; tail -n 2 "$out/serve.log" | tee -a "$log" ;;
     ab) stage ab
       timeout "$(( $(left) < 260 ? $(left) - 5 : 260 ))" $PY bench/engine_cuda.py --shapes "${AB_SHAPES:-smollm2-135m,llama-8b}" \
-        --batches= --grammar-batches 1,16 --grammar-rounds "${AB_ROUNDS:-3}" --grammar-ab --switch-ab "${SWITCHES-50,20}" --grammar-tools \
+        --batches= --grammar-batches "${AB_BATCHES:-1,16}" --grammar-rounds "${AB_ROUNDS:-3}" --grammar-ab --switch-ab "${SWITCHES-50,20}" --grammar-tools \
         --mask-threads-ab "${AB_POOLS:-8x8}" --tokens 64 --skip-transformers --peer-batches= --ttft= --parts-batches= \
         --budget-s 250 --out "$out/ab" \
         >"$out/ab.log" 2>&1

@@ -214,6 +214,7 @@ class ProcessMasker(GrammarMasker):
 
     WHERE = "process"
     EARLY = True  # a step's tokens handed over as the host reads them (False: with the next step's rows)
+    THREADS: int | None = None  # the process's fill threads where set (the bench's ab), else the output stage's
 
     def __init__(self, vocab_size: int, tokenizer_json: str, eos_ids: list[int], threads: int, lanes: int,
                  max_rows: int, cache_size: int = 256, pinned: bool = True) -> None:
@@ -247,8 +248,8 @@ class ProcessMasker(GrammarMasker):
         self._conn, child = mp.get_context("spawn").Pipe()
         self.proc = mp.get_context("spawn").Process(
             target=_serve, name="switchyard-grammar-fill", daemon=True,
-            args=(self.shm.name, child, self.words, max_rows, tokenizer_json, vocab_size, eos_ids, lanes, threads,
-                  cache_size))
+            args=(self.shm.name, child, self.words, max_rows, tokenizer_json, vocab_size, eos_ids, lanes,
+                  self.THREADS or threads, cache_size))
         self.proc.start()
         deadline = time.monotonic() + 120
         while not self.hdr[READY]:  # its tokenizer read (~1 s): no step's masking may wait on its start-up
