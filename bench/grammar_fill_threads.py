@@ -194,17 +194,23 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--row-costs", action="store_true", help="each row's fill timed alone (see above)")
+    ap.add_argument("--slices", choices=["served", "spans", "general"], default="served",
+                    help="the tokenizer's llguidance slices: chat/grammar.SLICES, engine_cuda_grammar.SPANS, llguidance's")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
+    from engine_cuda_grammar import SPANS
+
     from switchyard.engine.chat.grammar import ll_tokenizer
+
+    sl = {"served": None, "spans": SPANS, "general": llguidance.LLTokenizer.general_slices()}[a.slices]
 
     tok = tokenizer()
     V, words = tok.vocab_size, (tok.vocab_size + 31) // 32
-    toks = [ll_tokenizer(tok.tok.to_str(), V, sorted(tok.eos_ids)) for _ in range(max(threads))]  # as served
+    toks = [ll_tokenizer(tok.tok.to_str(), V, sorted(tok.eos_ids), sl) for _ in range(max(threads))]
     from switchyard.engine.backends.cpu.native import cpu_model
 
     print(f"{cpu_model()}, llguidance {getattr(llguidance, '__version__', '?')}, {a.rows} rows, {a.steps} steps"
-          + ("; each row's fill alone" if a.row_costs else
+          + f", {a.slices} slices" + ("; each row's fill alone" if a.row_costs else
              f", {a.rounds} rounds; ms a step's fill (median of steps; median and range of rounds)"))
     for name, c in grammars().items():
         lark = c.grammar
