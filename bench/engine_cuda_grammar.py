@@ -21,12 +21,14 @@ _ITEM = {"type": "object", "properties": {
     "count": {"type": "integer", "minimum": 0, "maximum": 999},
     "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,12}$"}, "maxItems": 3}},
     "required": ["name", "count", "tags"]}
-# chat/grammar.SLICES until 2026-12-07: the classes in spans of lengths, which llguidance's containment check
-# did not take whole even where a pattern had room for them (the ab's "spans slices"; bench/grammar.py --part slices).
+# chat/grammar.SLICES with its digits' and lower-case words' classes one slice per token length rather than in
+# spans (tried 2026-12-07: a lower mean row fill on a Zen 4, worse tails on the H100 hosts' Xeons; the ab's
+# "by-length slices", bench/grammar.py --part slices, grammar_fill_threads.py --slices).
 _GENERAL = llguidance.LLTokenizer.general_slices()
-_TOPS = {"[0-9]": 8, "[a-z]": 16, "[a-z ]": 16, "[A-Za-z ]": 8, "[A-Za-z0-9_ ]": 8}
-SPANS = _GENERAL[:1] + [f"{c}{{{lo},{hi}}}" for c, top in _TOPS.items() for lo, hi in ((1, 4), (5, 8), (9, 16))
-                        if hi <= top] + _GENERAL[1:]
+_SPANS = {"[A-Za-z ]": ((1, 4), (5, 8)), "[A-Za-z0-9_ ]": ((1, 4), (5, 8))}
+BY_LENGTH = (_GENERAL[:1] + [f"{c}{{{n}}}" for c, top in {"[0-9]": 8, "[a-z]": 16, "[a-z ]": 16}.items()
+                             for n in range(1, top + 1)]
+             + [f"{c}{{{lo},{hi}}}" for c, spans in _SPANS.items() for lo, hi in spans] + _GENERAL[1:])
 GRAMMAR_SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": _ITEM, "minItems": 40}},
                   "required": ["items"]}
 
@@ -130,8 +132,8 @@ def grammar_rounds(rate: Callable[..., dict[str, float]], m: Decoder, b: int, ma
         engines += [(f"ours (async, {k})", knobs, make if constrained else None, None)
                     for k, (constrained, knobs) in grammar_variants(switches_us).items()]
         engines.append(("ours (async, grammar, one fill thread)", [], grammar_factory(gtok, lanes=1), 1))
-        # The served fill on SPANS, not on ours (chat/grammar.SLICES).
-        engines.append(("ours (async, grammar, spans slices)", [], grammar_factory(gtok, slices=SPANS), None))
+        # The served fill on BY_LENGTH, not on ours (chat/grammar.SLICES).
+        engines.append(("ours (async, grammar, by-length slices)", [], grammar_factory(gtok, slices=BY_LENGTH), None))
     if tool_calls is not None:
         engines.append(("ours (async, grammar, tool calls)", [], tool_calls, None))
     if ab and tool_calls is not None:

@@ -172,8 +172,8 @@ def libraries(path: Path, rounds: int) -> None:
 # -- slices ------------------------------------------------------------------------------------------
 
 def slices(path: Path, rounds: int, steps: int) -> None:
-    """A row's fill under llguidance's general slices, under ours (chat/grammar.SLICES) and under SPANS
-    (ours until 2026-12-07: the classes in spans of lengths), over the same random walks (each step a token
+    """A row's fill under llguidance's general slices, under ours (chat/grammar.SLICES) and under BY_LENGTH
+    (ours with a slice per token length, engine_cuda_grammar), over the same random walks (each step a token
     drawn from the allowed ones, as random weights pick), the masks compared bit for bit at every step."""
     import random
 
@@ -183,7 +183,7 @@ def slices(path: Path, rounds: int, steps: int) -> None:
     from switchyard.engine.chat.structured import constraint
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_cuda_grammar import GRAMMAR_SCHEMA, SPANS  # the GPU bench's items: strings under patterns
+    from engine_cuda_grammar import BY_LENGTH, GRAMMAR_SCHEMA  # the GPU bench's items: strings under patterns
 
     tok = _tokenizer(path)
     V, W = tok.vocab_size, (tok.vocab_size + 31) // 32
@@ -191,7 +191,7 @@ def slices(path: Path, rounds: int, steps: int) -> None:
     grammars = {"tool calls": constraint(BODIES["required"], TOOLS), "auto": constraint(BODIES["auto"], TOOLS),
                 "json": constraint(BODIES["json"], None), "items": constraint({"response_format": schema}, None)}
     toks = {}
-    for name, sl in (("general", llguidance.LLTokenizer.general_slices()), ("spans", SPANS), ("ours", SLICES)):
+    for name, sl in (("general", llguidance.LLTokenizer.general_slices()), ("ours", SLICES), ("lengths", BY_LENGTH)):
         t = time.perf_counter()
         toks[name] = ll_tokenizer(tok.tok.to_str(), V, sorted(tok.eos_ids), sl)
         print(f"tokenizer with the {name} slices ({len(sl)}): {(time.perf_counter() - t) * 1000:.0f} ms")

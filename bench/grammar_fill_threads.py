@@ -194,15 +194,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--row-costs", action="store_true", help="each row's fill timed alone (see above)")
-    ap.add_argument("--slices", choices=["served", "spans", "general"], default="served",
-                    help="the tokenizer's llguidance slices: chat/grammar.SLICES, engine_cuda_grammar.SPANS, llguidance's")
+    ap.add_argument("--slices", choices=["served", "by-length", "general"], default="served",
+                    help="the tokenizer's llguidance slices: chat/grammar.SLICES, engine_cuda_grammar.BY_LENGTH, "
+                         "llguidance's")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
-    from engine_cuda_grammar import SPANS
+    from engine_cuda_grammar import BY_LENGTH
 
     from switchyard.engine.chat.grammar import ll_tokenizer
 
-    sl = {"served": None, "spans": SPANS, "general": llguidance.LLTokenizer.general_slices()}[a.slices]
+    sl = {"served": None, "by-length": BY_LENGTH, "general": llguidance.LLTokenizer.general_slices()}[a.slices]
 
     tok = tokenizer()
     V, words = tok.vocab_size, (tok.vocab_size + 31) // 32

@@ -36,7 +36,7 @@
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
 #          tool-call grammar), alternated over three rounds (bench/engine_cuda.py --mask-threads-ab);
 # rowcosts: the host's llguidance alone (bench/grammar_fill_threads.py): each row's fill under the served
-#          slices and the old spans, then the fill's pools of 1, 8 and 16 threads;
+#          slices and a slice per length, then the fill's pools of 1, 8 and 16 threads;
 # split:   the host's turn by part at SmolLM2 batch 16, free, items and tool calls (engine_cuda_profile --host-split);
 # prefill: the 8B shape's 8k-token prefill by part (GEMMs, attention, the rest) and SDPA's kernels on one
 #          layer's attention (bench/engine_cuda_profile.py --prefill);
@@ -83,7 +83,7 @@ for s in ${STAGES:-regress lanes split}; do
         --prefill "${PREFILL:-8192}" --prefill-rounds "${PREFILL_ROUNDS:-3}" >"$out/prefill.log" 2>&1
       echo "prefill rc=$?" | tee -a "$log"; tail -n 45 "$out/prefill.log" | tee -a "$log" ;;
     rowcosts) stage rowcosts  # the host's llguidance alone: each row's fill under both slice sets, then the pools
-      for sl in served spans; do
+      for sl in served by-length; do
         timeout 90 $PY bench/grammar_fill_threads.py --row-costs --slices $sl >"$out/rowcosts_$sl.log" 2>&1
       done
       timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/grammar_fill_threads.py --threads 1,8,16 --rounds 3 \

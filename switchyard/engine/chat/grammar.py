@@ -38,22 +38,20 @@ BACKEND = f"llguidance {llguidance.__version__}" if hasattr(llguidance, "__versi
 # llguidance's slices: sets of tokens whose whole mask is added at once wherever the grammar allows every
 # token of the set, instead of walking their part of the token trie (a token belongs to the first slice it
 # matches). Its general ones cover a JSON string's free text; a string under a pattern (`^[a-z ]{4,24}$`)
-# walked ~33k of SmolLM2's tokens, 0.3-0.5 ms a row. These add the character classes of common patterns:
-# digits, lower-case words (with spaces), mixed case, identifiers. The first three come one slice per token
-# length: a pattern with room for n more characters takes every slice up to n whole. llguidance did not take
-# the spans of lengths these replaced ({1,4}, {5,8}, {9,16}) whole even where a pattern had room for them (at
-# a string's start 0.11 ms a row with spans, 0.01 ms by length; its containment check runs on a budget).
-# Same bits; on SmolLM2's tokenizer (a 2-core AMD EPYC, Zen 4, `bench/grammar.py --part slices`) the items
-# grammar's row fill fell from 40 to 28 us on average against the spans (general slices: 59), its 90th
-# percentile from 120 to 59 us; tool calls and plain JSON no slower; the tokenizer takes ~0.5 s at start-up,
-# not 0.3. What is left costs as before: a state with room for 4-8 more characters walks every longer token
-# to that depth (0.2-0.3 ms).
+# walked ~33k of SmolLM2's tokens, 0.4-0.8 ms a row. These add the character classes of common patterns,
+# lower-case words (with spaces), mixed case, identifiers, digits, in length spans so that a pattern with
+# room left for a span takes it whole; the masks are the same bits. On SmolLM2's tokenizer (bench/grammar.py
+# --part slices, a 2-core Zen 3) the items grammar's row fill fell from 84 to 59 us on average (its 90th
+# percentile from 384 to 184 us), tool calls and plain JSON no slower; the tokenizer took 0.39 s, not 0.29.
+# A slice per token length (bench/engine_cuda_grammar.BY_LENGTH) cut the mean further on a Zen 4 (40 -> 28 us)
+# but not the costliest rows, and on the H100 hosts' Xeons its step sums and tails were worse (16 rows: p50 637
+# against 595 us, the costliest row's p90 553 against 402) and batch 16 no faster (bench/results/gpu_fill_lanes,
+# calls 14-17): the spans stay.
 # Narrow classes first (a token is the first slice's that matches it); whitespace first, as in the general ones.
 _GENERAL = llguidance.LLTokenizer.general_slices()
-_BY_LENGTH = {"[0-9]": 8, "[a-z]": 16, "[a-z ]": 16}  # class: its longest slice
-_SPANS = {"[A-Za-z ]": ((1, 4), (5, 8)), "[A-Za-z0-9_ ]": ((1, 4), (5, 8))}
-SLICES = (_GENERAL[:1] + [f"{c}{{{n}}}" for c, top in _BY_LENGTH.items() for n in range(1, top + 1)]
-          + [f"{c}{{{lo},{hi}}}" for c, spans in _SPANS.items() for lo, hi in spans] + _GENERAL[1:])
+_CLASSES = {"[0-9]": 8, "[a-z]": 16, "[a-z ]": 16, "[A-Za-z ]": 8, "[A-Za-z0-9_ ]": 8}  # class: its longest span
+SLICES = _GENERAL[:1] + [f"{c}{{{lo},{hi}}}" for c, top in _CLASSES.items()
+                         for lo, hi in ((1, 4), (5, 8), (9, 16)) if hi <= top] + _GENERAL[1:]
 
 
 def ll_tokenizer(tokenizer_json: str, vocab_size: int, eos_ids: list[int],
