@@ -91,10 +91,10 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     decode): the masks filled the other way than the tree's GrammarMasker.AHEAD (in line on the
     engine's thread, or ahead on the masker's), on the fill thread, and by the served fill process
     with the step's tokens handed over with the next step's rows and taken by the engine's matchers
-    too (ProcessMasker.EARLY off), and by the process filling its rows one after another or over a pool of
-    16 threads rather than the served 8 (ProcessMasker.THREADS). (Until 2026-12-06 also torch's masking ops and the sampling stage's
-    host cuts undone, bench/results/gpu_host_cuts; until the masks filled ahead were served, a 10 us
-    GIL switch interval for them, which lost: bench/results/gpu_grammar_ahead.)
+    too (ProcessMasker.EARLY off), and by the process filling its rows one after another or over a pool
+    of 16 threads rather than the served 8 (ProcessMasker.THREADS). (Until 2026-12-06 also torch's masking
+    ops and the sampling stage's host cuts undone, bench/results/gpu_host_cuts; until the masks filled ahead
+    were served, a 10 us GIL switch interval for them, which lost: bench/results/gpu_grammar_ahead.)
     switches_us: also the fill thread under each of these GIL switch intervals (GrammarMasker.SWITCH_S,
     set for the process when a decode's fill thread starts)."""
     from switchyard.engine.chat.grammar import GrammarMasker

@@ -171,6 +171,7 @@ def libraries(path: Path, rounds: int) -> None:
 
 # -- slices ------------------------------------------------------------------------------------------
 
+
 def slices(path: Path, rounds: int, steps: int) -> None:
     """A row's fill under llguidance's general slices, under ours (chat/grammar.SLICES) and under BY_LENGTH
     (ours with a slice per token length, engine_cuda_grammar), over the same random walks (each step a token
