@@ -16,6 +16,8 @@ under the mask), then replayed through each layout, the layouts alternated round
 - `copies`: copies of one compiled grammar, the rows split over T threads;
 - `own lexer`: each thread's rows copied from a grammar compiled for that thread alone;
 - `own tokenizer`: as `own lexer`, each thread's grammar also on a tokenizer of its own;
+- `process pool`: as the served fill process: a compilation per lane (two a thread), llguidance's pool of T;
+- `process pool, tokenizers`: as `process pool`, lane k's grammar on tokenizer k % T (one tokenizer a thread);
 - `engine pool`: the engine's own classes, copies from chat/grammar.Grammars filled by GrammarMasker(threads=T)
   (llguidance's pool); its fill time as the masker records it. (Once the engine's "lanes", a compilation
   per thread: 1.87x here with 8 threads on the GPU host, and a loss in the served loop while the fill ran on
@@ -47,7 +49,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-LAYOUTS = ("copies", "own lexer", "own tokenizer", "engine pool")
+LAYOUTS = ("copies", "own lexer", "own tokenizer", "engine pool", "process pool", "process pool, tokenizers")
 
 
 def tokenizer() -> Any:
@@ -129,6 +131,29 @@ def replay(rows: Rows, tokens: list[list[int]], words: int, pool: ThreadPoolExec
                 f.result()
         times.append(time.perf_counter() - t0)
         for m, row in zip(rows.m, tokens, strict=True):
+            take(m, row[s])
+    return statistics.median(times) * 1000
+
+
+def replay_pool(toks: list[Any], lark: str, tokens: list[list[int]], threads: int, per_tokenizer: bool) -> float:
+    """As replay, the rows laid out as the served fill process lays them (chat/grammar_process): a compilation
+    per lane (2 lanes a thread, row i on lane i), every row filled by one call to llguidance's pool of
+    `threads`; with `per_tokenizer`, lane k's grammar compiled on tokenizer k % threads, else all on one."""
+    from switchyard.engine.runner.options import grammar_lanes
+
+    lanes = grammar_lanes(threads)
+    gram = llguidance.LLMatcher.grammar_from_lark(lark)
+    tmpl = [llguidance.LLMatcher(toks[k % threads if per_tokenizer else 0], gram, log_level=0) for k in range(lanes)]
+    ms = [tmpl[i % lanes].deep_copy() for i in range(len(tokens))]
+    words = (toks[0].vocab_size + 31) // 32
+    bm = torch.full((len(ms), words), -1, dtype=torch.int32)
+    pool = llguidance.LLExecutor(threads)
+    times = []
+    for s in range(len(tokens[0])):
+        t0 = time.perf_counter()
+        pool.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(ms)], bm.data_ptr(), words * 4, len(ms))
+        times.append(time.perf_counter() - t0)
+        for m, row in zip(ms, tokens, strict=True):
             take(m, row[s])
     return statistics.median(times) * 1000
 
@@ -227,6 +252,8 @@ def main() -> None:
                     # a fresh grammar each round: every layout starts with its lexer as cold
                     res.setdefault((layout, t), []).append(
                         replay_engine(tok, c, tokens, t) if layout == "engine pool"
+                        else replay_pool(toks, lark, tokens, t, layout.endswith("tokenizers"))
+                        if layout.startswith("process pool")
                         else replay(Rows(toks, lark, a.rows, t, layout), tokens, words, pool))
                 if pool is not None:
                     pool.shutdown()

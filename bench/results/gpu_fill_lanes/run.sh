@@ -36,7 +36,8 @@
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
 #          tool-call grammar), alternated over three rounds (bench/engine_cuda.py --mask-threads-ab);
 # rowcosts: the host's llguidance alone (bench/grammar_fill_threads.py): each row's fill under the served
-#          slices and a slice per length, then the fill's pools of 1, 8 and 16 threads;
+#          slices and a slice per length, the fill's pools of 1, 8 and 16 threads (POOLS_TOO=1), and the fill
+#          split over 1, 2 and 4 processes (bench/grammar_fill_procs.py);
 # split:   the host's turn by part at SmolLM2 batch 16, free, items and tool calls (engine_cuda_profile --host-split);
 # prefill: the 8B shape's 8k-token prefill by part (GEMMs, attention, the rest) and SDPA's kernels on one
 #          layer's attention (bench/engine_cuda_profile.py --prefill);
@@ -86,9 +87,10 @@ for s in ${STAGES:-regress lanes split}; do
       for sl in served by-length; do
         timeout 90 $PY bench/grammar_fill_threads.py --row-costs --slices $sl >"$out/rowcosts_$sl.log" 2>&1
       done
-      timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/grammar_fill_threads.py --threads 1,8,16 --rounds 3 \
-        >"$out/pools.log" 2>&1
-      echo "rowcosts rc=$?" | tee -a "$log"; cat "$out"/rowcosts_*.log "$out/pools.log" | grep -v "fills over" | tee -a "$log" ;;
+      [ -n "${POOLS_TOO:-}" ] && timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/grammar_fill_threads.py \
+        --threads 1,8,16 --rounds 3 >"$out/pools.log" 2>&1
+      timeout 120 $PY bench/grammar_fill_procs.py --procs 1,2,4 --rounds 3 >"$out/procs.log" 2>&1
+      echo "rowcosts rc=$?" | tee -a "$log"; cat "$out"/rowcosts_*.log "$out"/p*.log | grep -v "fills over" | tee -a "$log" ;;
     split) stage split
       timeout "$(( $(left) < 120 ? $(left) - 5 : 120 ))" $PY bench/engine_cuda_profile.py --shape smollm2-135m \
         --batch 16 --tokens 400 --host-split free,items,tools --rounds 2 >"$out/split.log" 2>&1
