@@ -361,7 +361,7 @@ def bench_shape(name: str, dev: torch.device, a: argparse.Namespace, clock: Cloc
                     grammar_rounds(decode_rate, m, b, make, a.grammar_rounds, a.grammar_ab, tokens, c.vocab_size,
                                    tok, add, log, grammar_factory(gtok, tool_calls=True) if a.grammar_tools else None,
                                    tuple(x for x in a.mask_threads_ab.split(",") if x) if b >= 4 else (), gtok,
-                                   tuple(ints(a.switch_ab)))
+                                   tuple(ints(a.switch_ab)), tuple(x for x in a.grammar_only.split(";") if x))
                     continue
                 if b not in batches:
                     decode("ours (async)", m, b)
@@ -546,6 +546,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="with --grammar-rounds: also engine_cuda_grammar.grammar_variants() (the masks filled the other way)")
     ap.add_argument("--switch-ab", default="", help="with --grammar-ab: also the fill thread under these GIL "
                     "switch intervals, us (e.g. 50,20; served: GrammarMasker.SWITCH_S)")
+    ap.add_argument("--grammar-only", default="", help="with --grammar-rounds: only these variants, beside free "
+                    "decoding (';'-separated names as the log writes them inside 'ours (async, ...)', e.g. "
+                    "'grammar;grammar, 4 fill processes')")
     ap.add_argument("--grammar-tools", action="store_true",
                     help="with --grammar-rounds: also a tool-call grammar (plain strings) in the same rounds")
     ap.add_argument("--sweep", action="store_true", help="bench/engine_cuda_sweep.py's knobs on the same weights")

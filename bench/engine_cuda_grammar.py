@@ -121,13 +121,14 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
 def grammar_rounds(rate: Callable[..., dict[str, float]], m: Decoder, b: int, make: Any, rounds: int, ab: bool,
                    tokens: int, vocab: int, tok: Any, add: Callable[..., None], log: Callable[[str], None],
                    tool_calls: Any = None, pools: tuple[str, ...] = (), gtok: Any = None,
-                   switches_us: tuple[int, ...] = ()) -> None:
+                   switches_us: tuple[int, ...] = (), only: tuple[str, ...] = ()) -> None:
     """Free and grammar decoding, each decode `rate`'s (engine_cuda.decode_rate: the served loop) (and with `ab` grammar_variants() and the masks filled by one thread;
     with `tool_calls`, a factory, the tool-call grammar; with `pools`, the masks filled by llguidance's
     pool: an entry T, of T threads, the rows' matchers copied from one compilation, and from one per
     thread; TxL, of T threads over L lanes (Grammars(lanes=L)); TxLt, the same under the tool-call grammar)
     alternated `rounds` times at batch b; each figure the median of its rounds, so a ratio compares
-    neighbours in time rather than two points minutes apart."""
+    neighbours in time rather than two points minutes apart. `only`: these variants alone (their names without
+    "ours (async, " and ")"), beside free decoding."""
     runs: dict[str, list[dict[str, float]]] = {}
     engines: list[tuple[str, list[tuple[Any, str, Any]], Any, Any]] = [
         ("ours (async)", [], None, None), ("ours (async, grammar)", [], make, None)]
@@ -155,6 +156,8 @@ def grammar_rounds(rate: Callable[..., dict[str, float]], m: Decoder, b: int, ma
         lanes = lanes.removesuffix("t")
         engines.append((f"ours (async, grammar, pool of {threads} over {lanes} lanes{', tool calls' if tools else ''})",
                         [], grammar_factory(gtok, tool_calls=tools, lanes=int(lanes)), int(threads)))
+    if only:
+        engines = [e for e in engines if e[2] is None or e[0].removeprefix("ours (async, ").removesuffix(")") in only]
     failed: set[str] = set()
     for i in range(rounds):
         for engine, knobs, grammar, threads in engines:

@@ -68,7 +68,7 @@ for s in ${STAGES:-regress lanes split}; do
       echo "serve rc=$?" | tee -a "$log"; tail -n 2 "$out/serve.log" | tee -a "$log" ;;
     ab) stage ab
       timeout "$(( $(left) < 260 ? $(left) - 5 : 260 ))" $PY bench/engine_cuda.py --shapes "${AB_SHAPES:-smollm2-135m,llama-8b}" \
-        --batches= --grammar-batches "${AB_BATCHES:-1,16}" --grammar-rounds "${AB_ROUNDS:-3}" --grammar-ab --switch-ab "${SWITCHES-50,20}" --grammar-tools \
+        --batches= --grammar-batches "${AB_BATCHES:-1,16}" --grammar-rounds "${AB_ROUNDS:-3}" ${AB_ONLY:+--grammar-only "$AB_ONLY"} --grammar-ab --switch-ab "${SWITCHES-50,20}" --grammar-tools \
         --mask-threads-ab "${AB_POOLS:-8x8}" --tokens 64 --skip-transformers --peer-batches= --ttft= --parts-batches= \
         --budget-s 250 --out "$out/ab" \
         >"$out/ab.log" 2>&1
@@ -90,7 +90,7 @@ for s in ${STAGES:-regress lanes split}; do
       [ -n "${POOLS_TOO:-}" ] && timeout "$(( $(left) < 150 ? $(left) - 5 : 150 ))" $PY bench/grammar_fill_threads.py \
         --threads 1,8,16 --rounds 3 >"$out/pools.log" 2>&1
       timeout 120 $PY bench/grammar_fill_procs.py --procs 1,2,4 --rounds 3 >"$out/procs.log" 2>&1
-      echo "rowcosts rc=$?" | tee -a "$log"; cat "$out"/rowcosts_*.log "$out"/p*.log | grep -v "fills over" | tee -a "$log" ;;
+      echo "rowcosts rc=$?" | tee -a "$log"; cat "$out"/rowcosts_*.log "$out"/pools.log "$out"/procs.log 2>/dev/null | grep -v "fills over" | tee -a "$log" ;;
     split) stage split
       timeout "$(( $(left) < 120 ? $(left) - 5 : 120 ))" $PY bench/engine_cuda_profile.py --shape smollm2-135m \
         --batch 16 --tokens 400 --host-split free,items,tools --rounds 2 >"$out/split.log" 2>&1
