@@ -12,10 +12,9 @@ import torch
 from engine_support import TOOLS, smollm2_grammars
 
 
-def _two_grammars_two_maskers(processes: int = 1) -> tuple[Any, list[Any], Any, Any]:
+def _two_grammars_two_maskers() -> tuple[Any, list[Any], Any, Any]:
     """SmolLM2's Grammars, two constraints (a tool call; a JSON object whose string has a pattern), a
-    fill process, or `processes` of them (unpinned: CPU logits, its waiting kernel interpreted), and the
-    in-line fill to hold it to."""
+    fill process (unpinned: CPU logits, its waiting kernel interpreted) and the in-line fill to hold it to."""
     from switchyard.engine.chat.grammar import GrammarMasker
     from switchyard.engine.chat.grammar_process import ProcessMasker
     from switchyard.engine.chat.structured import constraint
@@ -25,7 +24,7 @@ def _two_grammars_two_maskers(processes: int = 1) -> tuple[Any, list[Any], Any, 
         "type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{2,8}$"}}, "required": ["city"]}}}}
     cs = [constraint({"tool_choice": "required"}, TOOLS), constraint(rf, None)]
     proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8,
-                         pinned=False, processes=processes)
+                         pinned=False)
     return grammars, cs, proc, GrammarMasker(tok.vocab_size, ahead=False)
 
 
@@ -43,8 +42,7 @@ def _mask_both(proc: Any, line: Any, rows: list[Any], g: torch.Generator) -> tor
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
-@pytest.mark.parametrize("processes", [1, 2])
-def test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does(processes: int) -> None:
+def test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does() -> None:
     """A fill process's segment pinned in place for the GPU (a GPU replica's default fill): its masks
     are the CPU's step after step; closed, its segment is unregistered, so the next masker's (often
     mapped at the same address) pins too and masks alike, with no CUDA error left behind."""
@@ -56,8 +54,7 @@ def test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does(processes: in
     c = constraint({"tool_choice": "required"}, TOOLS)
     g = torch.Generator().manual_seed(3)
     for _ in range(2):
-        proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8,
-                             processes=processes)
+        proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=2, lanes=2, max_rows=8)
         try:
             line = GrammarMasker(tok.vocab_size, ahead=False)
             pairs = [(grammars.compile(c), grammars.compile(c)) for _ in range(5)]
@@ -77,8 +74,7 @@ def test_gpu_fill_processes_one_after_another_mask_as_the_cpu_does(processes: in
     torch.cuda.synchronize()  # nothing left for a later launch's check to raise
 
 
-@pytest.mark.parametrize("processes", [1, 2])
-def test_masks_filled_by_a_process_equal_those_filled_in_line(processes: int) -> None:
+def test_masks_filled_by_a_process_equal_those_filled_in_line() -> None:
     """Filled by a process of their own (chat/grammar_process; the kernel waiting for its ticket,
     interpreted here on CPU logits), rows under two grammars beside a free row get the in-line fill's
     masks step after step; a row whose state is gone frees its mirror and a new row takes a new
@@ -89,7 +85,7 @@ def test_masks_filled_by_a_process_equal_those_filled_in_line(processes: int) ->
     from switchyard.engine.chat.grammar import GrammarMasker
     from switchyard.engine.errors import EngineFailed
 
-    grammars, cs, proc, line = _two_grammars_two_maskers(processes)
+    grammars, cs, proc, line = _two_grammars_two_maskers()
     try:
         pairs = [(grammars.compile(cs[k % 2]), grammars.compile(cs[k % 2])) for k in range(GrammarMasker.PAR_ROWS)]
         g = torch.Generator().manual_seed(5)
@@ -120,14 +116,13 @@ def test_masks_filled_by_a_process_equal_those_filled_in_line(processes: int) ->
         proc.close()
 
 
-@pytest.mark.parametrize("processes", [1, 2])
-def test_early_tokens_fill_the_next_masks_as_the_in_line_fill_does(processes: int) -> None:
+def test_early_tokens_fill_the_next_masks_as_the_in_line_fill_does() -> None:
     """ProcessMasker.early, as the output stage calls it (a step's tokens read, before they are
     accepted): the process's mirrors take them and fill the next step's masks ahead; the masks are the
     in-line fill's step after step while a row finishes (the rows after it move up a place), a row
     takes a reset after its token (a tool-call stream's next call: the ticket refills it) and a new row
     joins (its first mask from the ticket). Five constrained rows: llguidance's pool fills them."""
-    grammars, cs, proc, line = _two_grammars_two_maskers(processes)
+    grammars, cs, proc, line = _two_grammars_two_maskers()
     try:
         pairs = [(grammars.compile(cs[k % 2]), grammars.compile(cs[k % 2])) for k in range(5)]
         g = torch.Generator().manual_seed(6)
@@ -155,8 +150,7 @@ def test_early_tokens_fill_the_next_masks_as_the_in_line_fill_does(processes: in
         proc.close()
 
 
-@pytest.mark.parametrize("processes", [1, 2])
-def test_a_mirror_says_whether_an_early_token_ended_the_reply_or_was_refused(processes: int) -> None:
+def test_a_mirror_says_whether_an_early_token_ended_the_reply_or_was_refused() -> None:
     """A token that went early is taken by the fill process's mirror, not the engine's matcher: `done`
     reads the mirror's word. A reply the token completes is done, a refused token fails its row, as
     the engine's own matcher says; a row whose next token does not go early is an error, not a
@@ -166,7 +160,7 @@ def test_a_mirror_says_whether_an_early_token_ended_the_reply_or_was_refused(pro
     from switchyard.engine.chat.grammar import GrammarState
     from switchyard.engine.errors import EngineFailed
 
-    grammars, _, proc, line = _two_grammars_two_maskers(processes)
+    grammars, _, proc, line = _two_grammars_two_maskers()
     lark = 'start: "yes" | "no thanks"'
 
     def state() -> GrammarState:
@@ -204,10 +198,9 @@ def test_a_mirror_says_whether_an_early_token_ended_the_reply_or_was_refused(pro
         proc.wait()
         with pytest.raises(EngineFailed, match="did not reach its fill process early"):
             a.accept(no)  # its last token went early, this one did not (EARLY switched off within a reply)
-        for p in proc.procs:
-            p.kill()
-            p.join()
-        proc.early([a], [no])  # the processes are gone: no word comes
+        proc.proc.kill()
+        proc.proc.join()
+        proc.early([a], [no])  # the process is gone: no word comes
         a.accept(no)
         with pytest.raises(EngineFailed, match="process died"):
             assert not a.done
@@ -218,20 +211,19 @@ def test_a_mirror_says_whether_an_early_token_ended_the_reply_or_was_refused(pro
         proc.close()
 
 
-@pytest.mark.parametrize("processes", [1, 2])
-def test_closing_a_fill_process_ends_it_and_frees_its_segment(processes: int) -> None:
-    """What the engine loop's end (and a bench between decodes) relies on: close() stops the processes,
-    unlinks their shared memory, and a second close() has nothing left to do."""
+def test_closing_a_fill_process_ends_it_and_frees_its_segment() -> None:
+    """What the engine loop's end (and a bench between decodes) relies on: close() stops the process,
+    unlinks its shared memory, and a second close() has nothing left to do."""
     from multiprocessing import shared_memory
 
     from switchyard.engine.chat.grammar_process import ProcessMasker
 
     tok, _ = smollm2_grammars()
     proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=1, lanes=1, max_rows=2,
-                         pinned=False, processes=processes)
-    assert len(proc.procs) == processes and all(p.is_alive() for p in proc.procs)
+                         pinned=False)
+    assert proc.proc.is_alive()
     proc.close()
-    assert all(not p.is_alive() and p.exitcode == 0 for p in proc.procs)  # stopped, not killed
+    assert not proc.proc.is_alive() and proc.proc.exitcode == 0  # stopped, not killed
     with pytest.raises(FileNotFoundError):
         shared_memory.SharedMemory(name=proc.shm.name)
     proc.close()

@@ -53,18 +53,14 @@ from switchyard.engine.chat.grammar import (
 from switchyard.engine.errors import EngineFailed
 
 # The header's int64 words: the ticket done (the masking kernel's flag[0]), a ticket the kernel gave up on
-# (its flag[1]), the step's ticket, its rows, its bitmask buffer, the fill processes' count, stop, the
-# fill's ns, (unused), the ticket whose fill raised, the early tokens' count of handovers and rows;
+# (its flag[1]), the step's ticket, its rows, its bitmask buffer, the pipe's messages sent, stop, the
+# fill's ns, the process ready, the ticket whose fill raised, the early tokens' count of handovers and rows;
 # then the last step's timeline (bench/engine_cuda.py reports it; perf_counter_ns is one clock for both
-# processes): the engine's handover ns, the first process's ns from it to seeing it, its mirrors' ns
-# consuming, and its ns from the early fill done to the ticket seen (how long the fill waited for the
-# engine's turn). Then each fill process's words (_word): the pipe's messages sent to it, the last ticket it
-# filled, the last early hand-over it filled, ready.
-(DONE, GAVE_UP, TICKET, ROWS, BUF, PROCS, STOP, FILL_NS, _UNUSED, FAILED, EARLY, EARLY_ROWS,
+# processes): the engine's handover ns, the process's ns from it to seeing it, its mirrors' ns consuming, and
+# its ns from the early fill done to the ticket seen (how long the fill waited for the engine's turn).
+(DONE, GAVE_UP, TICKET, ROWS, BUF, MESSAGES, STOP, FILL_NS, READY, FAILED, EARLY, EARLY_ROWS,
  EARLY_T, PICKUP_NS, CONSUME_NS, TICKET_GAP_NS) = range(16)
-P_MESSAGES, P_DONE, P_EARLY_DONE, P_READY = range(4)
-MAX_PROCS = 8
-HEADER = 16 + 4 * MAX_PROCS
+HEADER = 16
 ERROR_BYTES = 1024  # the text of the fill's error, after the header
 NEW = 1 << 40  # a slot word with this bit: the row's first step (its matcher made from the pipe's grammar)
 MAX_NEW = 4  # tokens a row may carry into a step (one, at most a reset and another beside it)
@@ -72,11 +68,6 @@ MAX_NEW = 4  # tokens a row may carry into a step (one, at most a reset and anot
 # the grammar is complete, the token refused, or nothing known (the mirrors failed: the next ticket says why).
 PENDING, GOES_ON, STOPPED, REFUSED, UNKNOWN = -1, 0, 1, 2, 3
 IDLE_S = 0.005  # the process spins for steps until none came for this long, then naps 1 ms at a time
-
-
-def _word(p: int, w: int) -> int:
-    """Fill process p's header word w (P_MESSAGES, ...)."""
-    return 16 + 4 * p + w
 
 
 def _views(buf: Any, words: int, max_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int]:
@@ -106,21 +97,9 @@ def _fill(executor: Any, todo: list[tuple[Any, int]], bm: np.ndarray) -> None:
             m.unsafe_compute_mask_ptr(base + row * row_bytes, row_bytes)
 
 
-def _until(hdr: np.ndarray, words: list[int], value: int, parent: int) -> bool:
-    """Spin until each of the header's `words` (other fill processes') reaches `value`; False if the engine
-    stopped the processes or is gone."""
-    spins = 0
-    while any(hdr[w] < value for w in words):
-        spins += 1
-        if hdr[STOP] or (spins & 0xFFFF == 0 and os.getppid() != parent):
-            return False
-    return True
-
-
 def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str, vocab: int, eos: list[int],
-           lanes: int, threads: int, cache_size: int, p: int = 0, procs: int = 1) -> None:
-    """Fill process p's loop (of `procs`): mirror matchers of the slots it owns (slot % procs == p), filled
-    when a step's ticket comes. The first process also writes the ticket done, once every process has."""
+           lanes: int, threads: int, cache_size: int) -> None:
+    """The fill process's loop: mirror matchers, filled when a step's ticket comes."""
     import llguidance
 
     shm = shared_memory.SharedMemory(name=name)
@@ -133,7 +112,7 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
     early_at: dict[int, int] = {}  # slot -> the row its next mask went to, filled from early tokens
     received, seen, seen_early, early_ns, early_done, parent, spins, early_error = 0, 0, 0, 0, 0, os.getppid(), 0, ""
     last = time.perf_counter()
-    hdr[_word(p, P_READY)] = 1
+    hdr[READY] = 1
     while not hdr[STOP]:
         t = int(hdr[TICKET])  # before EARLY: the engine writes EARLY first, so a new ticket's early is seen
         handover = int(hdr[EARLY])
@@ -142,29 +121,25 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
             # them and the next step's masks fill into its buffer, at the rows they had, while the engine
             # accepts, streams and launches. The ticket then moves any row that changed places.
             seen_early, t0 = handover, time.perf_counter_ns()
-            if p == 0:
-                hdr[PICKUP_NS] = t0 - hdr[EARLY_T]
-            mine = [(k, slot, row, token) for k, (slot, row, token, _) in enumerate(early[:int(hdr[EARLY_ROWS])].tolist())
-                    if slot % procs == p]
+            hdr[PICKUP_NS] = t0 - hdr[EARLY_T]
+            n = int(hdr[EARLY_ROWS])
+            rows = early[:n].tolist()
             try:
-                todo = [(matchers[slot], row) for _, slot, row, _ in mine]
-                for (m, _), (k, _, _, token) in zip(todo, mine, strict=True):
+                todo = [(matchers[slot], row) for slot, row, _, _ in rows]
+                for k, ((m, _), (_, _, token, _)) in enumerate(zip(todo, rows, strict=True)):
                     # Each row's word as soon as it is known: the engine's thread reads it as it reaches the row.
                     early[k, 3] = (GOES_ON if not m.is_stopped() else STOPPED) if m.consume_token(token) else REFUSED
             except Exception as ex:  # a mirror may have missed its token: the next ticket fails
                 early_error = f"{type(ex).__name__}: {ex}"
-                for k, *_ in mine:
-                    if early[k, 3] == PENDING:
-                        early[k, 3] = UNKNOWN
+                col = early[:n, 3]
+                col[col == PENDING] = UNKNOWN
             else:
-                if p == 0:
-                    hdr[CONSUME_NS] = time.perf_counter_ns() - t0
+                hdr[CONSUME_NS] = time.perf_counter_ns() - t0
                 try:
                     _fill(executor, todo, bms[(seen + 1) & 1])
-                    early_at.update((slot, row) for _, slot, row, _ in mine)
+                    early_at.update((slot, row) for slot, row, _, _ in rows)
                 except Exception:  # the ticket fills these rows itself (their tokens are in)
                     pass
-            hdr[_word(p, P_EARLY_DONE)] = handover  # its rows written: the others may write theirs over them
             early_done = time.perf_counter_ns()
             early_ns = early_done - t0
             last = time.perf_counter()
@@ -178,12 +153,11 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
             continue
         seen = t
         t0 = time.perf_counter_ns()
-        if p == 0:
-            hdr[TICKET_GAP_NS] = t0 - early_done if early_ns else 0
+        hdr[TICKET_GAP_NS] = t0 - early_done if early_ns else 0
         try:
             if early_error:
                 raise RuntimeError(f"early tokens: {early_error}")
-            while received < hdr[_word(p, P_MESSAGES)]:
+            while received < hdr[MESSAGES]:
                 kind, arg, grammar = conn.recv()
                 received += 1
                 if kind == "new":
@@ -191,14 +165,9 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
                 else:  # "free": slots whose rows are gone
                     for slot in arg:
                         matchers.pop(slot, None)
-            # An early fill writes the rows its slots had, which may be another process's rows now.
-            if procs > 1 and not _until(hdr, [_word(q, P_EARLY_DONE) for q in range(procs)], handover, parent):
-                return
             n, bm = int(hdr[ROWS]), bms[int(hdr[BUF])]
             todo, moved_from, moved_to = [], [], []
             for slot, row, k, *new in table[:n].tolist():  # one conversion: numpy's scalars loop slowly
-                if (slot & (NEW - 1)) % procs != p:
-                    continue
                 if slot & NEW:
                     slot ^= NEW
                     key = (grammars.pop(slot), slot % lanes)
@@ -214,12 +183,10 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
                 m = matchers[slot]
                 at = early_at.get(slot)
                 if at is not None and k == 0:  # filled from its early token
-                    if at == row:
-                        continue
-                    if procs == 1:  # one process: its rows' moves are its own (with more, refilled below)
+                    if at != row:
                         moved_from.append(at)
                         moved_to.append(row)
-                        continue
+                    continue
                 for x in new[:k]:  # a token it refuses, the engine's matcher refused too: that row stops
                     if x == RESET:
                         m.reset()
@@ -234,13 +201,9 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
             shm.buf[err_at:err_at + len(text) + 1] = text + b"\0"
             hdr[FAILED] = t
         early_at.clear()
-        hdr[_word(p, P_DONE)] = t
-        if p == 0:
-            if not _until(hdr, [_word(q, P_DONE) for q in range(1, procs)], t, parent):
-                return
-            hdr[FILL_NS] = time.perf_counter_ns() - t0 + early_ns
-            hdr[DONE] = t  # last: the GPU reads the bits once it sees this
+        hdr[FILL_NS] = time.perf_counter_ns() - t0 + early_ns
         early_ns, early_error = 0, ""
+        hdr[DONE] = t  # last: the GPU reads the bits once it sees this
         last = time.perf_counter()
 
 
@@ -252,19 +215,11 @@ class ProcessMasker(GrammarMasker):
     WHERE = "process"
     EARLY = True  # a step's tokens handed over as the host reads them (False: with the next step's rows)
     THREADS: int | None = None  # the process's fill threads where set (the bench's ab), else the output stage's
-    PROCESSES = 1  # fill processes, each owning the rows whose slot % PROCESSES is its index (below)
 
     def __init__(self, vocab_size: int, tokenizer_json: str, eos_ids: list[int], threads: int, lanes: int,
-                 max_rows: int, cache_size: int = 256, pinned: bool = True, processes: int | None = None) -> None:
+                 max_rows: int, cache_size: int = 256, pinned: bool = True) -> None:
         super().__init__(vocab_size, threads=1, ahead=True)
         self.max_rows = max_rows
-        # More than one process: llguidance's fill did not scale with threads within one process (its pool, or
-        # Python threads over rows with their own lexers and tokenizers: 0.8-1.0x the in-line fill on a 2-core
-        # EPYC and on the H100 hosts' 16-core Xeons), but 16 rows split over two processes filled in half
-        # the time (bench/grammar_fill_procs.py). Each fills its rows one after another.
-        self.processes = procs = processes or self.PROCESSES
-        if not 1 <= procs <= MAX_PROCS:
-            raise EngineFailed(f"{procs} grammar fill processes: between 1 and {MAX_PROCS}")
         size = _size(self.words, max_rows)
         self.shm = shared_memory.SharedMemory(create=True, size=size)
         self.hdr, self.table, self.early_table, _, self._err_at = _views(self.shm.buf, self.words, max_rows)
@@ -288,24 +243,17 @@ class ProcessMasker(GrammarMasker):
         del whole
         self.ticket = 0
         self._slots = 0
+        self._messages = 0
         self._freed: list[int] = []  # slots whose rows' states are gone, for the next step's message
-        self._messages = [0] * procs
-        self.hdr[PROCS] = procs
-        ctx = mp.get_context("spawn")
-        pipes = [ctx.Pipe() for _ in range(procs)]
-        self._conns = [ours for ours, _ in pipes]
-        self.procs = [ctx.Process(target=_serve, name=f"switchyard-grammar-fill-{p}", daemon=True,
-                                  args=(self.shm.name, theirs, self.words, max_rows, tokenizer_json, vocab_size,
-                                        eos_ids, lanes, 1 if procs > 1 else self.THREADS or threads, cache_size,
-                                        p, procs))
-                      for p, (_, theirs) in enumerate(pipes)]
-        self.proc = self.procs[0]  # the one that writes the tickets done
-        for proc in self.procs:
-            proc.start()
+        self._conn, child = mp.get_context("spawn").Pipe()
+        self.proc = mp.get_context("spawn").Process(
+            target=_serve, name="switchyard-grammar-fill", daemon=True,
+            args=(self.shm.name, child, self.words, max_rows, tokenizer_json, vocab_size, eos_ids, lanes,
+                  self.THREADS or threads, cache_size))
+        self.proc.start()
         deadline = time.monotonic() + 120
-        # Their tokenizers read (~1 s): no step's masking may wait on their start-up.
-        while not all(self.hdr[_word(p, P_READY)] for p in range(procs)):
-            if not all(proc.is_alive() for proc in self.procs) or time.monotonic() > deadline:
+        while not self.hdr[READY]:  # its tokenizer read (~1 s): no step's masking may wait on its start-up
+            if not self.proc.is_alive() or time.monotonic() > deadline:
                 self.close()
                 raise EngineFailed("the grammar fill process did not start")
             time.sleep(0.01)
@@ -376,7 +324,7 @@ class ProcessMasker(GrammarMasker):
         said, spins = int(self.early_table[k, 3]), 0
         while said == PENDING:
             spins += 1
-            if spins % 100_000 == 0 and not self._alive():
+            if spins % 100_000 == 0 and not self.proc.is_alive():
                 raise EngineFailed("the grammar fill process died")
             said = int(self.early_table[k, 3])
         if said == REFUSED:
@@ -384,17 +332,9 @@ class ProcessMasker(GrammarMasker):
         return said in (STOPPED, REFUSED)
 
     def _send(self, kind: str, arg: Any, grammar: str) -> None:
-        """A new slot's grammar to the process that owns it; freed slots to theirs."""
-        procs = self.processes
-        sends = [(arg % procs, arg)] if kind == "new" else \
-            [(p, mine) for p in range(procs) if (mine := [slot for slot in arg if slot % procs == p])]
-        for p, a in sends:
-            self._conns[p].send((kind, a, grammar))
-            self._messages[p] += 1
-            self.hdr[_word(p, P_MESSAGES)] = self._messages[p]
-
-    def _alive(self) -> bool:
-        return all(proc.is_alive() for proc in self.procs)
+        self._conn.send((kind, arg, grammar))
+        self._messages += 1
+        self.hdr[MESSAGES] = self._messages
 
     def wait(self) -> None:
         """Until the last step is filled (by the time its tokens are read, it is); raises what its fill
@@ -404,7 +344,7 @@ class ProcessMasker(GrammarMasker):
         spins = 0
         while self.hdr[DONE] < self.ticket:
             spins += 1
-            if spins % 100_000 == 0 and not self._alive():
+            if spins % 100_000 == 0 and not self.proc.is_alive():
                 raise EngineFailed("the grammar fill process died")
         if self.hdr[FAILED] == self.ticket:
             text = bytes(self.shm.buf[self._err_at:self._err_at + ERROR_BYTES]).split(b"\0")[0].decode()
@@ -422,10 +362,9 @@ class ProcessMasker(GrammarMasker):
         if "hdr" not in self.__dict__:  # closed already
             return
         self.hdr[STOP] = 1
-        for proc in self.__dict__.get("procs", []):
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
         self._release(registered=self._pinned)
 
     def _release(self, registered: bool) -> None:
