@@ -224,7 +224,6 @@ class ProcessMasker(GrammarMasker):
         self.shm = shared_memory.SharedMemory(create=True, size=size)
         self.hdr, self.table, self.early_table, _, self._err_at = _views(self.shm.buf, self.words, max_rows)
         self._early = 0  # handovers of early tokens
-        self.last_early_s = (0.0, 0.0, 0.0)  # wait(): the last hand-over's timeline
         self.hdr[:] = 0
         whole = torch.frombuffer(self.shm.buf, dtype=torch.uint8)
         self._pinned = pinned
@@ -352,9 +351,13 @@ class ProcessMasker(GrammarMasker):
             raise EngineFailed(f"the grammar fill failed: {text}")
         raise_if_gave_up(self.hdr)  # the header's first two words are the kernel's flag (DONE, GAVE_UP)
         self.last_fill_s = int(self.hdr[FILL_NS]) * 1e-9
-        # The last early hand-over's timeline, seconds: to the process seeing it, its mirrors' consumes, the
-        # fill done to this ticket seen (0 where the step had no early tokens).
-        self.last_early_s = tuple(int(self.hdr[w]) * 1e-9 for w in (PICKUP_NS, CONSUME_NS, TICKET_GAP_NS))
+
+    @property
+    def last_early_s(self) -> tuple[float, float, float]:
+        """The latest early hand-over's timeline, seconds (the bench reads it after a step; read, not kept, so
+        the engine's thread pays nothing for it): to the process seeing it, its mirrors' consumes, and from
+        the early fill done to the next ticket seen (0 where that ticket had no early tokens before it)."""
+        return (int(self.hdr[PICKUP_NS]) * 1e-9, int(self.hdr[CONSUME_NS]) * 1e-9, int(self.hdr[TICKET_GAP_NS]) * 1e-9)
 
     def close(self) -> None:
         """Stop the process and free the segment, unregistered once the GPU is done with it (an address
