@@ -229,13 +229,14 @@ def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple
     assert pooled.sched.output.masker._filler.ticket >= 10  # type: ignore[union-attr]
     assert_same(sync, pooled)
     # Filled by a process of their own (--grammar-fill process, chat/grammar_process): its mirror matchers,
-    # fed the tokens the engine's took, give the same masks step after step.
+    # handed each step's tokens early by the output stage, give the same masks step after step.
     from switchyard.engine.chat.grammar_process import ProcessMasker
 
     processed = drive(r, tok, reqs(), overlap=True, threads=2, process=True)
     masker = processed.sched.output.masker
     try:
         assert isinstance(masker, ProcessMasker) and masker.ticket >= 10 and masker.proc.is_alive()
+        assert masker._early >= masker.ticket - 2  # each step's tokens went early (all but the first's)
         assert_same(sync, processed)
     finally:
         masker.close()  # type: ignore[union-attr]

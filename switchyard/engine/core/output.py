@@ -131,7 +131,8 @@ class OutputStage:
         tokens = host[0].tolist()
         if self.masker is not None:
             self.masker.wait()  # the fill thread's matchers (masks filled ahead) are ours again
-            self.masker.early([None if s.finished else s.grammar for s in sampled.seqs], tokens)
+            if self.masker.TAKES_EARLY:
+                self.masker.early([None if s.finished else s.grammar for s in sampled.seqs], tokens)
         lps: dict[int, tuple[float, list[float], list[int]]] = {}
         if sampled.lp_rows:
             chosen, vals, ids = (t.tolist() for t in host[1:])
