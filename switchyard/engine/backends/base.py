@@ -153,3 +153,13 @@ class Backend(Protocol):
         """Compile what is compiled per shape, on one layer's cache, before serving decode steps
         of up to max_rows rows."""
         ...
+
+
+def last_row_mask(fresh: bool, lens: torch.Tensor, T: int, ids: torch.Tensor, mask: Any) -> torch.Tensor:
+    """backend.last_rows' attention mask [B, 1, 1, keys], each prompt's last row alone (lens: each prompt's new
+    rows, on the mask's device): a fresh prompt's over the step's own T keys (ids: 0, 1, ... at least T long),
+    its padding masked; a continued prompt's, its last row's line of the step's mask [B, 1, T, keys]."""
+    B = lens.shape[0]
+    if fresh:
+        return (ids[:T].view(1, T) < lens.view(B, 1)).view(B, 1, 1, T)
+    return mask[torch.arange(B, device=lens.device), :, lens - 1].unsqueeze(2)

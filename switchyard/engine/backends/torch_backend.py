@@ -31,7 +31,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from switchyard.engine.backends import attention
-from switchyard.engine.backends.base import EagerInput, LayerWeights, ModelDims, Plan
+from switchyard.engine.backends.base import EagerInput, LayerWeights, ModelDims, Plan, last_row_mask
 from switchyard.engine.backends.torch_ops import Ops, rms_norm
 
 COMPILED_PREFILL_TOKENS = 4096  # prefills at least this long use the compiled ops
@@ -224,9 +224,7 @@ class TorchBackend:
         n.last = torch.arange(B, device=dev)
         if p.fresh:  # non-causal over the prompt's own keys, padding masked out
             n.keys_T = T
-            n.mask = (self.span_ids[:T].view(1, T) < lens.view(B, 1)).view(B, 1, 1, T)
-        else:  # the continued prompt's causal mask, its last row's
-            n.mask = p.mask[torch.arange(B, device=dev), :, lens - 1].unsqueeze(2)  # type: ignore[index]
+        n.mask = last_row_mask(p.fresh, lens, T, self.span_ids, p.mask)
         return (q.index_select(0, rows), k, v), x.index_select(0, rows), n
 
     def final(self, x: torch.Tensor, carry: torch.Tensor | None, norm: torch.Tensor, p: TorchPlan) -> torch.Tensor:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from switchyard.engine.backends import attention
-from switchyard.engine.backends.base import EagerInput, LayerWeights, ModelDims, Plan
+from switchyard.engine.backends.base import EagerInput, LayerWeights, ModelDims, Plan, last_row_mask
 from switchyard.engine.backends.cpu.native import load as load_native
 from switchyard.engine.backends.cpu.rowops import RowOps
 from switchyard.engine.backends.torch_ops import masked_softmax, rotate
@@ -271,10 +271,7 @@ class CpuBackend:
         rows, last = torch.arange(B), p.lens - 1
         n = copy.copy(p)
         n.T, n.keys_T, n.lens = 1, T, torch.ones_like(p.lens)
-        if p.fresh:
-            n.mask = (torch.arange(T).view(1, T) < p.lens.view(B, 1)).view(B, 1, 1, T)
-        else:
-            n.mask = p.mask[rows, :, last].unsqueeze(2)  # type: ignore[index]
+        n.mask = last_row_mask(p.fresh, p.lens, T, torch.arange(T), p.mask)
         if self.fused:  # the fused layer_out's buffers laid out for B rows (k and v are read before it writes)
             self._workspace(n)
         return (q[rows, last].unsqueeze(1), k, v), x[rows, last].unsqueeze(1).contiguous(), n
