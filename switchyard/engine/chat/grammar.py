@@ -198,7 +198,7 @@ class GrammarMasker:
     while the host waited for it before queueing the masks (bench/results/gpu_grammar2)."""
 
     WHERE = "thread"  # where the masks fill, as /health says it (the masker's thread, or in line)
-    TAKES_EARLY = False  # whether early() does anything (a fill process's does): else the output stage skips it
+    EARLY = False  # a step's tokens handed to early() as the host reads them (a fill process's; the output stage asks)
     PAR_ROWS = 4  # fewer constrained rows than this fill in line even with a pool
     FUSED = True  # GPU logits masked by the Triton kernel where triton loads (False: torch's ops)
     AHEAD = True  # GPU logits: filled on the masker's thread, waited for on the GPU (False: in line)

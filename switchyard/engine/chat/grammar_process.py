@@ -213,7 +213,6 @@ class ProcessMasker(GrammarMasker):
     cannot be pinned (the caller then fills on a thread)."""
 
     WHERE = "process"
-    TAKES_EARLY = True
     EARLY = True  # a step's tokens handed over as the host reads them (False: with the next step's rows)
     THREADS: int | None = None  # the process's fill threads where set (the bench's ab), else the output stage's
 

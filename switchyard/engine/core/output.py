@@ -131,7 +131,7 @@ class OutputStage:
         tokens = host[0].tolist()
         if self.masker is not None:
             self.masker.wait()  # the fill thread's matchers (masks filled ahead) are ours again
-            if self.masker.TAKES_EARLY:
+            if self.masker.EARLY:  # a fill process's (unless a bench turned it off)
                 self.masker.early([None if s.finished else s.grammar for s in sampled.seqs], tokens)
         lps: dict[int, tuple[float, list[float], list[int]]] = {}
         if sampled.lp_rows:
