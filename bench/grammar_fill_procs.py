@@ -23,7 +23,6 @@ import argparse
 import multiprocessing as mp
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def _work(rows: list[int], tokens: list[list[int]], lark: str, q: Any, start: Any) -> None:
     import llguidance
     import torch
-    from grammar_fill_threads import take, tokenizer
+    from grammar_fill_threads import step_fills, tokenizer
 
     from switchyard.engine.chat.grammar import ll_tokenizer
 
@@ -43,16 +42,12 @@ def _work(rows: list[int], tokens: list[list[int]], lark: str, q: Any, start: An
     gram = llguidance.LLMatcher.grammar_from_lark(lark)
     ms = [llguidance.LLMatcher(lt, gram, log_level=0) for _ in rows]
     bm = torch.zeros((len(rows), words), dtype=torch.int32)
-    start.wait()
-    spent = 0.0
-    for s in range(len(tokens[0])):
-        t0 = time.perf_counter()
+
+    def fill() -> None:
         for i, m in enumerate(ms):
             m.unsafe_compute_mask_ptr(bm.data_ptr() + i * words * 4, words * 4)
-        spent += time.perf_counter() - t0
-        for m, r in zip(ms, rows, strict=True):
-            take(m, tokens[r][s])
-    q.put(spent / len(tokens[0]))
+    start.wait()
+    q.put(statistics.fmean(step_fills(fill, ms, [tokens[r] for r in rows])))
 
 
 def main() -> None:

@@ -40,6 +40,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -116,23 +117,31 @@ def take(m: Any, t: int) -> None:
         m.reset()
 
 
-def replay(rows: Rows, tokens: list[list[int]], words: int, pool: ThreadPoolExecutor | None) -> float:
-    """The median step's fill, ms."""
-    bm = torch.full((len(rows.m), words), -1, dtype=torch.int32)
+def step_fills(fill: Callable[[], None], matchers: list[Any], tokens: list[list[int]]) -> list[float]:
+    """Each step's fill() timed, s; after it, row i's matcher takes tokens[i]'s token of the step."""
     times = []
     for s in range(len(tokens[0])):
         t0 = time.perf_counter()
+        fill()
+        times.append(time.perf_counter() - t0)
+        for m, row in zip(matchers, tokens, strict=True):
+            take(m, row[s])
+    return times
+
+
+def replay(rows: Rows, tokens: list[list[int]], words: int, pool: ThreadPoolExecutor | None) -> float:
+    """The median step's fill, ms."""
+    bm = torch.full((len(rows.m), words), -1, dtype=torch.int32)
+
+    def fill() -> None:
         if pool is None:
             rows.fill(bm, 0, len(rows.m))
-        else:
-            futures = [pool.submit(rows.fill, bm, lo, hi) for lo, hi in rows.parts[1:]]
-            rows.fill(bm, *rows.parts[0])
-            for f in futures:
-                f.result()
-        times.append(time.perf_counter() - t0)
-        for m, row in zip(rows.m, tokens, strict=True):
-            take(m, row[s])
-    return statistics.median(times) * 1000
+            return
+        futures = [pool.submit(rows.fill, bm, lo, hi) for lo, hi in rows.parts[1:]]
+        rows.fill(bm, *rows.parts[0])
+        for f in futures:
+            f.result()
+    return statistics.median(step_fills(fill, rows.m, tokens)) * 1000
 
 
 def replay_pool(toks: list[Any], lark: str, tokens: list[list[int]], threads: int, per_tokenizer: bool) -> float:
@@ -148,13 +157,8 @@ def replay_pool(toks: list[Any], lark: str, tokens: list[list[int]], threads: in
     words = (toks[0].vocab_size + 31) // 32
     bm = torch.full((len(ms), words), -1, dtype=torch.int32)
     pool = llguidance.LLExecutor(threads)
-    times = []
-    for s in range(len(tokens[0])):
-        t0 = time.perf_counter()
-        pool.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(ms)], bm.data_ptr(), words * 4, len(ms))
-        times.append(time.perf_counter() - t0)
-        for m, row in zip(ms, tokens, strict=True):
-            take(m, row[s])
+    todo = [(m, i) for i, m in enumerate(ms)]
+    times = step_fills(lambda: pool.unsafe_compute_mask_ptr(todo, bm.data_ptr(), words * 4, len(ms)), ms, tokens)
     return statistics.median(times) * 1000
 
 
