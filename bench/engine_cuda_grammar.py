@@ -92,7 +92,8 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     engine's thread, or ahead on the masker's), on the fill thread, and by the served fill process
     with the step's tokens handed over with the next step's rows and taken by the engine's matchers
     too (ProcessMasker.EARLY off), and by the process filling its rows one after another or over a pool
-    of 16 threads rather than the served 8 (ProcessMasker.THREADS). (Until 2026-12-07 also by 2 and 4 fill
+    of 16 threads rather than the served 8 (ProcessMasker.THREADS), and with the engine's thread and the process
+    on cores of their own (ProcessMasker.PIN), its pool or one row after another. (Until 2026-12-07 also by 2 and 4 fill
     processes, each filling its rows one after another: bench/results/gpu_fill_lanes, calls 18-19. Until
     2026-12-06 also torch's masking ops and the sampling stage's host cuts undone, bench/results/gpu_host_cuts;
     until the masks filled ahead were served, a 10 us GIL switch interval for them, which lost:
@@ -107,10 +108,12 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     thread = _knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS", False)
     late = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "EARLY", False)
     serial, wide = (_knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "THREADS", n) for n in (1, 16))
+    pinned = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "PIN", True)
     out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other, thread]),
            "grammar, fill thread": (True, [thread]),
            "grammar, process, tokens after the host's turn": (True, [late]),
-           "grammar, process, serial fill": (True, [serial]), "grammar, process, 16 fill threads": (True, [wide])}
+           "grammar, process, serial fill": (True, [serial]), "grammar, process, 16 fill threads": (True, [wide]),
+           "grammar, process, pinned": (True, [pinned]), "grammar, process, serial fill, pinned": (True, [serial, pinned])}
     for us in switches_us:  # the fill thread's
         out[f"grammar, {us} us switch"] = (True, [thread, _knob("switchyard.engine.chat.grammar", "GrammarMasker",
                                                                 "SWITCH_S", us * 1e-6)])
@@ -142,7 +145,7 @@ def grammar_rounds(rate: Callable[..., dict[str, float]], m: Decoder, b: int, ma
     if ab and tool_calls is not None:
         engines += [(f"ours (async, {k}, tool calls)", knobs, tool_calls, None)
                     for k, (_, knobs) in grammar_variants().items()
-                    if k.startswith("grammar, fill") or k.endswith("serial fill")]
+                    if k.startswith("grammar, fill") or k.endswith(("serial fill", "process, pinned"))]
     for pool in pools:
         threads, _, lanes = pool.partition("x")
         if not lanes:

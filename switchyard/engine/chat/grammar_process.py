@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
 import time
 import weakref
+from collections.abc import Callable
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -70,6 +72,33 @@ PENDING, GOES_ON, STOPPED, REFUSED, UNKNOWN = -1, 0, 1, 2, 3
 IDLE_S = 0.005  # the process spins for steps until none came for this long, then naps 1 ms at a time
 
 
+def cpu_siblings(cpu: int) -> set[int]:
+    """The CPUs sharing cpu's core (its hyperthreads), from sysfs; {cpu} where it does not say."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+            text = f.read().strip()
+    except OSError:
+        return {cpu}
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out or {cpu}
+
+
+def pinned_layout(cpus: set[int], siblings: Callable[[int], set[int]] = cpu_siblings) -> tuple[int, list[int]] | None:
+    """(the engine's thread's CPU, the fill process's CPUs) for ProcessMasker.PIN: the engine's thread on the first
+    core it may run on, its hyperthreads left idle, and the process on one hyperthread of each other core, so that
+    neither side's spin shares a core with the other's work. None where fewer than three cores are at hand."""
+    cores: list[int] = []  # the first CPU of each core, in order
+    seen: set[int] = set()
+    for c in sorted(cpus):
+        if c not in seen:
+            seen |= siblings(c)
+            cores.append(c)
+    return (cores[0], cores[1:]) if len(cores) >= 3 else None
+
+
 def _views(buf: Any, words: int, max_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int]:
     """The segment's header, row table [max_rows, 3 + MAX_NEW], early table [max_rows, 4] (slot, row,
     token, what the mirror made of it), two bitmask buffers [max_rows, words] (last: the part the GPU
@@ -98,10 +127,12 @@ def _fill(executor: Any, todo: list[tuple[Any, int]], bm: np.ndarray) -> None:
 
 
 def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str, vocab: int, eos: list[int],
-           lanes: int, threads: int, cache_size: int) -> None:
+           lanes: int, threads: int, cache_size: int, cpus: list[int] | None) -> None:
     """The fill process's loop: mirror matchers, filled when a step's ticket comes."""
     import llguidance
 
+    if cpus:  # before the pool: its threads inherit the mask
+        os.sched_setaffinity(0, cpus)
     shm = shared_memory.SharedMemory(name=name)
     hdr, table, early, bms, err_at = _views(shm.buf, words, max_rows)
     tok = ll_tokenizer(tokenizer_json, vocab, eos)
@@ -215,6 +246,7 @@ class ProcessMasker(GrammarMasker):
     WHERE = "process"
     EARLY = True  # a step's tokens handed over as the host reads them (False: with the next step's rows)
     THREADS: int | None = None  # the process's fill threads where set (the bench's ab), else the output stage's
+    PIN = False  # the engine's thread and the process on cores of their own (pinned_layout), until close()
 
     def __init__(self, vocab_size: int, tokenizer_json: str, eos_ids: list[int], threads: int, lanes: int,
                  max_rows: int, cache_size: int = 256, pinned: bool = True) -> None:
@@ -245,10 +277,15 @@ class ProcessMasker(GrammarMasker):
         self._messages = 0
         self._freed: list[int] = []  # slots whose rows' states are gone, for the next step's message
         self._conn, child = mp.get_context("spawn").Pipe()
+        layout = pinned_layout(os.sched_getaffinity(0)) if self.PIN else None
+        self._unpin: tuple[int, set[int]] | None = None  # (the pinned thread, its CPUs before)
+        if layout is not None:
+            self._unpin = (threading.get_native_id(), os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {layout[0]})  # this thread's alone (Linux: 0 is the calling thread)
         self.proc = mp.get_context("spawn").Process(
             target=_serve, name="switchyard-grammar-fill", daemon=True,
             args=(self.shm.name, child, self.words, max_rows, tokenizer_json, vocab_size, eos_ids, lanes,
-                  self.THREADS or threads, cache_size))
+                  self.THREADS or threads, cache_size, layout[1] if layout else None))
         self.proc.start()
         deadline = time.monotonic() + 120
         while not self.hdr[READY]:  # its tokenizer read (~1 s): no step's masking may wait on its start-up
@@ -368,6 +405,8 @@ class ProcessMasker(GrammarMasker):
         self.proc.join(5)
         if self.proc.is_alive():
             self.proc.kill()
+        if self._unpin is not None and self._unpin[0] == threading.get_native_id():
+            os.sched_setaffinity(0, self._unpin[1])
         self._release(registered=self._pinned)
 
     def _release(self, registered: bool) -> None:
