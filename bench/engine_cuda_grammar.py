@@ -93,7 +93,9 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     with the step's tokens handed over with the next step's rows and taken by the engine's matchers
     too (ProcessMasker.EARLY off), and by the process filling its rows one after another or over a pool
     of 16 threads rather than the served 8 (ProcessMasker.THREADS), and with the engine's thread and the process
-    on cores of their own (ProcessMasker.PIN), its pool or one row after another. (Until 2026-12-07 also by 2 and 4 fill
+    on cores of their own (ProcessMasker.PIN), its pool or one row after another, and the process's mirrors copied
+    from one compilation a grammar rather than one a lane (ProcessMasker.LANES; one row after another, as a pool
+    on one lexer would wait on its lock). (Until 2026-12-07 also by 2 and 4 fill
     processes, each filling its rows one after another: bench/results/gpu_fill_lanes, calls 18-19. Until
     2026-12-06 also torch's masking ops and the sampling stage's host cuts undone, bench/results/gpu_host_cuts;
     until the masks filled ahead were served, a 10 us GIL switch interval for them, which lost:
@@ -109,11 +111,14 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     late = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "EARLY", False)
     serial, wide = (_knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "THREADS", n) for n in (1, 16))
     pinned = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "PIN", True)
+    one_lane = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "LANES", 1)
     out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other, thread]),
            "grammar, fill thread": (True, [thread]),
            "grammar, process, tokens after the host's turn": (True, [late]),
            "grammar, process, serial fill": (True, [serial]), "grammar, process, 16 fill threads": (True, [wide]),
-           "grammar, process, pinned": (True, [pinned]), "grammar, process, serial fill, pinned": (True, [serial, pinned])}
+           "grammar, process, pinned": (True, [pinned]), "grammar, process, serial fill, pinned": (True, [serial, pinned]),
+           "grammar, process, one lane": (True, [one_lane, serial]),
+           "grammar, process, one lane, pinned": (True, [one_lane, serial, pinned])}
     for us in switches_us:  # the fill thread's
         out[f"grammar, {us} us switch"] = (True, [thread, _knob("switchyard.engine.chat.grammar", "GrammarMasker",
                                                                 "SWITCH_S", us * 1e-6)])

@@ -246,6 +246,7 @@ class ProcessMasker(GrammarMasker):
     WHERE = "process"
     EARLY = True  # a step's tokens handed over as the host reads them (False: with the next step's rows)
     THREADS: int | None = None  # the process's fill threads where set (the bench's ab), else the output stage's
+    LANES: int | None = None  # the process's lanes (compilations a grammar) where set (the bench's ab), else the caller's
     PIN = False  # the engine's thread and the process on cores of their own (pinned_layout), until close()
 
     def __init__(self, vocab_size: int, tokenizer_json: str, eos_ids: list[int], threads: int, lanes: int,
@@ -284,7 +285,7 @@ class ProcessMasker(GrammarMasker):
             os.sched_setaffinity(0, {layout[0]})  # this thread's alone (Linux: 0 is the calling thread)
         self.proc = mp.get_context("spawn").Process(
             target=_serve, name="switchyard-grammar-fill", daemon=True,
-            args=(self.shm.name, child, self.words, max_rows, tokenizer_json, vocab_size, eos_ids, lanes,
+            args=(self.shm.name, child, self.words, max_rows, tokenizer_json, vocab_size, eos_ids, self.LANES or lanes,
                   self.THREADS or threads, cache_size, layout[1] if layout else None))
         self.proc.start()
         deadline = time.monotonic() + 120
