@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import os
 import statistics
 import sys
 import time
@@ -54,6 +55,7 @@ from switchyard.engine.runner.model_runner import Runner  # noqa: E402
 from switchyard.engine.runner.options import EngineOptions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_cuda_grammar  # noqa: E402
 from engine_cuda_grammar import grammar_factory, grammar_rounds  # noqa: E402
 from engine_fp8 import fp8_ttft  # noqa: E402
 from peer_compiled import peer_decode_rate  # noqa: E402
@@ -195,6 +197,14 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     fills: list[float] = []
     readies: list[float] = []  # masks filled ahead: submission to ticket (0 in line), a step each as `fills`
     early: list[Any] = []  # a fill process's early hand-over: (to its pickup, consumes, fill done to ticket), s
+    unpin = None
+    if engine_cuda_grammar.PIN_ENGINE:  # the ab's "pinned" variants: this thread on a core of its own
+        from switchyard.engine.chat.grammar_process import pinned_layout
+
+        layout = pinned_layout(os.sched_getaffinity(0))
+        if layout is not None:
+            unpin = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {layout[0]})
     t0 = time.perf_counter()
     try:
         with torch.inference_mode():
@@ -211,6 +221,8 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
         sync(m.device)
     finally:
         sched.output.close()  # a fill process's, before the next decode's (as the served loop's end does)
+        if unpin is not None:
+            os.sched_setaffinity(0, unpin)
     k = next(i for i, mk in enumerate(marks) if mk[2] >= WARM)
     # The clock stops at the first turn a row finished on (a tool call's row may end early): later steps
     # run fewer rows, and a rate over them would not be batch `batch`'s.

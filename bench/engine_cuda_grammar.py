@@ -29,6 +29,9 @@ _SPANS = {"[A-Za-z ]": ((1, 4), (5, 8)), "[A-Za-z0-9_ ]": ((1, 4), (5, 8))}
 BY_LENGTH = (_GENERAL[:1] + [f"{c}{{{n}}}" for c, top in {"[0-9]": 8, "[a-z]": 16, "[a-z ]": 16}.items()
                              for n in range(1, top + 1)]
              + [f"{c}{{{lo},{hi}}}" for c, spans in _SPANS.items() for lo, hi in spans] + _GENERAL[1:])
+# engine_cuda.decode_rate's thread on a core of its own for a decode (grammar_process.pinned_layout, as
+# ProcessMasker.PIN puts it): the ab's pinned variants and free decoding beside them.
+PIN_ENGINE = False
 GRAMMAR_SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": _ITEM, "minItems": 40}},
                   "required": ["items"]}
 
@@ -111,14 +114,16 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     late = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "EARLY", False)
     serial, wide = (_knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "THREADS", n) for n in (1, 16))
     pinned = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "PIN", True)
+    engine_pinned = _knob("engine_cuda_grammar", None, "PIN_ENGINE", True)  # from the decode's start, as free's below
     one_lane = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "LANES", 1)
     out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other, thread]),
            "grammar, fill thread": (True, [thread]),
            "grammar, process, tokens after the host's turn": (True, [late]),
            "grammar, process, serial fill": (True, [serial]), "grammar, process, 16 fill threads": (True, [wide]),
-           "grammar, process, pinned": (True, [pinned]), "grammar, process, serial fill, pinned": (True, [serial, pinned]),
+           "grammar, process, pinned": (True, [pinned, engine_pinned]),
+           "grammar, process, serial fill, pinned": (True, [serial, pinned, engine_pinned]),
            "grammar, process, one lane": (True, [one_lane, serial]),
-           "grammar, process, one lane, pinned": (True, [one_lane, serial, pinned])}
+           "grammar, process, one lane, pinned": (True, [one_lane, serial, pinned, engine_pinned])}
     for us in switches_us:  # the fill thread's
         out[f"grammar, {us} us switch"] = (True, [thread, _knob("switchyard.engine.chat.grammar", "GrammarMasker",
                                                                 "SWITCH_S", us * 1e-6)])
@@ -139,7 +144,8 @@ def grammar_rounds(rate: Callable[..., dict[str, float]], m: Decoder, b: int, ma
     runs: dict[str, list[dict[str, float]]] = {}
     engines: list[tuple[str, list[tuple[Any, str, Any]], Any, Any]] = [
         ("ours (async)", [], None, None), ("ours (async, grammar)", [], make, None)]
-    if ab:
+    if ab:  # free decoding with the engine's thread pinned, beside the pinned variants (their ratio's base)
+        engines.append(("ours (async, pinned)", [_knob("engine_cuda_grammar", None, "PIN_ENGINE", True)], None, None))
         engines += [(f"ours (async, {k})", knobs, make if constrained else None, None)
                     for k, (constrained, knobs) in grammar_variants(switches_us).items()]
         engines.append(("ours (async, grammar, one fill thread)", [], grammar_factory(gtok, lanes=1), 1))
