@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
-import os
 import statistics
 import sys
 import time
@@ -41,6 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from switchyard.engine.affinity import unpin_this_thread  # noqa: E402
 from switchyard.engine.backends.cuda.graphs import MIN_LEN_BUCKET  # noqa: E402
 from switchyard.engine.core.sampling import SamplingParams  # noqa: E402
 from switchyard.engine.core.scheduler import Scheduler  # noqa: E402
@@ -197,14 +197,8 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     fills: list[float] = []
     readies: list[float] = []  # masks filled ahead: submission to ticket (0 in line), a step each as `fills`
     early: list[Any] = []  # a fill process's early hand-over: (to its pickup, consumes, fill done to ticket), s
-    unpin = None
-    if engine_cuda_grammar.PIN_ENGINE:  # the ab's "pinned" variants: this thread on a core of its own
-        from switchyard.engine.chat.grammar_process import pinned_layout
-
-        layout = pinned_layout(os.sched_getaffinity(0))
-        if layout is not None:
-            unpin = os.sched_getaffinity(0)
-            os.sched_setaffinity(0, {layout[0]})
+    # The ab's pinned variants: this thread and the fill process as a served loop pins them (--pin-cpus).
+    unpin = sched.pin() if engine_cuda_grammar.PIN_ENGINE else None
     t0 = time.perf_counter()
     try:
         with torch.inference_mode():
@@ -222,7 +216,7 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     finally:
         sched.output.close()  # a fill process's, before the next decode's (as the served loop's end does)
         if unpin is not None:
-            os.sched_setaffinity(0, unpin)
+            unpin_this_thread(unpin)
     k = next(i for i, mk in enumerate(marks) if mk[2] >= WARM)
     # The clock stops at the first turn a row finished on (a tool call's row may end early): later steps
     # run fewer rows, and a rate over them would not be batch `batch`'s.

@@ -29,8 +29,8 @@ _SPANS = {"[A-Za-z ]": ((1, 4), (5, 8)), "[A-Za-z0-9_ ]": ((1, 4), (5, 8))}
 BY_LENGTH = (_GENERAL[:1] + [f"{c}{{{n}}}" for c, top in {"[0-9]": 8, "[a-z]": 16, "[a-z ]": 16}.items()
                              for n in range(1, top + 1)]
              + [f"{c}{{{lo},{hi}}}" for c, spans in _SPANS.items() for lo, hi in spans] + _GENERAL[1:])
-# engine_cuda.decode_rate's thread on a core of its own for a decode (grammar_process.pinned_layout, as
-# ProcessMasker.PIN puts it): the ab's pinned variants and free decoding beside them.
+# engine_cuda.decode_rate's thread and the fill process pinned for a decode (Scheduler.pin, as a served loop
+# under --pin-cpus auto): the ab's pinned variants and free decoding beside them.
 PIN_ENGINE = False
 GRAMMAR_SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": _ITEM, "minItems": 40}},
                   "required": ["items"]}
@@ -96,7 +96,7 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     with the step's tokens handed over with the next step's rows and taken by the engine's matchers
     too (ProcessMasker.EARLY off), and by the process filling its rows one after another or over a pool
     of 16 threads rather than the served 8 (ProcessMasker.THREADS), and with the engine's thread and the process
-    on cores of their own (ProcessMasker.PIN), its pool or one row after another, and the process's mirrors copied
+    on cores of their own (PIN_ENGINE: Scheduler.pin), its pool or one row after another, and the process's mirrors copied
     from one compilation a grammar rather than one a lane (ProcessMasker.LANES; one row after another, as a pool
     on one lexer would wait on its lock). (Until 2026-12-07 also by 2 and 4 fill
     processes, each filling its rows one after another: bench/results/gpu_fill_lanes, calls 18-19. Until
@@ -113,17 +113,16 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     thread = _knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS", False)
     late = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "EARLY", False)
     serial, wide = (_knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "THREADS", n) for n in (1, 16))
-    pinned = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "PIN", True)
-    engine_pinned = _knob("engine_cuda_grammar", None, "PIN_ENGINE", True)  # from the decode's start, as free's below
+    pinned = _knob("engine_cuda_grammar", None, "PIN_ENGINE", True)  # the served --pin-cpus, as free's below
     one_lane = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "LANES", 1)
     out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other, thread]),
            "grammar, fill thread": (True, [thread]),
            "grammar, process, tokens after the host's turn": (True, [late]),
            "grammar, process, serial fill": (True, [serial]), "grammar, process, 16 fill threads": (True, [wide]),
-           "grammar, process, pinned": (True, [pinned, engine_pinned]),
-           "grammar, process, serial fill, pinned": (True, [serial, pinned, engine_pinned]),
+           "grammar, process, pinned": (True, [pinned]),
+           "grammar, process, serial fill, pinned": (True, [serial, pinned]),
            "grammar, process, one lane": (True, [one_lane, serial]),
-           "grammar, process, one lane, pinned": (True, [one_lane, serial, pinned, engine_pinned])}
+           "grammar, process, one lane, pinned": (True, [one_lane, serial, pinned])}
     for us in switches_us:  # the fill thread's
         out[f"grammar, {us} us switch"] = (True, [thread, _knob("switchyard.engine.chat.grammar", "GrammarMasker",
                                                                 "SWITCH_S", us * 1e-6)])

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from switchyard.engine.affinity import unpin_this_thread
 from switchyard.engine.chat.tokenizer import ChatTokenizer
 from switchyard.engine.core.kv_blocks import BlockPool
 from switchyard.engine.core.sampling import SamplingParams
@@ -74,13 +75,16 @@ class Run:
 def drive(runner: Runner, tok: ChatTokenizer, requests: list[tuple[list[int], SamplingParams, Any]], overlap: bool,
           pool: BlockPool | None = None, abort: tuple[int, int] | None = None,
           after: Callable[[Scheduler, list[Sequence]], None] | None = None, ahead: bool = False,
-          threads: int = 1, process: bool = False) -> Run:
+          threads: int = 1, process: bool = False, pin: bool = False) -> Run:
     """Submit the requests (prompt, params, grammar) at once and step the scheduler until every one
     finished (or, abort = (request, tokens), that request was aborted once it had that many).
     ahead: grammar masks filled ahead on the masker's thread (as GPU logits get them; here the
     waiting kernel is interpreted on the CPU logits), by llguidance's pool of `threads` if more than one;
-    process: filled by a process of their own (the output stage's own choice, as --grammar-fill process)."""
+    process: filled by a process of their own (the output stage's own choice, as --grammar-fill process);
+    pin: this thread and that process pinned first (Scheduler.pin, as a GPU replica's loop under --pin-cpus
+    auto), unpinned at the end."""
     sched = Scheduler(runner, tok, MAX_SEQS, runner.max_model_len, pool=pool, overlap=overlap)
+    unpin = sched.pin() if pin else None
     if process:
         sched.output.grammar_process, sched.output.grammar_threads = True, threads
     if ahead:
@@ -120,6 +124,8 @@ def drive(runner: Runner, tok: ChatTokenizer, requests: list[tuple[list[int], Sa
                 after(sched, seqs)
     finally:
         del runner.run
+        if unpin is not None:
+            unpin_this_thread(unpin)
     return Run([list(s.out) for s in seqs], events, overlapped, sched)
 
 
@@ -229,12 +235,23 @@ def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple
     assert pooled.sched.output.masker._filler.ticket >= 10  # type: ignore[union-attr]
     assert_same(sync, pooled)
     # Filled by a process of their own (--grammar-fill process, chat/grammar_process): its mirror matchers,
-    # handed each step's tokens early by the output stage, give the same masks step after step.
+    # handed each step's tokens early by the output stage, give the same masks step after step. Pinned as a
+    # GPU replica's loop pins it (--pin-cpus auto; this machine may have two cores: the layout given).
+    import os
+
+    from switchyard.engine import affinity
     from switchyard.engine.chat.grammar_process import ProcessMasker
 
-    processed = drive(r, tok, reqs(), overlap=True, threads=2, process=True)
+    before = os.sched_getaffinity(0)
+    first, *rest = sorted(before)
+    if rest:
+        monkeypatch.setattr(affinity, "pinned_layout", lambda cpus: affinity.Layout(first, rest))
+    processed = drive(r, tok, reqs(), overlap=True, threads=2, process=True, pin=bool(rest))
     masker = processed.sched.output.masker
     try:
+        assert os.sched_getaffinity(0) == before  # unpinned at the end
+        if rest:
+            assert os.sched_getaffinity(masker.proc.pid) == set(rest)  # type: ignore[union-attr]
         assert isinstance(masker, ProcessMasker) and masker.ticket >= 10 and masker.proc.is_alive()
         assert masker._early >= masker.ticket - 2  # each step's tokens went early (all but the first's)
         assert_same(sync, processed)

@@ -229,33 +229,25 @@ def test_closing_a_fill_process_ends_it_and_frees_its_segment() -> None:
     proc.close()
 
 
-def test_pinned_layout_gives_the_engine_a_core_and_the_process_one_thread_of_each_other() -> None:
-    from switchyard.engine.chat.grammar_process import pinned_layout
-
-    ht = {c: {c % 4, c % 4 + 4} for c in range(8)}  # four cores of two hyperthreads: cpu c beside c + 4
-    assert pinned_layout(set(range(8)), ht.__getitem__) == (0, [1, 2, 3])
-    assert pinned_layout({2, 3, 5, 6, 7}, ht.__getitem__) == (2, [3, 5])  # only the CPUs it may run on
-    assert pinned_layout({0, 4, 1, 5}, ht.__getitem__) is None  # two cores: nothing to gain
-    assert pinned_layout({0, 1, 2}, lambda c: {c}) == (0, [1, 2])
-
 
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs two CPUs")
-def test_a_pinned_fill_process_runs_on_its_cpus_and_close_unpins_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ProcessMasker.PIN (bench/engine_cuda_grammar's "process, pinned"): the engine's thread on its CPU, the process
-    on the others, its masks still the in-line fill's, and the thread's CPUs as before once it is closed."""
+def test_a_fill_process_given_cpus_runs_on_them() -> None:
+    """ProcessMasker(cpus=) (the output stage's fill_cpus, Scheduler.pin under --pin-cpus): the process on those
+    CPUs alone, its masks still the in-line fill's."""
     import os
 
-    from switchyard.engine.chat import grammar_process
+    from switchyard.engine.chat.grammar import GrammarMasker
+    from switchyard.engine.chat.grammar_process import ProcessMasker
+    from switchyard.engine.chat.structured import constraint
 
-    before = os.sched_getaffinity(0)
-    first, *rest = sorted(before)
-    monkeypatch.setattr(grammar_process.ProcessMasker, "PIN", True)
-    monkeypatch.setattr(grammar_process, "pinned_layout", lambda cpus: (first, rest))  # this machine may have 2 cores
-    grammars, cs, proc, line = _two_grammars_two_maskers()
+    tok, grammars = smollm2_grammars()
+    cpus = sorted(os.sched_getaffinity(0))[1:]
+    proc = ProcessMasker(tok.vocab_size, tok.tok.to_str(), sorted(tok.eos_ids), threads=1, lanes=1, max_rows=2,
+                         pinned=False, cpus=cpus)
     try:
-        assert os.sched_getaffinity(0) == {first}
-        assert os.sched_getaffinity(proc.proc.pid) == set(rest)
-        _mask_both(proc, line, [(grammars.compile(cs[1]), grammars.compile(cs[1])), None], torch.Generator().manual_seed(3))
+        assert os.sched_getaffinity(proc.proc.pid) == set(cpus)
+        c = constraint({"tool_choice": "required"}, TOOLS)
+        _mask_both(proc, GrammarMasker(tok.vocab_size, ahead=False), [(grammars.compile(c), grammars.compile(c)), None],
+                   torch.Generator().manual_seed(3))
     finally:
         proc.close()
-    assert os.sched_getaffinity(0) == before

@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import threading
 import time
 import weakref
-from collections.abc import Callable
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -70,33 +68,6 @@ MAX_NEW = 4  # tokens a row may carry into a step (one, at most a reset and anot
 # the grammar is complete, the token refused, or nothing known (the mirrors failed: the next ticket says why).
 PENDING, GOES_ON, STOPPED, REFUSED, UNKNOWN = -1, 0, 1, 2, 3
 IDLE_S = 0.005  # the process spins for steps until none came for this long, then naps 1 ms at a time
-
-
-def cpu_siblings(cpu: int) -> set[int]:
-    """The CPUs sharing cpu's core (its hyperthreads), from sysfs; {cpu} where it does not say."""
-    try:
-        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
-            text = f.read().strip()
-    except OSError:
-        return {cpu}
-    out: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out or {cpu}
-
-
-def pinned_layout(cpus: set[int], siblings: Callable[[int], set[int]] = cpu_siblings) -> tuple[int, list[int]] | None:
-    """(the engine's thread's CPU, the fill process's CPUs) for ProcessMasker.PIN: the engine's thread on the first
-    core it may run on, its hyperthreads left idle, and the process on one hyperthread of each other core, so that
-    neither side's spin shares a core with the other's work. None where fewer than three cores are at hand."""
-    cores: list[int] = []  # the first CPU of each core, in order
-    seen: set[int] = set()
-    for c in sorted(cpus):
-        if c not in seen:
-            seen |= siblings(c)
-            cores.append(c)
-    return (cores[0], cores[1:]) if len(cores) >= 3 else None
 
 
 def _views(buf: Any, words: int, max_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int]:
@@ -241,16 +212,16 @@ def _serve(name: str, conn: Any, words: int, max_rows: int, tokenizer_json: str,
 class ProcessMasker(GrammarMasker):
     """GrammarMasker's apply() and wait(), the masks filled by a process of their own (see above). Made
     by the output stage for GPU logits; raises EngineFailed if the process cannot start or its segment
-    cannot be pinned (the caller then fills on a thread)."""
+    cannot be pinned (the caller then fills on a thread). `cpus`: the process's CPUs (engine/affinity.py's
+    layout, --pin-cpus), else any."""
 
     WHERE = "process"
     EARLY = True  # a step's tokens handed over as the host reads them (False: with the next step's rows)
     THREADS: int | None = None  # the process's fill threads where set (the bench's ab), else the output stage's
     LANES: int | None = None  # the process's lanes (compilations a grammar) where set (the bench's ab), else the caller's
-    PIN = False  # the engine's thread and the process on cores of their own (pinned_layout), until close()
 
     def __init__(self, vocab_size: int, tokenizer_json: str, eos_ids: list[int], threads: int, lanes: int,
-                 max_rows: int, cache_size: int = 256, pinned: bool = True) -> None:
+                 max_rows: int, cache_size: int = 256, pinned: bool = True, cpus: list[int] | None = None) -> None:
         super().__init__(vocab_size, threads=1, ahead=True)
         self.max_rows = max_rows
         size = _size(self.words, max_rows)
@@ -278,15 +249,10 @@ class ProcessMasker(GrammarMasker):
         self._messages = 0
         self._freed: list[int] = []  # slots whose rows' states are gone, for the next step's message
         self._conn, child = mp.get_context("spawn").Pipe()
-        layout = pinned_layout(os.sched_getaffinity(0)) if self.PIN else None
-        self._unpin: tuple[int, set[int]] | None = None  # (the pinned thread, its CPUs before)
-        if layout is not None:
-            self._unpin = (threading.get_native_id(), os.sched_getaffinity(0))
-            os.sched_setaffinity(0, {layout[0]})  # this thread's alone (Linux: 0 is the calling thread)
         self.proc = mp.get_context("spawn").Process(
             target=_serve, name="switchyard-grammar-fill", daemon=True,
             args=(self.shm.name, child, self.words, max_rows, tokenizer_json, vocab_size, eos_ids, self.LANES or lanes,
-                  self.THREADS or threads, cache_size, layout[1] if layout else None))
+                  self.THREADS or threads, cache_size, cpus))
         self.proc.start()
         deadline = time.monotonic() + 120
         while not self.hdr[READY]:  # its tokenizer read (~1 s): no step's masking may wait on its start-up
@@ -406,8 +372,6 @@ class ProcessMasker(GrammarMasker):
         self.proc.join(5)
         if self.proc.is_alive():
             self.proc.kill()
-        if self._unpin is not None and self._unpin[0] == threading.get_native_id():
-            os.sched_setaffinity(0, self._unpin[1])
         self._release(registered=self._pinned)
 
     def _release(self, registered: bool) -> None:

@@ -51,6 +51,7 @@ class OutputStage:
         self.grammar_threads = grammar_threads  # the masker's fill threads (Grammars' lanes: options.fill_lanes)
         self.grammar_process = grammar_process  # masks filled by a process of their own (--grammar-fill)
         self.max_rows = max_rows  # the most rows a step has (the scheduler's slots)
+        self.fill_cpus: list[int] | None = None  # the fill process's CPUs (Scheduler.pin), else any
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0, "preemptions": 0}
         self.finished_by_reason: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
         self.ttft: list[float] = []
@@ -96,7 +97,7 @@ class OutputStage:
 
             try:
                 return ProcessMasker(width, self.tok.tok.to_str(), sorted(self.tok.eos_ids), self.grammar_threads,
-                                     grammar_lanes(self.grammar_threads), self.max_rows, pinned=cuda)
+                                     grammar_lanes(self.grammar_threads), self.max_rows, pinned=cuda, cpus=self.fill_cpus)
             except EngineFailed as e:
                 log.warning("grammar masks filled on a thread: %s", e)
         return GrammarMasker(width, threads=self.grammar_threads)

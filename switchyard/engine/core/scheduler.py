@@ -29,6 +29,7 @@ import threading
 
 import torch
 
+from switchyard.engine.affinity import pin_this_thread, unpin_this_thread
 from switchyard.engine.backends.transfer import upload
 from switchyard.engine.chat.tokenizer import ChatTokenizer, Detokenizer
 from switchyard.engine.core.kv_blocks import BlockPool
@@ -119,6 +120,7 @@ class Scheduler:
 
     def loop(self) -> None:
         """Run until stop() or a failure. Raises on failure after failing every request."""
+        before = self.pin() if self.runner is not None and self.runner.opts.pins_cpus else None
         try:
             with torch.inference_mode():
                 while self.step(wait=True):
@@ -129,6 +131,20 @@ class Scheduler:
             raise
         finally:
             self.output.close()
+            if before is not None:
+                unpin_this_thread(before)
+
+    def pin(self) -> set[int] | None:
+        """The calling thread (the loop's) on a core of its own, and the grammar fill process, once made, on
+        the others (engine/affinity.py, --pin-cpus); returns the thread's CPUs before, or None where there
+        was no layout to take (fewer than three cores)."""
+        pinned = pin_this_thread()
+        if pinned is None:
+            return None
+        layout, before = pinned
+        self.output.fill_cpus = layout.fill
+        log.info("loop thread on cpu %d, grammar fill on cpus %s", layout.engine, layout.fill)
+        return before
 
     def step(self, wait: bool = False) -> bool:
         """One turn of the engine loop: admit what fits, then a prefill step or a decode step

@@ -19,6 +19,7 @@ DTYPES = ("auto", "float32", "bfloat16", "int4")
 DECODE_KERNELS = ("auto", "fused", "torch")
 DEVICES = ("cpu", "cuda")
 GRAMMAR_FILLS = ("auto", "thread", "process")
+PIN_CPUS = ("auto", "off")
 # GPU replicas fill a step's grammar masks with up to this many threads, each row's grammar compiled
 # once per lane (chat/grammar.Grammars' lanes): SmolLM2's shape at batch 16 under the items grammar
 # ran 1.80x as fast with 8 as with one (0.89x of free decoding; H100, bench/results/gpu_step_cuts call 2).
@@ -55,11 +56,13 @@ class EngineOptions:
     prefill_fp8: bool = False  # GPU, cuda backend: long prefills' projections in FP8 (backends/cuda/fp8.py)
     grammar_threads: int = 0  # rank 0's threads filling the grammar masks; 0: auto_grammar_threads(device)
     grammar_fill: str = "auto"  # where they fill: a thread of the engine's | a process of their own | auto
+    pin_cpus: str = "auto"  # the loop thread and the fill process on cores of their own: auto (one GPU rank) | off
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_path", Path(self.model_path))
         for name, allowed in (("collective", COLLECTIVES), ("dtype", DTYPES), ("kv_cache_dtype", KV_CACHE_DTYPES),
-                              ("decode_kernels", DECODE_KERNELS), ("device", DEVICES), ("grammar_fill", GRAMMAR_FILLS)):
+                              ("decode_kernels", DECODE_KERNELS), ("device", DEVICES), ("grammar_fill", GRAMMAR_FILLS),
+                              ("pin_cpus", PIN_CPUS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"--{_flag(name)} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for name, lo in (("tp", 1), ("max_num_seqs", 1), ("max_model_len", 0), ("max_waiting", 0),
@@ -93,6 +96,13 @@ class EngineOptions:
         auto on a GPU. A CPU replica's steps are long enough to hide the thread's; there the process
         would only cost a core's spinning."""
         return self.grammar_fill == "process" or (self.grammar_fill == "auto" and self.device == "cuda")
+
+    @property
+    def pins_cpus(self) -> bool:
+        """Whether the loop thread and the grammar fill process take cores of their own (engine/affinity.py):
+        auto on a GPU replica of one rank, whose short steps a moved or crowded loop thread misses. A CPU
+        replica's torch threads use every core; ranks over several GPUs would each want a core of their own."""
+        return self.pin_cpus == "auto" and self.device == "cuda" and self.tp == 1
 
     @property
     def fill_lanes(self) -> int:

@@ -90,6 +90,10 @@ def engine_serve(
         "auto", help="Where the grammar masks are filled: thread (a thread of the engine's), process (a process "
                      "of their own, meeting the engine in shared memory: no GIL hand-overs), or auto (process on "
                      "a GPU, thread on a CPU)"),
+    pin_cpus: str = typer.Option(
+        "auto", help="auto: on a GPU replica of one rank, the engine's loop thread on a core of its own and the "
+                     "grammar fill process on the others (where there are three cores or more); off: as the "
+                     "kernel places them"),
 ) -> None:
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
@@ -107,7 +111,7 @@ def engine_serve(
             block_size=block_size, num_kv_blocks=num_kv_blocks, prefix_caching=prefix_caching, threads=threads,
             collective_timeout_s=collective_timeout, device=device, cuda_graphs=cuda_graphs,
             decode_kernels=decode_kernels, async_decode=async_decode, prefill_fp8=prefill_fp8,
-            grammar_threads=grammar_threads, grammar_fill=grammar_fill)
+            grammar_threads=grammar_threads, grammar_fill=grammar_fill, pin_cpus=pin_cpus)
     except ConfigError as e:
         raise typer.BadParameter(str(e)) from None
     except (registry.ModelNotFound, RuntimeError) as e:
