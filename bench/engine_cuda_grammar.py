@@ -30,7 +30,7 @@ BY_LENGTH = (_GENERAL[:1] + [f"{c}{{{n}}}" for c, top in {"[0-9]": 8, "[a-z]": 1
                              for n in range(1, top + 1)]
              + [f"{c}{{{lo},{hi}}}" for c, spans in _SPANS.items() for lo, hi in spans] + _GENERAL[1:])
 # engine_cuda.decode_rate's thread and the fill process pinned for a decode (Scheduler.pin, as a served loop
-# under --pin-cpus auto): the ab's pinned variants and free decoding beside them.
+# under --pin-cpus on): the ab's pinned variants and free decoding beside them.
 PIN_ENGINE = False
 GRAMMAR_SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": _ITEM, "minItems": 40}},
                   "required": ["items"]}
@@ -113,7 +113,7 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     thread = _knob("switchyard.engine.core.output", "OutputStage", "FILL_PROCESS", False)
     late = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "EARLY", False)
     serial, wide = (_knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "THREADS", n) for n in (1, 16))
-    pinned = _knob("engine_cuda_grammar", None, "PIN_ENGINE", True)  # the served --pin-cpus, as free's below
+    pinned = _knob("engine_cuda_grammar", None, "PIN_ENGINE", True)  # --pin-cpus on, as free's below
     one_lane = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "LANES", 1)
     out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other, thread]),
            "grammar, fill thread": (True, [thread]),

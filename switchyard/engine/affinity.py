@@ -1,10 +1,12 @@
-"""A GPU replica's host threads on cores of their own (--pin-cpus).
+"""A GPU replica's host threads on cores of their own (--pin-cpus on; off by default).
 
 At SmolLM2's batch 1 a decode step is ~0.4 ms of GPU work, and the engine's loop thread must launch the next
 one in that time; a thread the kernel moves between cores, or that shares a core with the grammar fill
 process's spin, misses it. So the loop thread takes the first core it may run on (its hyperthreads left idle)
 and the fill process one hyperthread of each other core (bench/results/gpu_fill_lanes, call 20: on a noisy
-H100 host the batch-1 rate under a grammar rose from 1,548-1,876 to 2,017-2,376 tok/s).
+H100 host the batch-1 rate under a grammar rose from 1,548-1,876 to 2,017-2,376 tok/s). The layout is taken
+within the CPUs the process may use, so replicas sharing a host need CPUs of their own first (taskset, a
+container's cpuset); unasked, each would take the same first core.
 """
 
 from __future__ import annotations

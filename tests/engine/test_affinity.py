@@ -1,4 +1,4 @@
-"""engine/affinity.py (--pin-cpus): the layout a GPU replica's loop thread and grammar fill process take, and the
+"""engine/affinity.py (--pin-cpus on): the layout a GPU replica's loop thread and grammar fill process take, and the
 scheduler's loop pinning its thread for its run. The pinned fill process itself: test_grammar_process's
 test_a_fill_process_given_cpus_runs_on_them and test_async_decode's grammar rows (through the scheduler)."""
 
@@ -23,17 +23,19 @@ def test_the_loop_takes_a_core_and_the_fill_process_one_thread_of_each_other() -
     assert affinity.cpu_siblings(min(os.sched_getaffinity(0))) >= {min(os.sched_getaffinity(0))}  # this machine's
 
 
-def test_pin_cpus_is_on_for_a_gpu_replica_of_one_rank_only(tmp_path: object) -> None:
+def test_pin_cpus_is_an_option_of_a_gpu_replica_of_one_rank() -> None:
+    from switchyard.engine.errors import ConfigError
+
     def opts(**kw: object) -> EngineOptions:
         return EngineOptions(model_path="m.gguf", **kw)  # type: ignore[arg-type]
 
-    assert opts(device="cuda").pins_cpus
-    assert not opts(device="cuda", pin_cpus="off").pins_cpus
-    assert not opts(device="cuda", tp=2).pins_cpus and not opts(device="cpu").pins_cpus
-    from switchyard.engine.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="--pin-cpus must be one of auto, off"):
-        opts(pin_cpus="always")
+    assert opts(device="cuda", pin_cpus="on").pins_cpus
+    assert not opts(device="cuda").pins_cpus  # off unless asked: replicas sharing a host would share its first core
+    for bad in ({"device": "cpu"}, {"device": "cuda", "tp": 2}):
+        with pytest.raises(ConfigError, match="--pin-cpus on is for a GPU replica of one rank"):
+            opts(pin_cpus="on", **bad)
+    with pytest.raises(ConfigError, match="--pin-cpus must be one of off, on"):
+        opts(pin_cpus="auto")
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")

@@ -82,7 +82,7 @@ def drive(runner: Runner, tok: ChatTokenizer, requests: list[tuple[list[int], Sa
     waiting kernel is interpreted on the CPU logits), by llguidance's pool of `threads` if more than one;
     process: filled by a process of their own (the output stage's own choice, as --grammar-fill process);
     pin: this thread and that process pinned first (Scheduler.pin, as a GPU replica's loop under --pin-cpus
-    auto), unpinned at the end."""
+    on), unpinned at the end."""
     sched = Scheduler(runner, tok, MAX_SEQS, runner.max_model_len, pool=pool, overlap=overlap)
     unpin = sched.pin() if pin else None
     if process:
@@ -236,7 +236,7 @@ def test_grammar_rows_beside_free_rows_equal_the_synchronous_loop(smollm2: tuple
     assert_same(sync, pooled)
     # Filled by a process of their own (--grammar-fill process, chat/grammar_process): its mirror matchers,
     # handed each step's tokens early by the output stage, give the same masks step after step. Pinned as a
-    # GPU replica's loop pins it (--pin-cpus auto; this machine may have two cores: the layout given).
+    # GPU replica's loop pins it under --pin-cpus on (this machine may have two cores: the layout given).
     import os
 
     from switchyard.engine import affinity

@@ -19,7 +19,7 @@ DTYPES = ("auto", "float32", "bfloat16", "int4")
 DECODE_KERNELS = ("auto", "fused", "torch")
 DEVICES = ("cpu", "cuda")
 GRAMMAR_FILLS = ("auto", "thread", "process")
-PIN_CPUS = ("auto", "off")
+PIN_CPUS = ("off", "on")
 # GPU replicas fill a step's grammar masks with up to this many threads, each row's grammar compiled
 # once per lane (chat/grammar.Grammars' lanes): SmolLM2's shape at batch 16 under the items grammar
 # ran 1.80x as fast with 8 as with one (0.89x of free decoding; H100, bench/results/gpu_step_cuts call 2).
@@ -56,7 +56,7 @@ class EngineOptions:
     prefill_fp8: bool = False  # GPU, cuda backend: long prefills' projections in FP8 (backends/cuda/fp8.py)
     grammar_threads: int = 0  # rank 0's threads filling the grammar masks; 0: auto_grammar_threads(device)
     grammar_fill: str = "auto"  # where they fill: a thread of the engine's | a process of their own | auto
-    pin_cpus: str = "auto"  # the loop thread and the fill process on cores of their own: auto (one GPU rank) | off
+    pin_cpus: str = "off"  # on (a GPU, one rank): the loop thread and the fill process on cores of their own
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_path", Path(self.model_path))
@@ -80,6 +80,8 @@ class EngineOptions:
             raise ConfigError("--prefill-fp8 runs on the cuda backend only: --device cuda, --tp 1, --decode-kernels "
                               f"auto or fused, bfloat16 weights (got --device {self.device}, --tp {self.tp}, "
                               f"--decode-kernels {self.decode_kernels}, --dtype {self.dtype})")
+        if self.pin_cpus == "on" and (self.device != "cuda" or self.tp > 1):
+            raise ConfigError(f"--pin-cpus on is for a GPU replica of one rank (got --device {self.device}, --tp {self.tp})")
         if self.max_model_len and 0 < self.num_kv_blocks * self.block_size < self.max_model_len:
             raise ConfigError(f"--num-kv-blocks must be 0 (auto) or hold one sequence of --max-model-len: at least "
                               f"{-(-self.max_model_len // self.block_size)} blocks of {self.block_size}")
@@ -100,9 +102,10 @@ class EngineOptions:
     @property
     def pins_cpus(self) -> bool:
         """Whether the loop thread and the grammar fill process take cores of their own (engine/affinity.py):
-        auto on a GPU replica of one rank, whose short steps a moved or crowded loop thread misses. A CPU
-        replica's torch threads use every core; ranks over several GPUs would each want a core of their own."""
-        return self.pin_cpus == "auto" and self.device == "cuda" and self.tp == 1
+        --pin-cpus on, for a GPU replica of one rank, whose short steps a moved or crowded loop thread misses.
+        Off by default: replicas sharing a host would each take the first core of the CPUs they may use, so
+        each needs CPUs of its own first (taskset, a container's cpuset)."""
+        return self.pin_cpus == "on"
 
     @property
     def fill_lanes(self) -> int:

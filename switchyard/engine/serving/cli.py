@@ -91,9 +91,9 @@ def engine_serve(
                      "of their own, meeting the engine in shared memory: no GIL hand-overs), or auto (process on "
                      "a GPU, thread on a CPU)"),
     pin_cpus: str = typer.Option(
-        "auto", help="auto: on a GPU replica of one rank, the engine's loop thread on a core of its own and the "
-                     "grammar fill process on the others (where there are three cores or more); off: as the "
-                     "kernel places them"),
+        "off", help="on (a GPU replica of one rank): the engine's loop thread on the first core of the CPUs it may "
+                    "use and the grammar fill process on the others (three cores or more; replicas sharing a host "
+                    "need CPUs of their own first: taskset, a container's cpuset); off: as the kernel places them"),
 ) -> None:
     """Serve a model over the OpenAI API, sharded over --tp ranks (also runs under torchrun)."""
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"),
