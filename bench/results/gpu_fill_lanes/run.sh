@@ -31,6 +31,9 @@
 #   # call 12: the same ab, an early token the mirror's alone (the engine's done reads the mirror's word)
 #   DEADLINE=150 AB_SHAPES=smollm2-135m AB_ROUNDS=3 SWITCHES= STAGES=ab OUT=$OUT bash ...run.sh   # call 13: the
 #   same through the split bench (bench/engine_cuda_grammar.py)
+#   DEADLINE=560 AB_BATCHES=16,1 AB_SHAPES=smollm2-135m AB_ROUNDS=3 AB_POOLS= SWITCHES= STAGES="ab regress" \
+#   AB_ONLY="grammar;grammar, process, pinned;grammar, process, one lane;grammar, process, one lane, pinned" ...run.sh
+#   # call 20: the loop thread and the fill process pinned (--pin-cpus on since), the mirrors from one compilation
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
