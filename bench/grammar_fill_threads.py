@@ -32,6 +32,11 @@ step's sum and its costliest row (no pool can fill a step faster than that row),
 the costliest fills with the number of tokens their masks allowed:
 
   PYTHONPATH=. python bench/grammar_fill_threads.py --row-costs
+
+--warmup: a step's fill by window of steps (rows one after another) with the rows' matchers copied from one
+compilation against one compilation a row, as a GPU replica's lanes compile them: each lexer warms alone.
+
+  PYTHONPATH=. python bench/grammar_fill_threads.py --warmup --rounds 2
 """
 
 from __future__ import annotations
@@ -216,6 +221,31 @@ def row_costs(lt: Any, V: int, name: str, lark: str, rows: int, steps: int, slow
         print(f"        {n:4d} fills over {slow_us:.0f} us after ...{text!r}: {allowed} tokens allowed")
 
 
+def warmup(lt: Any, V: int, name: str, lark: str, rows: int, steps: int, rounds: int) -> None:
+    """A step's fill (rows one after another, fresh compilations) by window of steps, the rows copied from one
+    compilation against one compilation a row (a GPU replica's lanes): each compilation's lexer warms alone."""
+    tokens = streams(lt, V, lark, rows, steps, seed=1)
+    words = (V + 31) // 32
+    gram = llguidance.LLMatcher.grammar_from_lark(lark)
+    edges = [0, 20, 80, steps // 2, steps]
+    for r in range(rounds):
+        for compilations in (1, rows):
+            tmpl = [llguidance.LLMatcher(lt, gram, log_level=0) for _ in range(compilations)]
+            ms = [tmpl[i % compilations].deep_copy() for i in range(rows)]
+            bm = torch.full((rows, words), -1, dtype=torch.int32)
+            per = []
+            for s in range(steps):
+                t0 = time.perf_counter()
+                for i, m in enumerate(ms):
+                    m.unsafe_compute_mask_ptr(bm.data_ptr() + i * words * 4, words * 4)
+                per.append(time.perf_counter() - t0)
+                for m, row in zip(ms, tokens, strict=True):
+                    take(m, row[s])
+            windows = ", ".join(f"steps {lo}-{hi} {statistics.mean(per[lo:hi]) * 1e3:.3f}"
+                                for lo, hi in zip(edges, edges[1:], strict=False) if hi > lo)
+            print(f"  {name:5s} round {r} {compilations:2d} compilation{'s' if compilations > 1 else ' '}: {windows} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=16)
@@ -223,6 +253,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--row-costs", action="store_true", help="each row's fill timed alone (see above)")
+    ap.add_argument("--warmup", action="store_true",
+                    help="a step's fill by window of steps, from one compilation against one a row (see warmup())")
     ap.add_argument("--slices", choices=["served", "by-length", "general"], default="served",
                     help="the tokenizer's llguidance slices: chat/grammar.SLICES, engine_cuda_grammar.BY_LENGTH, "
                          "llguidance's")
@@ -241,11 +273,15 @@ def main() -> None:
 
     print(f"{cpu_model()}, llguidance {getattr(llguidance, '__version__', '?')}, {a.rows} rows, {a.steps} steps"
           + f", {a.slices} slices" + ("; each row's fill alone" if a.row_costs else
+             f", {a.rounds} rounds; a step's fill, the mean of each window of steps" if a.warmup else
              f", {a.rounds} rounds; ms a step's fill (median of steps; median and range of rounds)"))
     for name, c in grammars().items():
         lark = c.grammar
         if a.row_costs:
             row_costs(toks[0], V, name, lark, a.rows, a.steps)
+            continue
+        if a.warmup:
+            warmup(toks[0], V, name, lark, a.rows, a.steps, a.rounds)
             continue
         tokens = streams(toks[0], V, lark, a.rows, a.steps, seed=0)
         res: dict[tuple[str, int], list[float]] = {}
