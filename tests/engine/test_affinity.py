@@ -65,3 +65,15 @@ def test_the_loop_runs_pinned_and_gives_its_cpus_back(monkeypatch: pytest.Monkey
     t.join(30)
     assert seen == [(STOP, {first}), before[0]]
     assert sched.output.fill_cpus == rest
+
+
+def test_engine_serve_refuses_pin_cpus_on_a_cpu(tmp_path: object) -> None:
+    """The flag as `switchyard engine serve` takes it: a clear usage error where it cannot hold, before any load."""
+    from typer.testing import CliRunner
+
+    from switchyard.engine.serving.cli import engine_app
+
+    r = CliRunner().invoke(engine_app, ["--model", str(tmp_path), "--pin-cpus", "on"], env={"COLUMNS": "300"})
+    assert r.exit_code == 2 and "--pin-cpus on is for a GPU replica of one rank" in r.output, r.output
+    r = CliRunner().invoke(engine_app, ["--model", str(tmp_path), "--pin-cpus", "yes"], env={"COLUMNS": "300"})
+    assert r.exit_code == 2 and "--pin-cpus must be one of off, on" in r.output, r.output
