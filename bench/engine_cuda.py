@@ -184,24 +184,35 @@ def decode_rate(m: Decoder, batch: int, tokens: int, vocab: int, *, overlap: boo
     tok = tok or Letters()
     sched = Scheduler(served_runner(m), tok, m.max_slots, m.max_len, overlap=overlap)
     hi = min(vocab, tok.vocab_size)
-    seqs = [Sequence(prompt=torch.randint(3, hi, (PROMPT,)).tolist(), sink=lambda ev: None,
-                     params=SamplingParams(max_tokens=WARM + tokens, temperature=0.0, ignore_eos=True),
-                     grammar=grammar() if grammar is not None else None) for _ in range(batch)]
-    for s in seqs:
-        sched.submit(s)
+
+    def requests() -> list[Sequence]:
+        return [Sequence(prompt=torch.randint(3, hi, (PROMPT,)).tolist(), sink=lambda ev: None,
+                         params=SamplingParams(max_tokens=WARM + tokens, temperature=0.0, ignore_eos=True),
+                         grammar=grammar() if grammar is not None else None) for _ in range(batch)]
+    seqs = requests()
     if grammar is not None and mask_threads is not None:
         from switchyard.engine.chat.grammar import GrammarMasker
         sched.output.masker = GrammarMasker(seqs[0].grammar.vocab_size or vocab, threads=mask_threads)
+    # The ab's pinned variants: this thread and the fill process as a served loop pins them (--pin-cpus).
+    unpin = sched.pin() if engine_cuda_grammar.PIN_ENGINE else None
     # after each turn: time, tokens so far, the fewest a row has, whether a row has finished
     marks: list[tuple[float, int, int, bool]] = []
     fills: list[float] = []
     readies: list[float] = []  # masks filled ahead: submission to ticket (0 in line), a step each as `fills`
     early: list[Any] = []  # a fill process's early hand-over: (to its pickup, consumes, fill done to ticket), s
-    # The ab's pinned variants: this thread and the fill process as a served loop pins them (--pin-cpus).
-    unpin = sched.pin() if engine_cuda_grammar.PIN_ENGINE else None
-    t0 = time.perf_counter()
     try:
         with torch.inference_mode():
+            if grammar is not None and engine_cuda_grammar.WARM_GRAMMAR:
+                # The ab's warm variants: a batch of the same grammar first, untimed, through the same scheduler
+                # (its fill process, its lanes' lexers), as a served replica has filled earlier requests of a schema.
+                warmup = requests()
+                for s in warmup:
+                    sched.submit(s)
+                while not all(s.finished for s in warmup):
+                    sched.step()
+            for s in seqs:
+                sched.submit(s)
+            t0 = time.perf_counter()
             while not all(s.finished for s in seqs):
                 sched.step()
                 if on_step is not None:

@@ -32,6 +32,11 @@ BY_LENGTH = (_GENERAL[:1] + [f"{c}{{{n}}}" for c, top in {"[0-9]": 8, "[a-z]": 1
 # engine_cuda.decode_rate's thread and the fill process pinned for a decode (Scheduler.pin, as a served loop
 # under --pin-cpus on): the ab's pinned variants and free decoding beside them.
 PIN_ENGINE = False
+# engine_cuda.decode_rate under a grammar: a batch of it first, untimed, through the same scheduler (the ab's warm ones):
+# a served fill process has filled earlier requests of a schema, and each of its lanes' lexers warms alone (16
+# fresh rows a compilation each: 0.66-0.88 ms a step over the first 80 steps against 0.60-0.67 later, on a 2-core
+# Xeon; bench/grammar_fill_threads.py --warmup), where every decode of the bench starts a fill process cold.
+WARM_GRAMMAR = False
 GRAMMAR_SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": _ITEM, "minItems": 40}},
                   "required": ["items"]}
 
@@ -98,7 +103,8 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     of 16 threads rather than the served 8 (ProcessMasker.THREADS), and with the engine's thread and the process
     on cores of their own (PIN_ENGINE: Scheduler.pin), its pool or one row after another, and the process's mirrors copied
     from one compilation a grammar rather than one a lane (ProcessMasker.LANES; one row after another, as a pool
-    on one lexer would wait on its lock). (Until 2026-12-07 also by 2 and 4 fill
+    on one lexer would wait on its lock), and after an untimed batch of the same grammar through the same scheduler
+    (WARM_GRAMMAR: the fill process's lexers warm, as a served replica's are). (Until 2026-12-07 also by 2 and 4 fill
     processes, each filling its rows one after another: bench/results/gpu_fill_lanes, calls 18-19. Until
     2026-12-06 also torch's masking ops and the sampling stage's host cuts undone, bench/results/gpu_host_cuts;
     until the masks filled ahead were served, a 10 us GIL switch interval for them, which lost:
@@ -115,6 +121,7 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
     serial, wide = (_knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "THREADS", n) for n in (1, 16))
     pinned = _knob("engine_cuda_grammar", None, "PIN_ENGINE", True)  # --pin-cpus on, as free's below
     one_lane = _knob("switchyard.engine.chat.grammar_process", "ProcessMasker", "LANES", 1)
+    warm = _knob("engine_cuda_grammar", None, "WARM_GRAMMAR", True)
     out = {"grammar, in line" if served else "grammar, filled ahead": (True, [other, thread]),
            "grammar, fill thread": (True, [thread]),
            "grammar, process, tokens after the host's turn": (True, [late]),
@@ -122,7 +129,8 @@ def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool,
            "grammar, process, pinned": (True, [pinned]),
            "grammar, process, serial fill, pinned": (True, [serial, pinned]),
            "grammar, process, one lane": (True, [one_lane, serial]),
-           "grammar, process, one lane, pinned": (True, [one_lane, serial, pinned])}
+           "grammar, process, one lane, pinned": (True, [one_lane, serial, pinned]),
+           "grammar, warm": (True, [warm]), "grammar, warm, pinned": (True, [warm, pinned])}
     for us in switches_us:  # the fill thread's
         out[f"grammar, {us} us switch"] = (True, [thread, _knob("switchyard.engine.chat.grammar", "GrammarMasker",
                                                                 "SWITCH_S", us * 1e-6)])
@@ -155,7 +163,7 @@ def grammar_rounds(rate: Callable[..., dict[str, float]], m: Decoder, b: int, ma
     if ab and tool_calls is not None:
         engines += [(f"ours (async, {k}, tool calls)", knobs, tool_calls, None)
                     for k, (_, knobs) in grammar_variants().items()
-                    if k.startswith("grammar, fill") or k.endswith(("serial fill", "process, pinned"))]
+                    if k.startswith("grammar, fill") or k.endswith(("serial fill", "process, pinned", "warm"))]
     for pool in pools:
         threads, _, lanes = pool.partition("x")
         if not lanes:

@@ -34,7 +34,8 @@ the costliest fills with the number of tokens their masks allowed:
   PYTHONPATH=. python bench/grammar_fill_threads.py --row-costs
 
 --warmup: a step's fill by window of steps (rows one after another) with the rows' matchers copied from one
-compilation against one compilation a row, as a GPU replica's lanes compile them: each lexer warms alone.
+compilation against one compilation a row, as a GPU replica's lanes compile them (each lexer warms alone), then
+a second batch from the same compilations (warm, as a served fill process's later requests of a schema):
 
   PYTHONPATH=. python bench/grammar_fill_threads.py --warmup --rounds 2
 """
@@ -222,28 +223,36 @@ def row_costs(lt: Any, V: int, name: str, lark: str, rows: int, steps: int, slow
 
 
 def warmup(lt: Any, V: int, name: str, lark: str, rows: int, steps: int, rounds: int) -> None:
-    """A step's fill (rows one after another, fresh compilations) by window of steps, the rows copied from one
-    compilation against one compilation a row (a GPU replica's lanes): each compilation's lexer warms alone."""
-    tokens = streams(lt, V, lark, rows, steps, seed=1)
+    """A step's fill (rows one after another) by window of steps, the rows copied from one fresh compilation
+    against one a row (a GPU replica's lanes: each lexer warms alone), then a second batch of rows (other
+    tokens) copied from the same compilations, as a served fill process's next requests of a schema are."""
+    first, second = streams(lt, V, lark, rows, steps, seed=1), streams(lt, V, lark, rows, steps, seed=2)
     words = (V + 31) // 32
     gram = llguidance.LLMatcher.grammar_from_lark(lark)
-    edges = [0, 20, 80, steps // 2, steps]
+    edges = sorted({e for e in (0, 20, 80, steps // 2, steps) if e <= steps})
+
+    def batch(tmpl: list[Any], tokens: list[list[int]]) -> list[float]:
+        ms = [tmpl[i % len(tmpl)].deep_copy() for i in range(rows)]
+        bm = torch.full((rows, words), -1, dtype=torch.int32)
+        per = []
+        for s in range(steps):
+            t0 = time.perf_counter()
+            for i, m in enumerate(ms):
+                m.unsafe_compute_mask_ptr(bm.data_ptr() + i * words * 4, words * 4)
+            per.append(time.perf_counter() - t0)
+            for m, row in zip(ms, tokens, strict=True):
+                take(m, row[s])
+        return per
+
     for r in range(rounds):
         for compilations in (1, rows):
             tmpl = [llguidance.LLMatcher(lt, gram, log_level=0) for _ in range(compilations)]
-            ms = [tmpl[i % compilations].deep_copy() for i in range(rows)]
-            bm = torch.full((rows, words), -1, dtype=torch.int32)
-            per = []
-            for s in range(steps):
-                t0 = time.perf_counter()
-                for i, m in enumerate(ms):
-                    m.unsafe_compute_mask_ptr(bm.data_ptr() + i * words * 4, words * 4)
-                per.append(time.perf_counter() - t0)
-                for m, row in zip(ms, tokens, strict=True):
-                    take(m, row[s])
+            per = batch(tmpl, first)
+            again = statistics.mean(batch(tmpl, second)) * 1e3
             windows = ", ".join(f"steps {lo}-{hi} {statistics.mean(per[lo:hi]) * 1e3:.3f}"
-                                for lo, hi in zip(edges, edges[1:], strict=False) if hi > lo)
-            print(f"  {name:5s} round {r} {compilations:2d} compilation{'s' if compilations > 1 else ' '}: {windows} ms")
+                                for lo, hi in zip(edges, edges[1:], strict=False))
+            print(f"  {name:5s} round {r} {compilations:2d} compilation{'s' if compilations > 1 else ' '}: {windows} ms; "
+                  f"all {statistics.mean(per) * 1e3:.3f}, a second batch from them {again:.3f} ms")
 
 
 def main() -> None:
