@@ -33,9 +33,10 @@ BY_LENGTH = (_GENERAL[:1] + [f"{c}{{{n}}}" for c, top in {"[0-9]": 8, "[a-z]": 1
 # under --pin-cpus on): the ab's pinned variants and free decoding beside them.
 PIN_ENGINE = False
 # engine_cuda.decode_rate under a grammar: a batch of it first, untimed, through the same scheduler (the ab's warm ones):
-# a served fill process has filled earlier requests of a schema, and each of its lanes' lexers warms alone (16
-# fresh rows a compilation each: 0.66-0.88 ms a step over the first 80 steps against 0.60-0.67 later, on a 2-core
-# Xeon; bench/grammar_fill_threads.py --warmup), where every decode of the bench starts a fill process cold.
+# a served fill process has filled earlier requests of a schema, and each of its lanes' lexers warms alone, where
+# every decode of the bench starts a fill process cold (16 rows, a compilation each, 120 steps on a 2-core Xeon,
+# bench/grammar_fill_threads.py --warmup: items 0.71 ms a step fresh, 0.64 from the same compilations again; tool
+# calls 0.10 and 0.06).
 WARM_GRAMMAR = False
 GRAMMAR_SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": _ITEM, "minItems": 40}},
                   "required": ["items"]}
