@@ -229,7 +229,6 @@ def test_closing_a_fill_process_ends_it_and_frees_its_segment() -> None:
     proc.close()
 
 
-
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_a_fill_process_given_cpus_runs_on_them() -> None:
     """ProcessMasker(cpus=) (the output stage's fill_cpus, Scheduler.pin under --pin-cpus): the process on those
