@@ -96,20 +96,24 @@ def _knob(module: str, owner: str | None, attr: str, value: Any) -> tuple[Any, s
 
 
 def grammar_variants(switches_us: tuple[int, ...] = ()) -> dict[str, tuple[bool, list[tuple[Any, str, Any]]]]:
-    """--grammar-ab's variants of the loop, by name: (under the grammar or free, the knobs set for one
-    decode): the masks filled the other way than the tree's GrammarMasker.AHEAD (in line on the
-    engine's thread, or ahead on the masker's), on the fill thread, and by the served fill process
-    with the step's tokens handed over with the next step's rows and taken by the engine's matchers
-    too (ProcessMasker.EARLY off), and by the process filling its rows one after another or over a pool
-    of 16 threads rather than the served 8 (ProcessMasker.THREADS), and with the engine's thread and the process
-    on cores of their own (PIN_ENGINE: Scheduler.pin), its pool or one row after another, and the process's mirrors copied
-    from one compilation a grammar rather than one a lane (ProcessMasker.LANES; one row after another, as a pool
-    on one lexer would wait on its lock), and after an untimed batch of the same grammar through the same scheduler
-    (WARM_GRAMMAR: the fill process's lexers warm, as a served replica's are). (Until 2026-12-07 also by 2 and 4 fill
-    processes, each filling its rows one after another: bench/results/gpu_fill_lanes, calls 18-19. Until
-    2026-12-06 also torch's masking ops and the sampling stage's host cuts undone, bench/results/gpu_host_cuts;
-    until the masks filled ahead were served, a 10 us GIL switch interval for them, which lost:
-    bench/results/gpu_grammar_ahead.)
+    """--grammar-ab's variants of the loop, by name: (under the grammar or free, the knobs set for one decode).
+
+    - the masks filled the other way than the tree's GrammarMasker.AHEAD (in line on the engine's thread, or
+      ahead on the masker's), and on the fill thread;
+    - the served fill process with the step's tokens handed over with the next step's rows and taken by the
+      engine's matchers too (ProcessMasker.EARLY off);
+    - the process filling its rows one after another or over a pool of 16 threads rather than the served 8
+      (ProcessMasker.THREADS);
+    - the engine's thread and the process on cores of their own (PIN_ENGINE: Scheduler.pin, --pin-cpus on);
+    - the process's mirrors copied from one compilation a grammar rather than one a lane (ProcessMasker.LANES;
+      one row after another, as a pool on one lexer would wait on its lock);
+    - after an untimed batch of the same grammar through the same scheduler (WARM_GRAMMAR: the fill process's
+      lexers warm, as a served replica's are).
+
+    (Until 2026-12-07 also by 2 and 4 fill processes, each filling its rows one after another:
+    bench/results/gpu_fill_lanes, calls 18-19. Until 2026-12-06 also torch's masking ops and the sampling
+    stage's host cuts undone, bench/results/gpu_host_cuts; until the masks filled ahead were served, a 10 us
+    GIL switch interval for them, which lost: bench/results/gpu_grammar_ahead.)
     switches_us: also the fill thread under each of these GIL switch intervals (GrammarMasker.SWITCH_S,
     set for the process when a decode's fill thread starts)."""
     from switchyard.engine.chat.grammar import GrammarMasker
