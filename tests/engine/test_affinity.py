@@ -64,7 +64,7 @@ def test_the_loop_runs_pinned_and_gives_its_cpus_back(monkeypatch: pytest.Monkey
     t.start()
     t.join(30)
     assert seen == [(STOP, {first}), before[0]]
-    assert sched.output.fill_cpus == rest
+    assert sched.output.fill_cpus == rest and sched.pinned == affinity.Layout(first, rest)  # /health's cpus
 
 
 def test_engine_serve_refuses_pin_cpus_on_a_cpu(tmp_path: object) -> None:

@@ -86,7 +86,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
     write_random_model(d, CFG, seed=11, max_positions=2048)
     s = EngineServer(d, d / "engine.log", standalone=True,
                      extra=["--device", "cuda", "--dtype", "float32", "--decode-kernels", "fused", "--max-model-len", "1024",
-                            "--max-num-seqs", "8"])
+                            "--max-num-seqs", "8", "--pin-cpus", "on"])
     yield s
     s.close()
 
@@ -108,6 +108,9 @@ def test_health_says_gpu_fused_kernels_and_structured_output(server: EngineServe
     assert h["structured_output"]["supported"]
     assert h["structured_output"]["lanes"] == grammar_lanes(auto_grammar_threads("cuda"))  # the fill pool's, auto
     assert h["structured_output"]["fill"] == "process"  # a GPU replica's default: a process of their own
+    if len(os.sched_getaffinity(0)) >= 3:  # --pin-cpus on: the loop on a core of its own, the fill on the others
+        cpus = h["cpus"]
+        assert cpus["grammar_fill"] and cpus["loop"] not in cpus["grammar_fill"]
 
 
 def test_concurrent_constrained_replies_validate_through_the_fill_pool_on_the_gpu(server: EngineServer) -> None:

@@ -29,7 +29,7 @@ import threading
 
 import torch
 
-from switchyard.engine.affinity import pin_this_thread, unpin_this_thread
+from switchyard.engine.affinity import Layout, pin_this_thread, unpin_this_thread
 from switchyard.engine.backends.transfer import upload
 from switchyard.engine.chat.tokenizer import ChatTokenizer, Detokenizer
 from switchyard.engine.core.kv_blocks import BlockPool
@@ -73,6 +73,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._stop = False
         self.failed: str | None = None
+        self.pinned: Layout | None = None  # where pin() put the loop thread and the fill process (/health's cpus)
         self.output = OutputStage(tokenizer, max_model_len, runner.opts.fill_threads if runner is not None else 1,
                                   runner is not None and runner.opts.fill_process, max_num_seqs)
         self.stats = self.output.stats  # counters the output stage and the scheduler share
@@ -142,6 +143,7 @@ class Scheduler:
         if pinned is None:
             return None
         layout, before = pinned
+        self.pinned = layout
         self.output.fill_cpus = layout.fill
         log.info("loop thread on cpu %d, grammar fill on cpus %s", layout.engine, layout.fill)
         return before
