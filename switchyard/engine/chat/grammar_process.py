@@ -302,8 +302,9 @@ class ProcessMasker(GrammarMasker):
         """The step's tokens to the process before the engine's turn (GrammarMasker.early): each row
         with a mirror and nothing else pending. Its mirror takes the token and the next step's mask
         fills while this thread accepts, streams and launches; the row's next table entry then carries
-        only what came after (`sent`). At SmolLM2's batch 16 the fill had waited for that turn."""
-        if not self.EARLY or self.ticket == 0:
+        only what came after (`sent`). At SmolLM2's batch 16 the fill had waited for that turn. Its callers ask
+        it only where EARLY holds (the output stage; a bench turns EARLY off)."""
+        if self.ticket == 0:
             return
         rows = [(s.slot, i, tok, PENDING) for i, (s, tok) in enumerate(zip(states, tokens, strict=True))
                 if s is not None and s.slot >= 0 and not s.new and not s.failed]

@@ -185,9 +185,9 @@ class EngineHandlers:
             body["device"] = st.device
         body["structured_output"] = st.structured_output()
         s = st.scheduler
-        if s is not None and s.pinned is not None:  # --pin-cpus on
-            body["cpus"] = {"loop": s.pinned.engine, "grammar_fill": s.pinned.fill}
         if s is not None:
+            if s.pinned is not None:  # --pin-cpus on
+                body["cpus"] = {"loop": s.pinned.engine, "grammar_fill": s.pinned.fill}
             pool = s.pool
             body["kv_cache"] = {"blocks": pool.num_blocks, "block_size": pool.block_size, "free_blocks": pool.num_free,
                                 "cached_blocks": pool.num_cached, "usage": round(pool.usage, 4),
