@@ -34,6 +34,9 @@
 #   DEADLINE=560 AB_BATCHES=16,1 AB_SHAPES=smollm2-135m AB_ROUNDS=3 AB_POOLS= SWITCHES= STAGES="ab regress" \
 #   AB_ONLY="grammar;grammar, process, pinned;grammar, process, one lane;grammar, process, one lane, pinned" ...run.sh
 #   # call 20: the loop thread and the fill process pinned (--pin-cpus on since), the mirrors from one compilation
+#   DEADLINE=320 AB_BATCHES=16,1 AB_SHAPES=smollm2-135m AB_ROUNDS=3 AB_POOLS= SWITCHES= STAGES="ab masks" \
+#   AB_ONLY="grammar;grammar, warm;grammar, warm, pinned" ...run.sh   # call 21: the served steady state (warm);
+#   calls 22-24: AB_ONLY="grammar;grammar, warm;grammar, tool calls;grammar, warm, tool calls" STAGES=ab
 #
 # regress: every GPU test (bench/gpu_check.sh tests);
 # lanes:   SmolLM2 batch 16, free and served and the pools of $POOLS (TxL: T threads over L lanes; a t: the
