@@ -456,14 +456,14 @@ def test_head_refine_equals_the_torch_path(V: int, hid: int, N: int) -> None:
         if (top33[:, 31] > top33[:, 32]).all():
             break
         raw = torch.where(raw.float() == top33[:, 32:33], raw.float() - 0.1, raw.float()).to(torch.bfloat16)
-    got = hk.refine(raw, w, h, 32)
+    # Into the leading rows of a static buffer (the graph runner's step_out), the rest untouched; one call
+    # (25 s a call in Triton's interpreter), the allocating path (out=None) the decoder's tests'.
+    static = torch.full((N + 2, V), 7.0, device=raw.device)
+    got = hk.refine(raw, w, h, 32, out=static[:N])
+    assert got.data_ptr() == static.data_ptr() and bool((static[N:] == 7.0).all())
     ref = TorchBackend.refine(None, raw.clone(), w, h, 32)  # type: ignore[arg-type]  (refines in place)
     assert got.dtype == torch.float32 and got.shape == (N, V)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
-    # Into the leading rows of a static buffer (the graph runner's step_out), the rest untouched.
-    static = torch.full((N + 2, V), 7.0, device=raw.device)
-    assert hk.refine(raw, w, h, 32, out=static[:N]).data_ptr() == static.data_ptr()
-    assert torch.equal(static[:N], got) and bool((static[N:] == 7.0).all())
     top = raw.float().topk(32, dim=-1).indices
     torch.testing.assert_close(got.gather(1, top), exact.gather(1, top), atol=1e-5, rtol=1e-5)
     rest = torch.ones_like(raw, dtype=torch.bool).scatter_(1, top, False)
