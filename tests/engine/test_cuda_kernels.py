@@ -457,7 +457,8 @@ def test_head_refine_equals_the_torch_path(V: int, hid: int, N: int) -> None:
             break
         raw = torch.where(raw.float() == top33[:, 32:33], raw.float() - 0.1, raw.float()).to(torch.bfloat16)
     # Into the leading rows of a static buffer (the graph runner's step_out), the rest untouched; one call
-    # (25 s a call in Triton's interpreter), the allocating path (out=None) the decoder's tests'.
+    # (25 s a call in Triton's interpreter); the allocating path (out=None) is test_head_candidates' and, on a
+    # GPU, the decoder's.
     static = torch.full((N + 2, V), 7.0, device=raw.device)
     got = hk.refine(raw, w, h, 32, out=static[:N])
     assert got.data_ptr() == static.data_ptr() and bool((static[N:] == 7.0).all())
