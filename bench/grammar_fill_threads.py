@@ -234,15 +234,11 @@ def warmup(lt: Any, V: int, name: str, lark: str, rows: int, steps: int, rounds:
     def batch(tmpl: list[Any], tokens: list[list[int]]) -> list[float]:
         ms = [tmpl[i % len(tmpl)].deep_copy() for i in range(rows)]
         bm = torch.full((rows, words), -1, dtype=torch.int32)
-        per = []
-        for s in range(steps):
-            t0 = time.perf_counter()
+
+        def fill() -> None:
             for i, m in enumerate(ms):
                 m.unsafe_compute_mask_ptr(bm.data_ptr() + i * words * 4, words * 4)
-            per.append(time.perf_counter() - t0)
-            for m, row in zip(ms, tokens, strict=True):
-                take(m, row[s])
-        return per
+        return step_fills(fill, ms, tokens)
 
     for r in range(rounds):
         for compilations in (1, rows):
